@@ -1,0 +1,181 @@
+"""Load and save Hugging Face format checkpoints: config.json + safetensors (single or sharded) + tokenizer.json.
+
+Only safetensors are read — never pickle (`pytorch_model.bin` can run arbitrary code when unpickled). A hub id
+(`"Qwen/Qwen2.5-0.5B"`) is fetched with huggingface_hub when online; a local folder needs no network.
+Format: https://huggingface.co/docs/safetensors and https://huggingface.co/docs/transformers/main_classes/model
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+from .model import Transformer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_NAME = "pydoc-llama"
+DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / DEFAULT_MODEL_NAME
+_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors",
+          "model.safetensors.index.json"]
+
+
+def default_model_dir() -> Path:
+    """The shipped default model's folder (or $LLMLAB_MODEL if set).
+
+    Raises:
+        FileNotFoundError: the folder is absent (llmlab installed without its repository); says how to fix it.
+    """
+    path = Path(os.environ.get("LLMLAB_MODEL", DEFAULT_MODEL_DIR))
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the default model is not at {path}. It ships in the llmlab repository under data/models/; install "
+            f"llmlab from a clone with `pip install -e .`, or point LLMLAB_MODEL at a model folder"
+        )
+    return path
+
+
+def resolve(name_or_path: str | os.PathLike | None) -> Path:
+    """Turn 'default', a local folder, or a Hugging Face hub id into a local folder.
+
+    Raises:
+        FileNotFoundError: a local-looking path that does not exist, or a hub id while offline / not found.
+    """
+    if name_or_path is None or str(name_or_path) == "default":
+        return default_model_dir()
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is a file; give the folder that holds config.json and *.safetensors")
+        return path
+    text = str(name_or_path)
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id 'org/name')")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text, allow_patterns=_FILES))
+    except Exception as e:  # offline, gated, not found: all mean "no such local copy"
+        raise FileNotFoundError(
+            f"could not fetch {text!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
+            f"Check the id and your network, or download it once and pass the local folder"
+        ) from e
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder}: shard(s) {missing} listed in {index.name} are missing")
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = (f" It has {pickled}: llmlab never unpickles weights; convert them once with transformers "
+                f"(`model.save_pretrained(folder, safe_serialization=True)`)." if pickled else "")
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}.{hint}")
+    return files
+
+
+def load_config(folder: Path) -> ModelConfig:
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; a Hugging Face model folder needs one")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file} is not valid JSON ({e})") from None
+    return ModelConfig.from_hf_config(hf, name=folder.name)
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Transformer:
+    """Build a `Transformer` from a checkpoint folder or hub id, copying every tensor name for name.
+
+    Args:
+        name_or_path: 'default' / None (the shipped model), a local folder, or a hub id.
+        device, dtype: where and in which precision the weights live (converted from the file's dtype).
+
+    Raises:
+        FileNotFoundError: missing folder, config.json or weight files.
+        KeyError: a weight the model needs is not in the checkpoint, or the checkpoint has a tensor the model does
+            not expect (the message names it).
+        ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
+            config.json is not valid JSON, lacks a required key or names an unsupported architecture.
+    """
+    folder = resolve(name_or_path)
+    config = load_config(folder)
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
+    if config.tie_embeddings:
+        expected.pop("lm_head.weight")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                name = key.removeprefix("model.")
+                if name not in expected:
+                    if config.tie_embeddings and name == "lm_head.weight":
+                        continue  # some tied checkpoints store the shared matrix twice
+                    if name.endswith("rotary_emb.inv_freq"):
+                        continue  # old checkpoints stored RoPE buffers; llmlab recomputes them
+                    raise KeyError(f"unexpected tensor {key!r} in {file.name}: the model built from config.json has "
+                                   f"no such parameter (is config.json from another model?)")
+                t = f.get_tensor(key)
+                if t.shape != expected[name]:
+                    raise ValueError(f"shape mismatch for {key!r} in {file.name}: checkpoint has {tuple(t.shape)}, "
+                                     f"config.json implies {tuple(expected[name])}")
+                tensors[name] = t.to(dtype=dtype)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise KeyError(f"weight {missing[0]!r}{more} is missing from the checkpoint in {folder}")
+    model = model.to_empty(device=device)
+    model.load_state_dict(tensors, strict=False)  # every expected tensor is present: checked above
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(dtype=dtype).eval()
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = None):
+    """The `tokenizers.Tokenizer` from the model folder's tokenizer.json.
+
+    Raises:
+        FileNotFoundError: the folder has no tokenizer.json.
+    """
+    from tokenizers import Tokenizer
+
+    folder = resolve(name_or_path)
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder} has no tokenizer.json; pass token ids instead of text, or add one")
+    return Tokenizer.from_file(str(file))
+
+
+def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, t in model.state_dict().items():
+        if model.config.tie_embeddings and name == "lm_head.weight":
+            continue
+        t = t.detach().to("cpu")
+        state["model." + name if name != "lm_head.weight" else name] = (t.to(dtype) if dtype else t).contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf = model.config.to_hf_config()
+    hf["torch_dtype"] = str(dtype or next(model.parameters()).dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return folder

@@ -1,0 +1,185 @@
+"""`LLM`: a model, its tokenizer, a device and a dtype, with `generate(text)` — what the labs and the CLI use.
+
+    >>> import llmlab
+    >>> llm = llmlab.load()                      # the shipped default model, offline
+    >>> g = llm.generate("The list", max_new_tokens=32)
+    >>> print(g.text, g.ttft_ms, g.tpot_ms, g.tokens_per_s)
+
+`LLM.from_preset("llama-3.2-1b")` builds a real model's shape with RANDOM weights, for the speed labs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+
+import torch
+
+from .checkpoint import load_model, load_tokenizer, resolve
+from .config import ModelConfig
+from .generate import Generation, generate
+from .model import Transformer
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """'auto' / None -> cuda if available, else cpu.
+
+    Raises:
+        ValueError: 'cuda' asked for on a machine without a CUDA GPU.
+    """
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but PyTorch sees no CUDA GPU here; use device='cpu'")
+    return device
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """None -> bf16 on CUDA, fp32 on CPU. Accepts 'fp32', 'bf16', 'fp16' or a torch.dtype.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, bf16, fp16")
+    return DTYPES[dtype]
+
+
+class LLM:
+    """A decoder plus (optionally) its tokenizer, on one device in one dtype.
+
+    Args:
+        model: a `Transformer` already on its device and in its dtype.
+        tokenizer: a `tokenizers.Tokenizer`, or None (then prompts must be token ids).
+        name: shown in tables and plots.
+        random_weights: True for preset models — their text is noise.
+    """
+
+    def __init__(self, model: Transformer, tokenizer=None, name: str = "model", random_weights: bool = False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.random_weights = random_weights
+
+    # -- construction -----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> "LLM":
+        """Load a checkpoint: 'default' (the model shipped in data/models/), a local Hugging Face folder, or a
+        hub id (needs network once). See `llmlab.checkpoint.load_model` for the errors raised."""
+        dev = pick_device(device)
+        dt = pick_dtype(dtype, dev)
+        folder = resolve(name_or_path)
+        model = load_model(folder, device=dev, dtype=dt)
+        try:
+            tokenizer = load_tokenizer(folder)
+        except FileNotFoundError:
+            tokenizer = None
+        return cls(model, tokenizer, name=folder.name)
+
+    @classmethod
+    def from_preset(cls, preset: str, device=None, dtype=None, seed: int = 0, **overrides) -> "LLM":
+        """A real model's shape with RANDOM weights (normal, std 0.02): right for timing, useless for text.
+
+        Raises:
+            ValueError: unknown preset name (the message lists the presets).
+        """
+        config = ModelConfig.from_preset(preset, **overrides)
+        dev = pick_device(device)
+        dt = pick_dtype(dtype, dev)
+        torch.manual_seed(seed)
+        with torch.device(dev):
+            model = Transformer(config).to(dt).eval()
+        return cls(model, None, name=f"{preset} (random weights)", random_weights=True)
+
+    # -- properties -------------------------------------------------------------------------------------
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def eos_token_id(self):
+        return self.config.eos_token_id
+
+    def to(self, device=None, dtype=None) -> "LLM":
+        """This LLM on another device and/or dtype, as a new object (the original keeps its weights).
+
+        Returns self when nothing changes. dtype: a torch.dtype or 'fp32' / 'bf16' / 'fp16'.
+        """
+        dev = self.device if device is None else pick_device(device)
+        dt = self.dtype if dtype is None else pick_dtype(dtype, dev)
+        if dev == self.device and dt == self.dtype:
+            return self
+        model = copy.deepcopy(self.model).to(device=dev, dtype=dt)
+        return LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer: pass token ids (a list of ints) instead of text")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer to turn ids back into text")
+        return self.tokenizer.decode(ids)
+
+    # -- generation -------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        on_token=None,
+    ) -> Generation:
+        """Generate a continuation of `prompt` (text, or token ids).
+
+        Returns a `Generation`: `.text` (the continuation, when there is a tokenizer), `.token_ids`, `.ttft_ms`,
+        `.tpot_ms`, `.tokens_per_s`. `on_token(step, tokens)` is called after each step (return True to stop).
+        Raises ValueError for an empty prompt, one longer than the context, or bad
+        sampling settings; the model is untouched by a failed call.
+        """
+        if isinstance(prompt, str):
+            ids = self.encode(prompt)  # the tokenizer's post-processor adds BOS where the model expects one
+        else:
+            ids = list(prompt)
+        if self.random_weights and isinstance(prompt, str):
+            warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
+        g = generate(self.model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                     top_p=top_p, use_cache=use_cache, seed=seed,
+                     eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
+        if self.tokenizer is not None:
+            eos = self.eos_token_id
+            eos = {eos} if isinstance(eos, int) else set(eos or [])
+            g.text = self.decode([t for t in g.token_ids[0] if t not in eos])
+        return g
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LLM({self.name!r}, {c.num_params() / 1e6:.1f}M params, {c.n_layers} layers, dim {c.dim}, "
+                f"{c.n_heads} heads / {c.n_kv_heads} KV heads, device={self.device}, dtype={self.dtype})")
+
+
+def load(name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> LLM:
+    """Shortcut for `LLM.load`: the shipped default model unless a folder or hub id is given."""
+    return LLM.load(name_or_path, device=device, dtype=dtype)

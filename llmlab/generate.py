@@ -1,0 +1,181 @@
+"""Autoregressive generation: prefill the prompt, then decode one token per forward pass.
+
+Two paths, kept side by side because their difference is the first lesson of the course:
+
+* `use_cache=True`: prefill runs the whole prompt once and fills a `KVCache`; each decode step then feeds only the
+  newest token (T = 1) and reads the cached keys/values of all earlier ones.
+* `use_cache=False`: the reference. Every step re-runs the entire sequence so far (prompt + generated), computing
+  the same logits from scratch — O(n) work per token instead of O(1) projections.
+
+At fp32 both paths give the same greedy tokens. Each run reports TTFT (time to first token: prefill + first
+sample), TPOT (mean time per output token after the first) and tokens/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from typing import Callable
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+from .sampling import check_sampling_args, sample
+from .timing import StepTimer
+
+
+@dataclass
+class Generation:
+    """The result of one `generate` call. Times are milliseconds between token boundaries (CUDA events on a GPU,
+    the host clock on a CPU), so they include the CPU work between forward passes (the GPU's "dark time")."""
+
+    token_ids: list[list[int]]  # generated tokens per sequence, EOS included if it was produced
+    prompt_len: int
+    step_ms: list[float]  # step 0 = prefill + first token (TTFT); then one entry per decode step
+    finish_reason: str  # "eos", "length", or "stopped" (on_token asked to stop)
+    use_cache: bool
+    device: str
+    dtype: str
+    text: str | None = None  # filled in by `LLM.generate` when a tokenizer is known
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_generated(self) -> int:
+        return max(len(t) for t in self.token_ids)
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token (ms): the prefill forward pass plus sampling the first token."""
+        return self.step_ms[0]
+
+    @property
+    def tpot_ms(self) -> float:
+        """Time per output token after the first (ms), the mean decode-step latency; NaN with one token."""
+        rest = self.step_ms[1:]
+        return sum(rest) / len(rest) if rest else float("nan")
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.step_ms)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole call (prefill included), summed over the batch."""
+        n = sum(len(t) for t in self.token_ids)
+        return n / (self.total_ms / 1e3) if self.total_ms > 0 else float("nan")
+
+    def summary(self) -> dict:
+        return {"use_cache": self.use_cache, "device": self.device, "dtype": self.dtype,
+                "prompt_tokens": self.prompt_len, "new_tokens": self.n_generated, "ttft_ms": self.ttft_ms,
+                "tpot_ms": self.tpot_ms, "tokens_per_s": self.tokens_per_s}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int) -> None:
+    """Raise ValueError naming the numbers when the prompt (plus what is to be generated) exceeds the context."""
+    if prompt_len == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: ask for at least 1 new token")
+    if prompt_len > context_len:
+        raise ValueError(f"the prompt has {prompt_len} tokens, longer than the model's context of {context_len} "
+                         f"tokens; shorten the prompt")
+    if prompt_len + max_new_tokens > context_len:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+                         f"{prompt_len + max_new_tokens} exceeds the model's context of {context_len} tokens; "
+                         f"lower max_new_tokens to at most {context_len - prompt_len} or shorten the prompt")
+
+
+@torch.inference_mode()
+def generate(
+    model: Transformer,
+    prompt_ids: torch.Tensor | list[int] | list[list[int]],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    eos_token_id: int | list[int] | None = None,
+    seed: int | None = None,
+    on_token: Callable[[int, list[int]], bool | None] | None = None,
+) -> Generation:
+    """Generate up to `max_new_tokens` tokens after each prompt.
+
+    Args:
+        model: the decoder (its device and dtype are used).
+        prompt_ids: (T,) or (B, T) token ids — a list or an int64 tensor; all prompts of one call have equal length.
+        max_new_tokens: stop after this many new tokens (or earlier, once every sequence produced EOS).
+        temperature, top_k, top_p: see `llmlab.sampling.sample`; temperature 0 is greedy.
+        use_cache: True = prefill + KV-cache decode; False = recompute the whole sequence every step (reference).
+        eos_token_id: id(s) that end a sequence; None never stops early.
+        seed: seeds the sampler's generator (sampled runs are then reproducible).
+        on_token: called after every step as on_token(step, tokens) with the new token of each sequence (a list of
+            B ints); returning True stops generation early (finish_reason "stopped") — a live plot or a Stop button.
+
+    Returns:
+        A `Generation` with the new token ids and per-step timings.
+
+    Raises:
+        ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
+            vocabulary, bad sampling settings. Checked before any work, so the model is untouched.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    B, T = ids.shape
+    check_lengths(T, max_new_tokens, model.config.max_seq_len)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= model.config.vocab_size:  # on CUDA the embedding lookup would fail with a device-side assert
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is outside the model's vocabulary (ids 0..{model.config.vocab_size - 1}); "
+                         f"was the prompt encoded with another model's tokenizer?")
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    ids = ids.to(device)
+    cache = KVCache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
+    seq = ids  # the no-cache path keeps the whole sequence here
+    next_input, positions = ids, torch.arange(T, device=device)
+    finish = "length"
+
+    _sync(device)
+    timer = StepTimer(device)
+    timer.start()
+    for step in range(max_new_tokens):
+        if use_cache:
+            logits = model(next_input, positions, kv_cache=cache, last_only=True)  # (B, 1, V)
+        else:
+            logits = model(seq, last_only=True)  # (B, 1, V): the whole sequence again, every step
+        token = sample(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+        token_list = token.tolist()  # the host needs the token anyway: to detect EOS and to detokenize
+        timer.mark()  # a step runs from one token to the next: host work between forward passes is included
+
+        for b, t in enumerate(token_list):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in eos
+        if all(done):
+            finish = "eos"
+            break
+        if on_token is not None and on_token(step, token_list):
+            finish = "stopped"
+            break
+        next_input = token[:, None]  # (B, 1)
+        positions = torch.tensor([T + step], device=device)
+        if not use_cache:
+            seq = torch.cat([seq, next_input], dim=1)
+
+    return Generation(token_ids=out, prompt_len=T, step_ms=timer.step_ms(), finish_reason=finish, use_cache=use_cache,
+                      device=str(device), dtype=str(dtype).removeprefix("torch."))

@@ -1,0 +1,89 @@
+"""The contiguous KV cache: keep every past token's keys and values so a decode step computes only the new one.
+
+Without a cache, generating token t re-runs the whole prefix through every layer: O(t) work per token, O(n^2)
+in total. With it, a decode step projects only the new token and reads the stored K/V of the others. The price is
+memory: 2 (K and V) x layers x KV heads x head_dim x bytes per element, per token per sequence
+(`KVCache.bytes_per_token`). GQA shrinks it by n_heads / n_kv_heads.
+
+This is the simplest layout — one (max_batch, Hkv, max_seq_len, hd) buffer per layer, allocated up front — the
+layout gpt-fast uses and the one a paged cache improves on (Kwon et al. 2023, https://arxiv.org/abs/2309.06180).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class KVCache:
+    """Per-layer key/value buffers of shape (batch, n_kv_heads, max_seq_len, head_dim).
+
+    Args:
+        config: the model's shape (layers, KV heads, head_dim).
+        batch_size: sequences decoded together.
+        max_seq_len: the longest sequence (prompt + generated) the cache can hold; at most config.max_seq_len.
+        dtype, device: of the buffers (normally the model's).
+
+    Raises:
+        ValueError: max_seq_len beyond the model's context length, or not positive.
+        MemoryError: (on CUDA) the buffers would not fit in the free device memory; the message gives needed and
+            available bytes. Nothing is allocated in that case.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
+        if max_seq_len <= 0 or batch_size <= 0:
+            raise ValueError(f"batch_size={batch_size} and max_seq_len={max_seq_len} must be positive")
+        if max_seq_len > config.max_seq_len:
+            raise ValueError(
+                f"a KV cache of {max_seq_len} tokens exceeds the model's context length {config.max_seq_len}; "
+                f"generate fewer tokens or use a shorter prompt"
+            )
+        device = torch.device(device)
+        shape = (batch_size, config.n_kv_heads, max_seq_len, config.head_dim)
+        per_layer = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        self.nbytes = per_layer * config.n_layers
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            if self.nbytes > free:
+                raise MemoryError(
+                    f"KV cache needs {self.nbytes / 1e9:.2f} GB ({config.n_layers} layers x batch {batch_size} x "
+                    f"{max_seq_len} tokens) but only {free / 1e9:.2f} GB of GPU memory is free; lower the batch size "
+                    f"or max_seq_len, or use a smaller dtype"
+                )
+        self.batch_size, self.max_seq_len = batch_size, max_seq_len
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.length = 0  # tokens written so far (host-side bookkeeping)
+
+    @staticmethod
+    def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
+        """2 x layers x KV heads x head_dim x bytes per element: the cache cost of one token of one sequence."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write the new tokens' K/V at `positions` and return all cached K/V up to the last written position.
+
+        positions: (T,) int64, contiguous and increasing; k, v: (B, Hkv, T, hd).
+        Returns k_all, v_all: (B, Hkv, S, hd) views with S = positions[-1] + 1.
+        """
+        B, T = k.shape[0], k.shape[2]
+        if layer == 0:  # every layer writes the same positions: read them from the tensor once per forward pass
+            start = int(positions[0])
+            if start + T > self.max_seq_len:
+                raise ValueError(
+                    f"the KV cache holds {self.max_seq_len} tokens but position {start + T - 1} was written; "
+                    f"allocate a larger cache"
+                )
+            self._span = (start, start + T)
+        start, end = self._span
+        self.k[layer][:B, :, start:end] = k
+        self.v[layer][:B, :, start:end] = v
+        if layer == len(self.k) - 1:
+            self.length = end
+        return self.k[layer][:B, :, :end], self.v[layer][:B, :, :end]
+
+    def reset(self) -> None:
+        """Forget all cached tokens (the buffers are kept and overwritten by the next sequence)."""
+        self.length = 0

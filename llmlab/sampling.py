@@ -1,0 +1,60 @@
+"""Choosing the next token from the logits: greedy, temperature, top-k, top-p (nucleus).
+
+Temperature T divides the logits (T -> 0 is greedy, T = 1 the model's own distribution); top-k keeps the k most
+likely tokens; top-p keeps the smallest set whose probabilities add up to at least p (Holtzman et al. 2019,
+https://arxiv.org/abs/1904.09751). Everything stays on the logits' device: no host round trip to pick a token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError, naming the argument and the valid range, for settings that make no distribution."""
+    if temperature is None or not temperature >= 0:  # also catches NaN
+        raise ValueError(f"temperature={temperature} is invalid: use 0 for greedy decoding or a positive number")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k={top_k} is invalid: use a whole number >= 1, or None to keep every token")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} is outside (0, 1]: use e.g. 0.9, or None (= 1.0) to keep every token")
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row.
+
+    Args:
+        logits: (B, V) scores of the next token, any float dtype (computed in fp32 here).
+        temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature).
+        top_k: keep only the k highest-scoring tokens (None: all).
+        top_p: keep the smallest set of tokens whose probability mass reaches top_p (None or 1.0: all).
+        generator: a seeded torch.Generator on logits.device for reproducible sampling.
+
+    Returns:
+        (B,) int64 token ids on logits.device.
+
+    Raises:
+        ValueError: temperature < 0, top_k < 1, top_p outside (0, 1].
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, int(top_k), dim=-1).values[:, -1:]  # (B, 1) the k-th largest score
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of all tokens ranked above this one
+        drop_sorted = mass_before >= top_p  # the most likely token always survives (mass_before = 0)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

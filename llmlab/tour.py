@@ -1,0 +1,72 @@
+"""`llmlab tour`: the course's main job, headless.
+
+Loads the default model, generates the same continuation under each setting (today: without and with the KV
+cache), and prints the device and a table of TTFT, TPOT and tokens/s per setting. A setting is a dict of switch
+values (`llmlab.switches`); later lessons append their settings to `TOUR_SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import LLM
+from .envinfo import device_name
+from .switches import apply_switches
+
+
+@dataclass
+class TourSetting:
+    name: str  # shown in the table
+    settings: dict = field(default_factory=dict)  # switch values (llmlab.switches), the rest at their defaults
+    note: str = ""
+
+
+TOUR_SETTINGS: list[TourSetting] = [
+    TourSetting("no KV cache", {"kv_cache": False}, "recompute the whole sequence for every token"),
+    TourSetting("KV cache", {"kv_cache": True}, "prefill once, then one token per forward pass"),
+]
+
+
+def device_line(llm: LLM) -> str:
+    return f"device: {device_name(llm.device)} | dtype: {str(llm.dtype).removeprefix('torch.')} | torch {torch.__version__}"
+
+
+def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The list",
+             max_new_tokens: int = 128, repeats: int = 3, print_fn=print) -> list[dict]:
+    """Run every setting `repeats` times (after one warm-up) and print a table of medians.
+
+    Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
+    the first setting's), text.
+    """
+    llm = LLM.load(model, device=device, dtype=dtype)
+    print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
+             f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
+    print_fn(device_line(llm))
+    print_fn(f"prompt {prompt!r}, {max_new_tokens} new tokens, greedy, median of {repeats} runs\n")
+    rows, reference = [], None
+    for setting in TOUR_SETTINGS:
+        run_llm, kwargs = apply_switches(llm, setting.settings)
+        kwargs.update(max_new_tokens=max_new_tokens, stop_at_eos=False)
+        run_llm.generate(prompt, **{**kwargs, "max_new_tokens": 4})  # warm-up: first-call costs stay out of the table
+        runs = [run_llm.generate(prompt, **kwargs) for _ in range(repeats)]
+        tokens = runs[0].token_ids[0]
+        reference = reference or tokens
+        rows.append({
+            "setting": setting.name,
+            "ttft_ms": statistics.median(r.ttft_ms for r in runs),
+            "tpot_ms": statistics.median(r.tpot_ms for r in runs),
+            "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
+            "same_tokens": tokens == reference,
+            "text": runs[0].text,
+            "note": setting.note,
+        })
+    base = rows[0]["tokens_per_s"]
+    print_fn(f"{'setting':<16}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
+    for r in rows:
+        print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{r['tpot_ms']:>10.2f}{r['tokens_per_s']:>11.1f}"
+                 f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
+    print_fn(f"\n{prompt}{rows[-1]['text']}")
+    return rows

@@ -1,0 +1,1 @@
+"""Training the default model (see __main__.py)."""

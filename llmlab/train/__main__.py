@@ -1,0 +1,82 @@
+"""Train the shipped default model: `python -m llmlab.train --out data/models/pydoc-llama`.
+
+The defaults are the shipped recipe (see `TrainConfig`). `--smoke` trains a tiny model on a slice of the corpus on
+the CPU in seconds, to test the pipeline end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import DEFAULT_MODEL_DIR
+from .export import export
+from .trainer import TrainConfig, prepare_data, resolve_device, train
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog="python -m llmlab.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"model folder to write (default {DEFAULT_MODEL_DIR}; with --smoke a temp folder)")
+    p.add_argument("--smoke", action="store_true", help="tiny model, corpus slice, 30 CPU steps: a plumbing test")
+    p.add_argument("--device", default=None, help="auto (default: cuda if available), cuda, cuda:1, cpu")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
+    p.add_argument("--epochs", type=float, default=None, help=f"passes over the train tokens (default {d.epochs})")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help=f"stop the training loop after this many seconds (default {d.time_budget_s})")
+    p.add_argument("--batch-size", type=int, default=None, help=f"windows per step (default {d.batch_size})")
+    p.add_argument("--seq-len", type=int, default=None, help=f"tokens per window (default {d.seq_len})")
+    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--eval-every", type=int, default=None, help=f"steps between held-out evaluations "
+                                                                 f"(default {d.eval_every})")
+    p.add_argument("--patience", type=int, default=None, help=f"early-stopping patience in evaluations "
+                                                               f"(default {d.patience})")
+    p.add_argument("--seed", type=int, default=None, help=f"seed for init and batches (default {d.seed})")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    overrides = {k: v for k, v in {
+        "device": args.device, "steps": args.steps, "epochs": args.epochs, "time_budget_s": args.time_budget_s,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr, "eval_every": args.eval_every,
+        "patience": args.patience, "seed": args.seed,
+    }.items() if v is not None}
+    if args.compile:
+        overrides["compile"] = True
+    cfg = TrainConfig.smoke(**overrides) if args.smoke else TrainConfig(**overrides)
+    if cfg.seq_len > cfg.max_seq_len:
+        raise SystemExit(f"--seq-len {cfg.seq_len} exceeds the model's context length {cfg.max_seq_len}")
+    out = args.out
+    if out is None:
+        import tempfile
+
+        out = Path(tempfile.gettempdir()) / "pydoc-llama-smoke" if args.smoke else DEFAULT_MODEL_DIR
+    command = "python -m llmlab.train " + shlex.join(argv)
+
+    threads = torch.get_num_threads()
+    if args.smoke and resolve_device(cfg.device).type == "cpu":
+        torch.set_num_threads(1)  # the smoke model's matrices are tiny: thread wake-ups cost more than they save
+    try:
+        t0 = time.perf_counter()
+        data = prepare_data(cfg)
+        res = train(cfg, data)
+        facts = export(out, cfg, data, res, command.strip(), t_start=t0)
+    finally:
+        torch.set_num_threads(threads)
+    total = time.perf_counter() - t0
+    print(f"wrote {out} in {total:.1f} s total")
+    return facts
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""Bad input gives an error that names the problem, and leaves what was loaded before fully usable.
+
+Every test ends with `still_works`: the model loaded at the start of the module generates exactly what it
+generated before any error was raised.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from llmlab.checkpoint import load_model, load_tokenizer
+from llmlab.cli import main
+from llmlab.config import PRESETS, ModelConfig
+from llmlab.engine import LLM, pick_device, pick_dtype
+from llmlab.generate import generate
+from llmlab.kv_cache import KVCache
+from tiny_models import model_folder
+
+PROMPT = "def fib(n):"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """(folder, llm, token ids it generates for PROMPT) — the reference every test compares against at its end."""
+    folder, _ = model_folder(tmp_path_factory.mktemp("good"), seed=0)
+    llm = LLM.load(folder, device="cpu")
+    before = llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False).token_ids
+    assert len(set(before[0])) > 4
+    return folder, llm, before
+
+
+def still_works(good) -> None:
+    folder, llm, before = good
+    assert llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False).token_ids == before
+    assert llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, use_cache=False).token_ids == before
+
+
+def copy_of(good, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(good[0], dst)
+    return dst
+
+
+def edit_weights(folder, fn) -> None:
+    file = folder / "model.safetensors"
+    state = load_file(str(file))
+    fn(state)
+    save_file(state, str(file), metadata={"format": "pt"})
+
+
+def edit_config(folder, fn) -> None:
+    file = folder / "config.json"
+    cfg = json.loads(file.read_text())
+    fn(cfg)
+    file.write_text(json.dumps(cfg))
+
+
+# -- loading ------------------------------------------------------------------------------------------------------
+
+
+def test_missing_folder(good, tmp_path):
+    missing = tmp_path / "no-such-model"
+    for load in (load_model, LLM.load):
+        with pytest.raises(FileNotFoundError, match="does not exist") as e:
+            load(missing)
+        assert str(missing) in str(e.value)
+    still_works(good)
+
+
+def test_path_is_a_file(good, tmp_path):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        load_model(file)
+    still_works(good)
+
+
+def test_folder_without_config(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no config.json") as e:
+        LLM.load(folder)
+    assert str(folder) in str(e.value)
+    still_works(good)
+
+
+def test_config_not_json(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="not valid JSON") as e:
+        load_model(folder)
+    assert "config.json" in str(e.value)
+    still_works(good)
+
+
+def test_config_missing_key(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_config(folder, lambda c: c.pop("hidden_size"))
+    with pytest.raises(ValueError, match="hidden_size"):
+        load_model(folder)
+    still_works(good)
+
+
+def test_unsupported_architecture(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_config(folder, lambda c: c.update(architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel") as e:
+        load_model(folder)
+    assert "LlamaForCausalLM" in str(e.value)  # and says what is supported
+    still_works(good)
+
+
+def test_missing_weight(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda s: s.pop("model.layers.1.mlp.down_proj.weight"))
+    with pytest.raises(KeyError, match=r"layers\.1\.mlp\.down_proj\.weight") as e:
+        load_model(folder)
+    assert "missing" in str(e.value)
+    still_works(good)
+
+
+def test_several_missing_weights_are_counted(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda s: [s.pop(k) for k in [k for k in s if k.startswith("model.layers.1.")]])
+    with pytest.raises(KeyError, match=r"and 8 more"):
+        load_model(folder)
+    still_works(good)
+
+
+def test_unexpected_extra_tensor(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda s: s.update({"model.layers.0.self_attn.extra_scale": torch.ones(3)}))
+    with pytest.raises(KeyError, match=r"model\.layers\.0\.self_attn\.extra_scale") as e:
+        load_model(folder)
+    assert "unexpected" in str(e.value)
+    still_works(good)
+
+
+def test_shape_mismatch_names_key_and_both_shapes(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda s: s.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(191, 128)}))
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    msg = str(e.value)
+    assert "model.layers.0.mlp.up_proj.weight" in msg
+    assert "(191, 128)" in msg and "(192, 128)" in msg
+    still_works(good)
+
+
+def test_config_disagreeing_with_weights(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_config(folder, lambda c: c.update(intermediate_size=256))
+    shapes = r"shape mismatch for '.*mlp\..*' .*\((192, 128|128, 192)\).*\((256, 128|128, 256)\)"
+    with pytest.raises(ValueError, match=shapes):
+        load_model(folder)
+    still_works(good)
+
+
+def test_only_pytorch_bin_is_refused_without_unpickling(good, tmp_path, monkeypatch):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, folder / "pytorch_model.bin")
+
+    def no_unpickling(*a, **k):
+        raise AssertionError("load_model must never unpickle a .bin file")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    with pytest.raises(FileNotFoundError) as e:
+        load_model(folder)
+    msg = str(e.value)
+    assert "safetensors" in msg and "pytorch_model.bin" in msg and "never unpickles" in msg
+    monkeypatch.undo()
+    still_works(good)
+
+
+def test_no_weights_at_all(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        load_model(folder)
+    still_works(good)
+
+
+def test_missing_tokenizer(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        load_tokenizer(folder)
+    llm = LLM.load(folder, device="cpu")  # a model without a tokenizer still loads: prompts must be ids
+    assert llm.tokenizer is None
+    with pytest.raises(ValueError, match="no tokenizer"):
+        llm.generate("text needs a tokenizer")
+    assert llm.generate([5, 6, 7], max_new_tokens=3).n_generated == 3
+    still_works(good)
+
+
+def test_unknown_preset_lists_presets(good):
+    for make in (ModelConfig.from_preset, LLM.from_preset):
+        with pytest.raises(ValueError) as e:
+            make("llama-3.2-1bb")
+        msg = str(e.value)
+        assert "'llama-3.2-1bb'" in msg and "Did you mean 'llama-3.2-1b'" in msg
+        assert all(name in msg for name in PRESETS)
+    still_works(good)
+
+
+def test_bad_dtype_and_device(good):
+    with pytest.raises(ValueError, match="fp32, bf16, fp16"):
+        pick_dtype("fp8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            pick_device("cuda")
+    still_works(good)
+
+
+# -- generation ---------------------------------------------------------------------------------------------------
+
+
+def test_prompt_longer_than_context(good):
+    llm = good[1]
+    with pytest.raises(ValueError) as e:
+        llm.generate([1] * 300, max_new_tokens=1)
+    assert "300 tokens" in str(e.value) and "256" in str(e.value)
+    still_works(good)
+
+
+def test_prompt_plus_new_tokens_over_context(good):
+    llm = good[1]
+    with pytest.raises(ValueError) as e:
+        llm.generate([1] * 200, max_new_tokens=100)
+    msg = str(e.value)
+    assert "200" in msg and "100" in msg and "256" in msg and "at most 56" in msg
+    assert llm.generate([1] * 200, max_new_tokens=56).n_generated == 56  # the limit itself is fine
+    still_works(good)
+
+
+@pytest.mark.parametrize("top_p", [0, 0.0, -0.1, 1.5])
+def test_top_p_outside_range(good, top_p):
+    llm = good[1]
+    with pytest.raises(ValueError, match=r"top_p=.*\(0, 1\]"):
+        llm.generate(PROMPT, temperature=1.0, top_p=top_p)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(llm.model, [1, 2, 3], temperature=1.0, top_p=top_p)
+    still_works(good)
+
+
+@pytest.mark.parametrize("temperature", [-1e-3, -1.0, float("nan")])
+def test_bad_temperature(good, temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        good[1].generate(PROMPT, temperature=temperature)
+    still_works(good)
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 2.5])
+def test_bad_top_k(good, top_k):
+    with pytest.raises(ValueError, match="top_k"):
+        good[1].generate(PROMPT, temperature=1.0, top_k=top_k)
+    still_works(good)
+
+
+@pytest.mark.parametrize("prompt", ["", []])
+def test_empty_prompt(good, prompt):
+    with pytest.raises(ValueError, match="empty"):
+        good[1].generate(prompt)
+    with pytest.raises(ValueError, match="empty"):
+        generate(good[1].model, torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty"):
+        good[1].model(torch.zeros(1, 0, dtype=torch.long))
+    still_works(good)
+
+
+def test_no_new_tokens(good):
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        good[1].generate(PROMPT, max_new_tokens=0)
+    still_works(good)
+
+
+@pytest.mark.parametrize("bad_id", [300, 10**6, -1])
+def test_token_id_outside_vocabulary(good, bad_id):
+    with pytest.raises(ValueError) as e:
+        good[1].generate([5, bad_id, 7])
+    assert str(bad_id) in str(e.value) and "0..299" in str(e.value)
+    still_works(good)
+
+
+def test_kv_cache_limits(good):
+    config = good[1].config
+    with pytest.raises(ValueError, match="exceeds the model's context length 256"):
+        KVCache(config, 1, 257, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="must be positive"):
+        KVCache(config, 0, 8, torch.float32, "cpu")
+    cache = KVCache(config, 1, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="holds 8 tokens but position 9"):
+        good[1].model(torch.ones(1, 10, dtype=torch.long), torch.arange(10), kv_cache=cache)
+    still_works(good)
+
+
+# -- the command line ---------------------------------------------------------------------------------------------
+
+
+def test_cli_missing_model_exits_2(good, tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    code = main(["generate", "hello", "--model", str(missing), "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("llmlab: error:") and str(missing) in err and "does not exist" in err
+    assert "Traceback" not in err and out == ""
+    still_works(good)
+
+
+def test_cli_bad_setting_exits_2(good, capsys):
+    code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--temperature", "1",
+                 "--top-p", "1.5"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "top_p=1.5" in err
+    code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--max-new-tokens", "1000"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "exceeds the model's context of 256 tokens" in err
+    still_works(good)
+
+
+def test_cli_process_exit_code(tmp_path):
+    """The real process: `python -m llmlab.cli generate ... --model <missing>` exits with status 2."""
+    missing = tmp_path / "nowhere"
+    proc = subprocess.run([sys.executable, "-m", "llmlab.cli", "generate", "hi", "--model", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "llmlab: error:" in proc.stderr and str(missing) in proc.stderr
+    assert "Traceback" not in proc.stderr
