@@ -68,5 +68,6 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     for r in rows:
         print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{r['tpot_ms']:>10.2f}{r['tokens_per_s']:>11.1f}"
                  f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
-    print_fn(f"\n{prompt}{rows[-1]['text']}")
+    sample = (prompt + rows[-1]["text"]).strip()
+    print_fn("\n" + (sample[:300] + " ..." if len(sample) > 300 else sample))
     return rows
