@@ -154,8 +154,14 @@ class Attention(nn.Module):
             k_pos = torch.arange(k.shape[2], device=x.device)
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, S, hd)
 
-        mask = attention_mask(positions, k_pos, self.sliding_window)  # (T, S)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd), scale 1/sqrt(hd)
+        S = k.shape[2]
+        if self.sliding_window is None and T == 1:  # decode: the new token may see every cached token
+            y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, hd), scale 1/sqrt(hd)
+        elif self.sliding_window is None and S == T:  # a fresh sequence: plain causal (lets SDPA use flash kernels)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        else:  # a chunk after cached tokens, or a sliding window: an explicit mask
+            mask = attention_mask(positions, k_pos, self.sliding_window)  # (T, S)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.o_proj(y)
 

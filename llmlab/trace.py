@@ -133,6 +133,16 @@ class Trace:
             return (0.0, 0.0)
         return (float(self.calls[0]["start_s"]), float(self.calls[-1]["end_s"]))
 
+    def utilisation_line(self) -> str:
+        """'while decoding: GPU-Util 31%, SM activity 4.2%, SM occupancy 2.0%, DRAM bandwidth 5.1%' (series the
+        device did not report are left out)."""
+        s = self.summary
+        parts = [f"{name} {s[key]:.1f}%" for key, name in (
+            ("gpu_util_pct_mean", "GPU-Util"), ("sm_active_pct_mean", "SM activity"),
+            ("sm_occupancy_pct_mean", "SM occupancy"), ("dram_bw_util_pct_mean", "DRAM bandwidth"))
+            if s.get(key) is not None]
+        return "while decoding: " + (", ".join(parts) if parts else "no utilisation recorded")
+
     def readings(self) -> list[dict[str, float]]:
         """The samples as sampler readings (dicts with t_s and each series present in that reading), in order."""
         keys = list(self.samples)

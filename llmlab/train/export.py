@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import textwrap
 import time
 from pathlib import Path
 
@@ -174,13 +175,23 @@ def model_card(f: dict) -> str:
     """The README.md of the model folder, from the facts dict that `export` builds."""
     c, t, ev, mc = f["corpus"], f["training"], f["eval_saved_weights"], f["model_config"]
     r = t["recipe"]
+    trailing = [f"`{s['prompt']!r}`" for s in f["samples_greedy"] if s["prompt"].endswith(" ")]
+    spaces = "" if not trailing else (
+        f"{' and '.join(trailing)} end{'s' if len(trailing) == 1 else ''} in a space. The tokenizer glues a space "
+        f"to the word after it (`' json'` is one token), so a prompt that ends in a lone space token puts the model "
+        f"where it rarely was in training, and the continuation suffers: the prompt-boundary problem that "
+        f"\"token healing\" addresses. ")
+    note = textwrap.fill(spaces + "Greedy decoding of a model this small also tends to fall into loops, repeating a "
+                         "phrase; sampling with a temperature is the usual remedy.", width=115)
     optimizer = (f"AdamW, lr {r['lr']} (warmup {r['warmup_steps']} steps, cosine to {r['min_lr_ratio']} x), "
                  f"betas {tuple(r['betas'])}, weight decay {r['weight_decay']}, grad clip {r['grad_clip']}")
     steps = (f"{t['steps']} of {t['planned_steps']} planned ({t['stop_reason']}); "
              f"best held-out loss at step {t['best_step']}")
     wall = (f"{t['train_loop_s']} s training loop, {t['total_wall_s']} s in all "
             f"(corpus {t['corpus_s']} s, tokenizer {t['tokenizer_s']} s)")
-    tokens = f"{c['train_tokens']:,} train + {c['val_tokens']:,} held-out (one `<|endoftext|>` before each document)"
+    # inside a Markdown table a "|" must be escaped, even in a code span
+    tokens = (f"{c['train_tokens']:,} train + {c['val_tokens']:,} held-out "
+              f"(one `<\\|endoftext\\|>` before each document)")
     split = (f"{c['n_val_documents']} whole documents: those whose sha256(name) mod 10000 < "
              f"{round(c['val_fraction'] * 10000)}")
     samples = "\n\n".join(f"Prompt `{s['prompt']!r}`:\n\n```text\n{s['prompt']}{s['completion']}\n```"
@@ -223,7 +234,7 @@ Llama (`LlamaForCausalLM`): RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, 
 | context length | {mc['max_position_embeddings']} |
 | RoPE theta / RMSNorm eps | {mc['rope_theta']} / {mc['rms_norm_eps']} |
 | weights | bf16 safetensors, {f['weights_file_mb']} MB |
-| BOS = EOS | `<|endoftext|>` = id {mc['bos_token_id']} |
+| BOS = EOS | `<\\|endoftext\\|>` = id {mc['bos_token_id']} |
 
 ## Corpus
 
@@ -259,10 +270,7 @@ Greedy continuations (`<|endoftext|>` prepended, at most 48 new tokens):
 
 {samples}
 
-The `'def '` prompt ends in a space. The tokenizer glues a space to the word after it (`' json'` is one token),
-so a prompt that ends in a lone space token puts the model somewhere it rarely was in training, and the
-continuation suffers: the prompt-boundary problem that "token healing" addresses. Greedy decoding of a model this
-small also tends to fall into loops, repeating a phrase; sampling with a temperature is the usual remedy.
+{note}
 
 ## Training
 

@@ -310,7 +310,8 @@ def train(cfg: TrainConfig, data: Data, log=print) -> TrainResult:
             loss_sum.zero_()
             loss_n = 0
             res.history.append({"step": step + 1, "tokens": res.tokens_seen, "train_loss": round(train_loss, 4),
-                                "val_loss": round(val, 4), "lr": lr, "elapsed_s": round(time.perf_counter() - t0, 2)})
+                                "val_loss": round(val, 4), "lr": float(f"{lr:.3g}"),
+                                "elapsed_s": round(time.perf_counter() - t0, 2)})
             improved = val < res.best_val_loss - 1e-4
             if improved:
                 res.best_val_loss, res.best_step, bad_evals = val, step + 1, 0
