@@ -21,6 +21,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
+from .roofline import RunMetrics
 from .sampling import check_sampling_args, sample
 from .timing import StepTimer
 
@@ -44,16 +45,19 @@ class Generation:
     def n_generated(self) -> int:
         return max(len(t) for t in self.token_ids)
 
+    def metrics(self) -> RunMetrics:
+        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.roofline.RunMetrics`."""
+        return RunMetrics.from_step_times([ms / 1e3 for ms in self.step_ms], batch=len(self.token_ids))
+
     @property
     def ttft_ms(self) -> float:
         """Time to first token (ms): the prefill forward pass plus sampling the first token."""
-        return self.step_ms[0]
+        return self.metrics().ttft_ms
 
     @property
     def tpot_ms(self) -> float:
         """Time per output token after the first (ms), the mean decode-step latency; NaN with one token."""
-        rest = self.step_ms[1:]
-        return sum(rest) / len(rest) if rest else float("nan")
+        return self.metrics().tpot_ms
 
     @property
     def total_ms(self) -> float:
