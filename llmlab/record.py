@@ -106,24 +106,55 @@ def parse_setting(text: str) -> dict[str, Any]:
 # -- profiling a few decode steps --------------------------------------------------------------------------------
 
 
-def profile_kernels(llm: LLM, prompt_ids: list[int], kwargs: dict, steps: int = 4, skip: int = 2) -> dict | None:
-    """Run a short decode under torch.profiler and return the GPU kernels of `steps` decode steps.
+def _union_us(intervals) -> float:
+    """Total length covered by a set of (start, end) intervals (overlaps counted once)."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + ((cur_b - cur_a) if cur_b is not None else 0.0)
 
-    Each step (one token to the next, as `generate` times it) is wrapped in a `record_function` range opened and
-    closed from `on_token`; `generate` reads every token back to the host (`.tolist()`), so all kernels of a step
-    finish inside its range. The first `skip` steps (prefill, the first decode step) are left out.
 
-    Returns {"steps", "window_us", "busy_us", "n_kernels", "step_us": [...], "step_busy_us": [...],
-    "intervals_us": [[start, end], ...] relative to the window start}, or None on a CPU or when the profiler
-    saw no GPU activity. busy_us is the union of the kernel intervals: the time at least one kernel ran, which is
-    what NVML's GPU-Util measures (the profiler itself adds a little time per launch).
+def summarize_kernels(step_ranges: dict[int, tuple[float, float]], kernels: list[tuple[float, float]],
+                      steps: list[int]) -> dict | None:
+    """The kernel timeline of some decode steps, from profiler times in microseconds.
+
+    step_ranges: step index -> (start, end) of that step on the host; kernels: (start, end) of every GPU kernel;
+    steps: the (consecutive) steps to keep. Kernels are clipped to the window from the first kept step's start to
+    the last one's end. Returns None if no step or no kernel falls in it; else {"steps", "window_us", "busy_us"
+    (union of the kernel intervals: time in which at least one kernel ran), "n_kernels", "step_us",
+    "step_busy_us", "intervals_us" (relative to the window's start)}.
     """
-    if llm.device.type != "cuda":
+    wanted = [i for i in steps if i in step_ranges]
+    if not wanted:
         return None
+    w0, w1 = step_ranges[wanted[0]][0], step_ranges[wanted[-1]][1]
+    inside = sorted((max(a, w0), min(b, w1)) for a, b in kernels if b > w0 and a < w1)
+    if not inside:
+        return None
+    step_us, step_busy = [], []
+    for i in wanted:
+        a, b = step_ranges[i]
+        step_us.append(b - a)
+        step_busy.append(_union_us([(max(x, a), min(y, b)) for x, y in inside if y > a and x < b]))
+    return {"steps": len(wanted), "window_us": w1 - w0, "busy_us": _union_us(inside), "n_kernels": len(inside),
+            "step_us": step_us, "step_busy_us": step_busy, "intervals_us": [[a - w0, b - w0] for a, b in inside]}
+
+
+def profile_steps(llm: LLM, prompt_ids: list[int], kwargs: dict, n_new: int, cuda: bool):
+    """Run `generate` under torch.profiler with each step (one token to the next, as `generate` times it) wrapped in
+    a `record_function("llmlab.step.<i>")` range, opened and closed from `on_token`.
+
+    Returns (step_ranges {i: (start_us, end_us)}, device_intervals [(start_us, end_us), ...]) on the profiler's
+    clock; device_intervals are the GPU's kernels and copies (empty when cuda is False).
+    """
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    n_new = steps + skip + 1
     state: dict[str, Any] = {"rf": None}
 
     def open_range(i: int) -> None:
@@ -140,46 +171,40 @@ def profile_kernels(llm: LLM, prompt_ids: list[int], kwargs: dict, steps: int = 
         close_range()
         open_range(step + 1)
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         open_range(0)
         try:
             llm.generate(prompt_ids, max_new_tokens=n_new, stop_at_eos=False, on_token=on_token, **kwargs)
         finally:
             close_range()
-        torch.cuda.synchronize()
-    events = list(prof.events())
-    ranges = {}
-    for e in events:
-        if e.name.startswith("llmlab.step.") and e.device_type == DeviceType.CPU:
-            ranges[int(e.name.rsplit(".", 1)[1])] = (e.time_range.start, e.time_range.end)
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type == DeviceType.CUDA and not e.name.startswith("llmlab.step."))
-    wanted = [i for i in range(skip, skip + steps) if i in ranges]
-    if not wanted or not kernels:
+        if cuda:
+            torch.cuda.synchronize()
+    ranges, device = {}, []
+    for e in prof.events():
+        if e.name.startswith("llmlab.step."):
+            if e.device_type == DeviceType.CPU:
+                ranges[int(e.name.rsplit(".", 1)[1])] = (e.time_range.start, e.time_range.end)
+        elif e.device_type == DeviceType.CUDA:
+            device.append((e.time_range.start, e.time_range.end))
+    return ranges, device
+
+
+def profile_kernels(llm: LLM, prompt_ids: list[int], kwargs: dict, steps: int = 4, skip: int = 2) -> dict | None:
+    """The GPU kernels of `steps` decode steps (after `skip` steps: the prefill and a first decode step), from a
+    short decode under torch.profiler (`profile_steps`, `summarize_kernels`). `generate` reads every token back to
+    the host (`.tolist()`), so each step's kernels finish inside its range. None on a CPU or if nothing was seen.
+
+    busy_us / window_us is the share of time at least one kernel ran — what NVML's GPU-Util estimates (the
+    profiler itself adds a little time per launch).
+    """
+    if llm.device.type != "cuda":
         return None
-    w0, w1 = ranges[wanted[0]][0], ranges[wanted[-1]][1]
-    inside = [(max(a, w0), min(b, w1)) for a, b in kernels if b > w0 and a < w1]
-
-    def union(intervals):
-        total, cur_a, cur_b = 0.0, None, None
-        for a, b in sorted(intervals):
-            if cur_b is None or a > cur_b:
-                if cur_b is not None:
-                    total += cur_b - cur_a
-                cur_a, cur_b = a, b
-            else:
-                cur_b = max(cur_b, b)
-        return total + ((cur_b - cur_a) if cur_b is not None else 0.0)
-
-    step_us, step_busy = [], []
-    for i in wanted:
-        a, b = ranges[i]
-        step_us.append(b - a)
-        step_busy.append(union([(max(x, a), min(y, b)) for x, y in inside if y > a and x < b]))
-    return {"steps": len(wanted), "window_us": w1 - w0, "busy_us": union(inside), "n_kernels": len(inside),
-            "step_us": step_us, "step_busy_us": step_busy,
-            "intervals_us": [[a - w0, b - w0] for a, b in inside],
-            "note": "torch.profiler (CUPTI) over decode steps; the profiler adds a little time per launch"}
+    ranges, kernels = profile_steps(llm, prompt_ids, kwargs, steps + skip + 1, cuda=True)
+    out = summarize_kernels(ranges, kernels, list(range(skip, skip + steps)))
+    if out is not None:
+        out["note"] = "torch.profiler (CUPTI) over decode steps; the profiler adds a little time per launch"
+    return out
 
 
 # -- one recording -----------------------------------------------------------------------------------------------
@@ -212,9 +237,10 @@ def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, durat
     new_tokens = max(2, min(new_tokens, ctx - prompt_tokens))
     gen = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(0, run_llm.config.vocab_size, (prompt_tokens,), generator=gen).tolist()
-    kwargs = dict(kwargs, stop_at_eos=False)
+    kwargs = {"stop_at_eos": False, **kwargs}  # every call generates new_tokens tokens, EOS or not
 
     run_llm.generate(prompt_ids, max_new_tokens=min(8, new_tokens), **kwargs)  # warm-up: first-call costs
+    time.sleep(idle_s)  # NVML averages GPU-Util over up to 1 s: let it forget the warm-up before sampling "idle"
 
     sampler = Sampler(interval_s=interval_s, backend=backend)
     token_t: list[float] = []

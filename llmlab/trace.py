@@ -65,7 +65,7 @@ def trace_dir() -> Path:
 
 def slug(text: str) -> str:
     """A file-name-safe lower-case slug: 'NVIDIA H200' -> 'nvidia-h200', 'llama-3.2-1b' stays as it is."""
-    s = re.sub(r"[^a-z0-9.]+", "-", str(text).lower()).strip("-.")
+    s = re.sub(r"[^a-z0-9._]+", "-", str(text).lower()).strip("-._")
     return s or "unknown"
 
 

@@ -1,0 +1,224 @@
+"""Lab 01 in a real browser: JupyterLab headless + Debian's Chromium driven by playwright.
+
+Starts `jupyter lab` on a free localhost port (with a token) over a COPY of labs/01_gpu_utilization.ipynb in a
+temporary folder (JupyterLab autosaves: the repository's notebook must stay without outputs), opens it in headless
+Chromium, runs every cell, and checks that
+
+* the dashboard's plotly graph drew traces (SVG paths with data, not an empty div) and the results table has the
+  two runs the notebook makes;
+* the Run and Stop buttons work: Run (KV cache off, the longest decode the model allows) starts a run while the
+  kernel is idle, Stop ends it, and a new row appears;
+* the notebook's last cell found no llmlab thread left.
+
+A screenshot of the dashboard is kept in data/screenshots/lab01_dashboard.png.
+
+Needs /usr/bin/chromium (`apt-get install -y chromium`) and the `playwright` Python package (`pip install
+playwright`; never `playwright install`: the browser is Debian's). Skipped, with the reason, where either is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "labs" / "01_gpu_utilization.ipynb"
+SCREENSHOT = REPO / "data" / "screenshots" / "lab01_dashboard.png"
+CHROMIUM = os.environ.get("LLMLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TOKEN = "llmlab-browser-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited early with status {proc.returncode}:\n"
+                               + "\n".join(log.read_text().splitlines()[-15:]))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"jupyter lab did not answer on {url} within {timeout_s} s")
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server over a copy of lab 01; yields (base_url, log_path). Shut down (kernels included)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed: pip install playwright")
+    work = tmp_path / "nb"
+    work.mkdir()
+    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
+    port = _free_port()
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+               JUPYTER_PLATFORM_DIRS="1", PYTHONUNBUFFERED="1")
+    log = tmp_path / "jupyter.log"
+    notification = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no news toast
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={work}",
+           "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", "--LabApp.news_url=",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{base}/api/status?token={TOKEN}", 60, proc, log)
+        yield base, log
+    finally:
+        try:  # a clean shutdown also shuts the kernels down
+            req = urllib.request.Request(f"{base}/api/shutdown?token={TOKEN}", method="POST", data=b"")
+            urllib.request.urlopen(req, timeout=5).close()
+            proc.wait(timeout=20)
+        except Exception:
+            pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+PLOT_STATE_JS = """() => {
+    const dash = document.querySelector('.llmlab-dashboard');
+    if (!dash) return null;
+    const plots = dash.querySelectorAll('.js-plotly-plot');
+    const traces = dash.querySelectorAll('.js-plotly-plot .scatterlayer .trace');
+    let drawn = 0;
+    for (const tr of traces) {
+        for (const p of tr.querySelectorAll('path.js-line, path.point')) {
+            const d = p.getAttribute('d') || '';
+            if (d.length > 10 && d !== 'M0,0Z') { drawn += 1; break; }
+        }
+    }
+    const rows = dash.querySelectorAll('table.llmlab-results tbody tr');
+    const status = dash.querySelector('.llmlab-status');
+    const bars = dash.querySelectorAll('.js-plotly-plot .barlayer .point');
+    return {plots: plots.length, traces: traces.length, drawn: drawn, rows: rows.length,
+            rowText: Array.from(rows).map(r => r.innerText),
+            status: status ? status.innerText : '', bars: bars.length};
+}"""
+
+
+CELL_ERRORS_JS = """() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    const errors = [];
+    for (let i = 0; i < cells.length; i++) {
+        const cell = cells.get(i);
+        if (cell.type !== 'code') continue;
+        for (let j = 0; j < cell.outputs.length; j++) {
+            const out = cell.outputs.get(j).toJSON();
+            if (out.output_type === 'error') errors.push(`cell ${i}: ${out.ename}: ${out.evalue}`);
+        }
+    }
+    return errors;
+}"""
+
+
+def _wait_for(page, predicate_js: str, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = page.evaluate(predicate_js)
+        if last:
+            return last
+        page.wait_for_timeout(250)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: {last!r}")
+
+
+def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
+    from playwright.sync_api import sync_playwright
+
+    base, log = jupyter_lab
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 2000})
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={TOKEN}", timeout=60_000)
+            # JupyterLab is up and the notebook's kernel is idle
+            _wait_for(page, """() => {
+                const app = window.jupyterapp;
+                if (!app || !app.shell) return false;
+                const w = app.shell.currentWidget;
+                const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                return !!(k && k.status === 'idle');
+            }""", 90, "the notebook and an idle kernel")
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # the last cell prints this once every cell before it has passed; an error output stops the wait
+            _wait_for(page, f"() => document.body.innerText.includes('no llmlab thread left') "
+                            f"|| ({CELL_ERRORS_JS})().length > 0", 150, "every cell to run")
+            errors = page.evaluate(CELL_ERRORS_JS)
+            assert not errors, f"a cell failed in the browser: {errors}"
+
+            state = _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
+                                    "return s && s.drawn > 0 && s.rows >= 2 ? s : false; }", 30,
+                              "the dashboard's plots to draw")
+            assert state["plots"] >= 2 and state["traces"] > 0 and state["drawn"] > 0, state
+            assert state["bars"] > 0, f"the comparison bar chart drew no bar: {state}"
+            rows_before = state["rows"]
+
+            # Run and Stop from the browser, while no cell is executing: KV cache off, the longest decode allowed
+            dash = page.locator(".llmlab-dashboard").first
+            dash.scroll_into_view_if_needed()
+            box = dash.locator(".widget-checkbox input[type=checkbox]").first
+            if box.is_checked():
+                box.uncheck()
+            prompt_box, new_box = dash.locator(".widget-inline-hbox input[type=number]").nth(0), \
+                dash.locator(".widget-inline-hbox input[type=number]").nth(1)
+            prompt_box.fill("1")
+            prompt_box.press("Enter")
+            new_box.fill("100000")  # the widget clamps to its maximum: the model's context
+            new_box.press("Enter")
+            page.wait_for_timeout(500)
+            dash.locator("button.llmlab-run").click()
+            _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
+                            "return s && /Running|Stopping|done|stopped/.test(s.status) ? s : false; }", 20,
+                      "the run to start after clicking Run")
+            page.wait_for_timeout(1500)
+            before_stop = page.evaluate(PLOT_STATE_JS)
+            t_stop = time.monotonic()
+            dash.locator("button.llmlab-stop").click(timeout=5_000) if before_stop["status"].startswith("Running") \
+                else None
+            after = _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
+                                    f"return s && s.rows > {rows_before} ? s : false; }}", 60,
+                              "the run to end and appear in the table")
+            stop_latency = time.monotonic() - t_stop
+            if before_stop["status"].startswith("Running") and "tokens" in before_stop["status"]:
+                assert "stopped" in after["status"], f"Stop did not stop the decode: {after['status']!r}"
+                assert stop_latency < 15, f"the run took {stop_latency:.1f} s to end after Stop"
+            assert after["drawn"] > 0
+
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            dash.screenshot(path=str(SCREENSHOT))
+            print(json.dumps({"before_stop": before_stop["status"], "after": after["status"],
+                              "stop_to_row_s": round(stop_latency, 2), "rows": after["rowText"]}, indent=1))
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000
