@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -33,7 +34,9 @@ def device_name(device: torch.device | str | None = None) -> str:
 
 
 def git_commit() -> str:
-    """The repository's current commit (short hash), or '-' outside a git checkout."""
+    """The repository's current commit (short hash); $LLMLAB_COMMIT where git cannot tell (a copied tree); else '-'."""
+    if os.environ.get("LLMLAB_COMMIT"):
+        return os.environ["LLMLAB_COMMIT"]
     try:
         root = Path(__file__).resolve().parent.parent
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
