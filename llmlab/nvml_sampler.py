@@ -20,7 +20,8 @@ Every reading is a dict of floats; the series (keys) and their units:
     sm_clock_mhz        nvmlDeviceGetClockInfo(NVML_CLOCK_SM)
     mem_used_gb         nvmlDeviceGetMemoryInfo().used / 1e9
     pcie_tx_mb_s        nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s, over 20 ms) / 1000
-    pcie_rx_mb_s        same for NVML_PCIE_UTIL_RX_BYTES
+    pcie_rx_mb_s        same for NVML_PCIE_UTIL_RX_BYTES (both only with NvmlBackend(pcie=True): each call blocks 20 ms)
+    read_ms             how long the reading itself took (ms): the sampler's own cost
 
 A series the device does not support is ABSENT from the readings, never filled with zeros: on a GPU without GPM
 (anything older than Hopper) the four GPM keys are simply missing, so a plot cannot mistake "not measured" for
@@ -134,9 +135,12 @@ class NvmlBackend:
         "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
     }
 
-    def __init__(self, device_index: int = 0, gpm: bool = True):
+    def __init__(self, device_index: int = 0, gpm: bool = True, pcie: bool = False):
         self.device_index = device_index
         self.gpm = gpm
+        # PCIe throughput is off by default: each nvmlDeviceGetPcieThroughput call measures over 20 ms and blocks
+        # that long, so two of them at 10 Hz keep the sampler busy 40% of the time
+        self.pcie = pcie
         self.name = ""
         self.gpm_supported = False
         self.series: tuple[str, ...] = ()
@@ -185,7 +189,9 @@ class NvmlBackend:
             # Probe each group once: a NOT_SUPPORTED series is dropped for good (absent, not zero); any other
             # error at open time is real and propagates.
             readers = {"util": self._read_util, "power": self._read_power, "clock": self._read_clock,
-                       "memory": self._read_memory, "pcie": self._read_pcie}
+                       "memory": self._read_memory}
+            if self.pcie:
+                readers["pcie"] = self._read_pcie
             series: list[str] = []
             for group, fn in readers.items():
                 try:
@@ -236,7 +242,12 @@ class NvmlBackend:
         return out
 
     def read(self) -> dict[str, float]:
-        """One reading (series -> float). Raises pynvml.NVMLError if NVML fails (e.g. GPU lost)."""
+        """One reading (series -> float). Raises pynvml.NVMLError if NVML fails (e.g. GPU lost).
+
+        Also reports `read_ms`, the time this reading itself took: sampling is not free, and a slow read is a
+        sign that it competes with the program being watched.
+        """
+        t0 = time.perf_counter()
         reading: dict[str, float] = {}
         if self._optional.get("util"):
             reading.update(self._read_util())
@@ -250,6 +261,7 @@ class NvmlBackend:
             reading.update(self._read_memory())
         if self._optional.get("pcie"):
             reading.update(self._read_pcie())
+        reading["read_ms"] = (time.perf_counter() - t0) * 1e3
         return reading
 
     def close(self) -> None:

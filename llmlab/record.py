@@ -210,6 +210,29 @@ def profile_kernels(llm: LLM, prompt_ids: list[int], kwargs: dict, steps: int = 
 # -- one recording -----------------------------------------------------------------------------------------------
 
 
+def sampler_cost(llm: LLM, prompt_ids: list[int], kwargs: dict, new_tokens: int = 64,
+                 interval_s: float = 0.1) -> dict[str, float]:
+    """Does watching change what is watched? Median decode-step time (ms) of the same short run with no sampler,
+    with NVML's basic readings only, and with the GPM metrics too — so a recording can say what sampling cost.
+
+    Returns {"none": ms, "nvml": ms, "nvml+gpm": ms} (a key is missing where that backend cannot open).
+    """
+    from .nvml_sampler import NvmlBackend
+
+    def tpot_p50() -> float:
+        g = llm.generate(prompt_ids, max_new_tokens=new_tokens, **kwargs)
+        return g.metrics().tpot_p50_ms
+
+    out = {"none": tpot_p50()}
+    for label, gpm in (("nvml", False), ("nvml+gpm", True)):
+        try:
+            with Sampler(interval_s=interval_s, backend=NvmlBackend(gpm=gpm)):
+                out[label] = tpot_p50()
+        except RuntimeError:
+            pass
+    return out
+
+
 def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, duration_s: float = 12.0,
                    prompt_tokens: int = 128, new_tokens: int = 256, idle_s: float = 1.0, interval_s: float = 0.1,
                    backend: Backend | None = None, device_name: str | None = None, peaks: dict | None = None,
@@ -242,6 +265,10 @@ def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, durat
     run_llm.generate(prompt_ids, max_new_tokens=min(8, new_tokens), **kwargs)  # warm-up: first-call costs
     time.sleep(idle_s)  # NVML averages GPU-Util over up to 1 s: let it forget the warm-up before sampling "idle"
 
+    cost = sampler_cost(run_llm, prompt_ids, kwargs, interval_s=interval_s) if backend is None else {}
+    if cost:
+        say("  decode step p50 with no sampler / NVML / NVML+GPM: "
+            + " / ".join(f"{v:.2f}" for v in cost.values()) + " ms")
     sampler = Sampler(interval_s=interval_s, backend=backend)
     token_t: list[float] = []
     calls: list[dict] = []
@@ -298,6 +325,7 @@ def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, durat
         "sampler_series": [k for k in samples if k != "t_s"],
         "peaks": dict(peaks or {}),
         "synthetic": False,
+        "sampler_cost_tpot_p50_ms": cost,
     }
     return make_trace(meta, samples, token_t, calls_step_ms, calls, kernels=kernels)
 
