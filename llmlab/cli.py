@@ -1,4 +1,6 @@
-"""The `llmlab` command: `llmlab generate "prompt"`, `llmlab tour` and `llmlab record` (GPU traces)."""
+"""The `llmlab` command: `llmlab generate "prompt"`, `llmlab tour`, `llmlab record` (GPU traces), `llmlab bench`
+(workloads x the optimization ladder, against Hugging Face and the roofline) and `llmlab profile` (torch.profiler
+over a few decode steps)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,75 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--interval", type=float, default=0.1, help="sampler period, s (default 0.1 = 10 Hz)")
     r.add_argument("--device", default="cuda", help="cuda or cuda:N")
     r.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel timeline")
+
+    b = sub.add_parser("bench", help="workloads x the optimization ladder, with Hugging Face peers and the roofline; "
+                                     "one JSON file per run into data/bench/")
+    b.add_argument("--workload", default="chat",
+                   help="chat, batch, long, a comma-separated list, or 'all' (default chat)")
+    b.add_argument("--model", default="default",
+                   help="'default' (shipped), a preset with random weights (e.g. llama-3.2-1b), or a model folder")
+    b.add_argument("--steps", default="all", help="ladder steps, comma-separated (default all: every rung that can "
+                                                  "run here; the others are listed with the reason)")
+    b.add_argument("--peers", action="store_true", help="also run Hugging Face generate: eager and static cache")
+    b.add_argument("--out", default=None, help="folder for the JSON files (default data/bench/)")
+    b.add_argument("--no-save", action="store_true", help="print the table only")
+    b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
+    b.add_argument("--repeats", type=int, default=None, help="timed runs per row, median reported (default 3)")
+    b.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="skip rows that would start after S seconds (per workload)")
+    b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
+    b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                   help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")
+
+    pr = sub.add_parser("profile", help="torch.profiler over a few decode steps: kernels and launches per token, "
+                                        "GPU idle gaps, and a Chrome trace for https://ui.perfetto.dev")
+    pr.add_argument("--model", default="default", help="'default', a preset (random weights) or a model folder")
+    pr.add_argument("--setting", default="", metavar="KEY=VALUE,...",
+                    help="switch values, e.g. cuda_graphs=true (default: the defaults)")
+    pr.add_argument("--steps", type=int, default=8, help="decode steps to profile (default 8)")
+    pr.add_argument("--prompt-tokens", type=int, default=128)
+    pr.add_argument("--batch", type=int, default=1)
+    pr.add_argument("--trace", default=None, help="Chrome trace file to write (.json or .json.gz)")
+    pr.add_argument("--device", default="auto")
+    pr.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     return parser
+
+
+def _bench(args) -> int:
+    from .bench import DEFAULT_OUT, WORKLOADS, load_bench_model, run_bench
+
+    names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
+    for name in names:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    out = None if args.no_save else (args.out or DEFAULT_OUT)
+    ran = 0
+    for name in names:
+        try:
+            run_bench(name, model_id, steps=steps, peers=args.peers, out=out, quick=args.quick,
+                      repeats=args.repeats, time_budget_s=args.time_budget, llm=llm)
+            ran += 1
+        except ValueError as e:
+            if "does not fit" not in str(e):
+                raise
+            print(f"llmlab bench: skipped {name}: {e}", file=sys.stderr)
+        print()
+    return 0 if ran else 2
+
+
+def _profile(args) -> int:
+    from .bench import load_bench_model
+    from .profiling import format_summary, profile_decode
+    from .record import parse_setting
+
+    llm, _, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
+    settings = parse_setting(args.setting) if args.setting else {}
+    s = profile_decode(llm, n_steps=args.steps, settings=settings, prompt_len=args.prompt_tokens,
+                       batch=args.batch, trace_path=args.trace)
+    print(format_summary(s))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
 
             run_tour(args.model, device=args.device, dtype=args.dtype, prompt=args.prompt,
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+        elif args.command == "bench":
+            return _bench(args)
+        elif args.command == "profile":
+            return _profile(args)
     except (ValueError, FileNotFoundError, KeyError, MemoryError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"llmlab: error: {msg}", file=sys.stderr)

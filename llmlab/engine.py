@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint import load_model, load_tokenizer, resolve
 from .config import ModelConfig
+from .fast_generate import decode_mode, generate_fast
 from .generate import Generation, generate
 from .model import Transformer
 
@@ -151,13 +152,20 @@ class LLM:
         seed: int | None = None,
         stop_at_eos: bool = True,
         on_token=None,
+        cuda_graphs: bool = False,
+        torch_compile: bool = False,
+        gpu_sampling: bool = False,
+        pin_memory: bool = False,
     ) -> Generation:
         """Generate a continuation of `prompt` (text, or token ids).
 
         Returns a `Generation`: `.text` (the continuation, when there is a tokenizer), `.token_ids`, `.ttft_ms`,
         `.tpot_ms`, `.tokens_per_s`. `on_token(step, tokens)` is called after each step (return True to stop).
+        cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
+        `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
+        `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
         Raises ValueError for an empty prompt, one longer than the context, or bad
-        sampling settings; the model is untouched by a failed call.
+        sampling settings (and for the fast switches without the KV cache); the model is untouched by a failed call.
         """
         if isinstance(prompt, str):
             ids = self.encode(prompt)  # the tokenizer's post-processor adds BOS where the model expects one
@@ -165,9 +173,16 @@ class LLM:
             ids = list(prompt)
         if self.random_weights and isinstance(prompt, str):
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
-        g = generate(self.model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                     top_p=top_p, use_cache=use_cache, seed=seed,
-                     eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
+        common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
+        if cuda_graphs or torch_compile or gpu_sampling:
+            if not use_cache:
+                raise ValueError("CUDA graphs, torch.compile and GPU sampling decode on a static KV cache: "
+                                 "turn the KV cache on (use_cache=True)")
+            g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
+                              gpu_sampling=gpu_sampling, pin_memory=pin_memory, **common)
+        else:
+            g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, **common)
         if self.tokenizer is not None:
             eos = self.eos_token_id
             eos = {eos} if isinstance(eos, int) else set(eos or [])

@@ -95,6 +95,25 @@ def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int) -> Non
                          f"lower max_new_tokens to at most {context_len - prompt_len} or shorten the prompt")
 
 
+def check_token_ids(ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise ValueError for a token id outside 0..vocab_size-1 (checked on the host: on CUDA the embedding lookup
+    would fail with a device-side assert that poisons the process)."""
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is outside the model's vocabulary (ids 0..{vocab_size - 1}); "
+                         f"was the prompt encoded with another model's tokenizer?")
+
+
+def to_device(ids: torch.Tensor, device: torch.device, pin_memory: bool = False) -> torch.Tensor:
+    """Copy host token ids to `device`. pin_memory (CUDA only): through page-locked memory, non_blocking, so the
+    DMA engine copies while the CPU goes on (a pageable copy is staged through a driver buffer first).
+    https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"""
+    if pin_memory and device.type == "cuda" and ids.device.type == "cpu":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -107,6 +126,7 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     seed: int | None = None,
     on_token: Callable[[int, list[int]], bool | None] | None = None,
+    pin_memory: bool = False,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after each prompt.
 
@@ -120,6 +140,7 @@ def generate(
         seed: seeds the sampler's generator (sampled runs are then reproducible).
         on_token: called after every step as on_token(step, tokens) with the new token of each sequence (a list of
             B ints); returning True stops generation early (finish_reason "stopped") — a live plot or a Stop button.
+        pin_memory: copy the prompt to a CUDA device through pinned memory (`to_device`); no effect on a CPU.
 
     Returns:
         A `Generation` with the new token ids and per-step timings.
@@ -136,17 +157,13 @@ def generate(
         ids = ids[None]
     B, T = ids.shape
     check_lengths(T, max_new_tokens, model.config.max_seq_len)
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= model.config.vocab_size:  # on CUDA the embedding lookup would fail with a device-side assert
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"token id {bad} is outside the model's vocabulary (ids 0..{model.config.vocab_size - 1}); "
-                         f"was the prompt encoded with another model's tokenizer?")
+    check_token_ids(ids, model.config.vocab_size)
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
-    ids = ids.to(device)
+    ids = to_device(ids, device, pin_memory)
     cache = KVCache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B

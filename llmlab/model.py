@@ -102,10 +102,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, Hkv, S, hd) -> (B, Hkv * n_rep, S, hd): query head i reads KV head i // n_rep."""
+    """(B, Hkv, S, hd) -> (B, Hkv * n_rep, S, hd): query head i reads KV head i // n_rep.
+
+    Written as expand + reshape (the same values as `repeat_interleave(n_rep, dim=1)`): shapes only, so it never
+    asks the GPU for anything and can be captured in a CUDA graph.
+    """
     if n_rep == 1:
         return x
-    return x.repeat_interleave(n_rep, dim=1)
+    B, Hkv, S, hd = x.shape
+    return x[:, :, None].expand(B, Hkv, n_rep, S, hd).reshape(B, Hkv * n_rep, S, hd)
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
@@ -135,11 +140,13 @@ class Attention(nn.Module):
         # Llama's attention_bias also biases the output projection; Qwen2's biases only q/k/v
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=config.o_proj_bias)
 
-    def forward(self, x, cos, sin, positions, kv_cache=None) -> torch.Tensor:
-        """x: (B, T, D); positions: (T,) int64 absolute positions of the new tokens.
+    def forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
+        """x: (B, T, D); positions: (T,) int64 absolute positions of the new tokens ((B, T) with a static cache).
 
         Without a cache the T tokens attend to each other (causally). With a cache, their K/V are written at
-        `positions` and the queries attend to everything cached so far.
+        `positions` and the queries attend to everything cached so far. `mask` (B or 1, 1, T, S) comes with a static
+        cache (`llmlab.static_cache`): its buffers are attended whole, the mask (additive: 0 or -inf) hides the
+        slots a query may not see.
         """
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
@@ -147,19 +154,19 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        if kv_cache is None:
-            k_pos = positions
-        else:
+        if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, positions, k, v)  # (B, Hkv, S, hd), all cached tokens
-            k_pos = torch.arange(k.shape[2], device=x.device)
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, S, hd)
 
         S = k.shape[2]
-        if self.sliding_window is None and T == 1:  # decode: the new token may see every cached token
+        if mask is not None:  # a static cache: every slot of the buffer, the unwritten ones masked out
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
+        elif self.sliding_window is None and T == 1:  # decode: the new token may see every cached token
             y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, hd), scale 1/sqrt(hd)
         elif self.sliding_window is None and S == T:  # a fresh sequence: plain causal (lets SDPA use flash kernels)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         else:  # a chunk after cached tokens, or a sliding window: an explicit mask
+            k_pos = positions if kv_cache is None else torch.arange(S, device=x.device)
             mask = attention_mask(positions, k_pos, self.sliding_window)  # (T, S)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
@@ -189,8 +196,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, positions, kv_cache=None):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
+    def forward(self, x, cos, sin, positions, kv_cache=None, mask=None):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -231,9 +238,13 @@ class Transformer(nn.Module):
 
         Args:
             input_ids: (B, T) int64 token ids.
-            positions: (T,) int64 absolute positions of these tokens; default 0..T-1 (a fresh sequence).
+            positions: (T,) int64 absolute positions of these tokens; default 0..T-1 (a fresh sequence). With a
+                static cache also (B, T): one position per row (the rows of a decode batch may be at different
+                lengths).
             kv_cache: None (attend only within input_ids: training, and the no-cache reference) or a cache object
-                with `update(layer, positions, k, v) -> (k_all, v_all)` (`llmlab.kv_cache.KVCache`).
+                with `update(layer, positions, k, v) -> (k_all, v_all)` (`llmlab.kv_cache.KVCache`). A cache that
+                also has `attention_mask(positions, sliding_window)` (`llmlab.static_cache.StaticKVCache`) returns
+                its whole buffer and the mask, built once per call, hides the slots each query may not see.
             last_only: compute logits for the last position only (what generation needs; saves a (T, V) matmul).
 
         Returns:
@@ -248,9 +259,12 @@ class Transformer(nn.Module):
         if T == 0:
             raise ValueError("input_ids is empty: give at least one token")
         x = self.embed_tokens(input_ids)  # (B, T, D)
-        cos, sin = self.rope(positions, x.dtype)  # (T, hd)
+        cos, sin = self.rope(positions, x.dtype)  # (T, hd), or (B, T, hd) for per-row positions
+        mask = None
+        if hasattr(kv_cache, "attention_mask"):  # a static cache: one mask for all layers, built on the device
+            mask = kv_cache.attention_mask(positions, self.config.sliding_window)  # (B or 1, 1, T, S)
         for layer in self.layers:
-            x = layer(x, cos, sin, positions, kv_cache)
+            x = layer(x, cos, sin, positions, kv_cache, mask)
         if last_only:
             x = x[:, -1:, :]
         return self.lm_head(self.norm(x))  # (B, T, V)

@@ -2,7 +2,8 @@
 
 Temperature T divides the logits (T -> 0 is greedy, T = 1 the model's own distribution); top-k keeps the k most
 likely tokens; top-p keeps the smallest set whose probabilities add up to at least p (Holtzman et al. 2019,
-https://arxiv.org/abs/1904.09751). Everything stays on the logits' device: no host round trip to pick a token.
+https://arxiv.org/abs/1904.09751). Everything stays on the logits' device: no host round trip to pick a token
+(and no hidden one either: `sample_from_probs` replaces `torch.multinomial`, whose input checks synchronize).
 """
 
 from __future__ import annotations
@@ -57,4 +58,17 @@ def sample(
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return sample_from_probs(probs, generator)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of (B, V) probabilities -> (B,) int64, with no host synchronization.
+
+    argmax(p / q), q ~ Exp(1) per entry, picks token i with probability p_i (the exponential race, a form of the
+    Gumbel-max trick). It is exactly what `torch.multinomial(probs, 1)` computes — same random draws, same tokens
+    for the same generator state — minus multinomial's input checks, which read a GPU value on the host
+    (`.item()`) and so stall the CPU until the GPU has caught up, once per token. Source: `multinomial_out` in
+    PyTorch's aten/src/ATen/native/Distributions.cpp.
+    """
+    q = torch.empty_like(probs).exponential_(1, generator=generator)  # (B, V)
+    return (probs / q).argmax(dim=-1)

@@ -12,6 +12,7 @@ Applying a set of switch values turns an `LLM` and a dict of `generate` keyword 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -95,3 +96,42 @@ register(Switch("kv_cache", "KV cache", True, "keep past keys/values instead of 
                 _kv_cache))
 register(Switch("dtype", "dtype", None, "weights and activations in fp32, bf16 or fp16 (None: as loaded)", _dtype,
                 choices=(None, "fp32", "bf16", "fp16")))
+
+
+# -- system-overhead fixes (llmlab.cuda_graphs, llmlab.fast_generate) ------------------------------------------
+# Each sets one `LLM.generate` keyword; any of cuda_graphs / torch_compile / gpu_sampling routes the call to
+# `generate_fast` (static KV cache). Turning several on combines them (graphs + compile = "compile+graphs").
+
+def _needs_cuda(llm: LLM) -> tuple[bool, str]:
+    return (True, "") if llm.device.type == "cuda" else (False, "needs a CUDA GPU")
+
+
+def _compile_available(llm: LLM) -> tuple[bool, str]:
+    if llm.device.type == "cuda":
+        return True, ""
+    if any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return True, ""
+    return False, "torch.compile on a CPU needs a C++ compiler (g++ or clang++)"
+
+
+def _kwarg_switch(name: str) -> Callable[[LLM, Any, dict], LLM]:
+    def apply(llm: LLM, value: bool, kwargs: dict) -> LLM:
+        if value:
+            kwargs[name] = True
+        return llm
+    return apply
+
+
+register(Switch("cuda_graphs", "CUDA graphs", False,
+                "replay the decode step from a CUDA graph (one per batch-size bucket): one launch instead of "
+                "hundreds of kernel launches per token", _kwarg_switch("cuda_graphs"), available=_needs_cuda))
+register(Switch("torch_compile", "torch.compile", False,
+                "compile the decode step: fused kernels (and, on CUDA without the CUDA graphs switch, "
+                "mode='reduce-overhead' = Inductor's own CUDA graphs)", _kwarg_switch("torch_compile"),
+                available=_compile_available))
+register(Switch("gpu_sampling", "GPU sampling", False,
+                "sample on the GPU and keep the tokens there, reading them (and checking EOS) every 16 steps "
+                "instead of synchronizing with the GPU on every token", _kwarg_switch("gpu_sampling")))
+register(Switch("pinned_memory", "pinned memory", False,
+                "copy the prompt to the GPU from page-locked host memory, non_blocking", _kwarg_switch("pin_memory"),
+                available=_needs_cuda))

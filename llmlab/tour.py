@@ -1,8 +1,10 @@
 """`llmlab tour`: the course's main job, headless.
 
-Loads the default model, generates the same continuation under each setting (today: without and with the KV
-cache), and prints the device and a table of TTFT, TPOT and tokens/s per setting. A setting is a dict of switch
-values (`llmlab.switches`); later lessons append their settings to `TOUR_SETTINGS`.
+Loads the default model, climbs the optimization ladder (`llmlab.ladder`: without the KV cache, with it, then
+every rung a later lesson registered) generating the same continuation on each rung that can run here, and prints
+the device and a table of TTFT, TPOT and tokens/s per rung; the rungs that cannot run here are listed with the
+reason. A setting is a dict of switch values (`llmlab.switches`); lessons add rungs with
+`llmlab.ladder.register_step`, not here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from .engine import LLM
 from .envinfo import device_name
+from .ladder import LADDER, available_steps
 from .switches import apply_switches
 
 
@@ -24,10 +27,15 @@ class TourSetting:
     note: str = ""
 
 
-TOUR_SETTINGS: list[TourSetting] = [
-    TourSetting("no KV cache", {"kv_cache": False}, "recompute the whole sequence for every token"),
-    TourSetting("KV cache", {"kv_cache": True}, "prefill once, then one token per forward pass"),
-]
+def tour_settings(llm: LLM | None = None) -> list[TourSetting]:
+    """The ladder's rungs as tour settings: with `llm`, only those that can run on it (settings accumulated)."""
+    if llm is None:
+        return [TourSetting(s.label, dict(s.settings), s.note) for s in LADDER]
+    runnable, _ = available_steps(llm)
+    return [TourSetting(r.step.label, r.settings, r.step.note) for r in runnable]
+
+
+TOUR_SETTINGS: list[TourSetting] = tour_settings()  # every rung, as registered at import (see `tour_settings`)
 
 
 def device_line(llm: LLM) -> str:
@@ -47,7 +55,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     print_fn(device_line(llm))
     print_fn(f"prompt {prompt!r}, {max_new_tokens} new tokens, greedy, median of {repeats} runs\n")
     rows, reference = [], None
-    for setting in TOUR_SETTINGS:
+    _, skipped = available_steps(llm)
+    for setting in tour_settings(llm):
         run_llm, kwargs = apply_switches(llm, setting.settings)
         kwargs.update(max_new_tokens=max_new_tokens, stop_at_eos=False)
         run_llm.generate(prompt, **{**kwargs, "max_new_tokens": 4})  # warm-up: first-call costs stay out of the table
@@ -68,6 +77,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     for r in rows:
         print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{r['tpot_ms']:>10.2f}{r['tokens_per_s']:>11.1f}"
                  f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
+    for step, why in skipped:
+        print_fn(f"{step.label:<16}skipped: {why}")
     sample = (prompt + rows[-1]["text"]).strip()
     print_fn("\n" + (sample[:300] + " ..." if len(sample) > 300 else sample))
     return rows

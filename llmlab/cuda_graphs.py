@@ -1,0 +1,322 @@
+"""The decode step captured in CUDA graphs, one per batch-size bucket: the model runner of nano-vllm and gpt-fast.
+
+An eager decode step launches a few hundred small kernels, each costing the CPU several microseconds (~6.8 us
+measured on the H200, more with Python around it), while the GPU finishes many of them faster than that: at
+batch 1 the GPU mostly waits for the CPU. A CUDA graph records the step's kernels once and replays them with one
+launch (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs). The price is rigidity: a replay repeats the
+same kernels on the same addresses with the same shapes. So
+
+* inputs and outputs live in static buffers the step reads and writes (`ids`, `pos`, `logits`, `tokens`); a
+  decode step copies the new token into `ids` and bumps `pos` before the replay;
+* the KV cache is static (`llmlab.static_cache`): fixed shape, written at device-side positions, masked;
+* one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, 8, 16, 32, 64, ...) and a batch
+  replays the smallest bucket that fits; the rows beyond the batch ("padding") decode a dummy token at position 0
+  in their own rows of the cache, so they cannot change the real rows (every op is row-wise);
+* the prefill stays eager: its length varies with the prompt, and it runs once per request.
+
+`GraphDecoder(model, max_batch, max_seq_len)` with `cuda_graphs=False` runs exactly the same code without
+capturing (the "eager static" path): that is how the CPU tests check everything but the capture itself.
+`compile=True` runs the step through `torch.compile` — with its own CUDA graphs (mode "reduce-overhead") when
+`cuda_graphs=False`, or as plain Inductor kernels captured by this runner's graphs when `cuda_graphs=True`.
+
+`runner_for(model, mode, batch, seq_len)` keeps one runner per (model, mode) and only rebuilds (recaptures) it
+when a request needs more rows or a longer cache than it has, or the model's weights were replaced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .static_cache import StaticKVCache
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Runner caches hold at least MIN_SEQ tokens (or the whole context if shorter), then multiples of SEQ_ROUND: a
+# warm-up call and a slightly longer request reuse the captured graphs. Attention reads the whole cache every step,
+# so it is not sized to a long model context (131072 tokens for Llama 3.2 would be 4 GB read per token).
+MIN_SEQ, SEQ_ROUND = 1024, 512
+MODES = {"static": (False, False), "graphs": (True, False), "compile": (False, True), "compile+graphs": (True, True)}
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes to capture: powers of two below max_batch, then max_batch. 64 -> (1, 2, 4, 8, 16, 32, 64).
+
+    Raises:
+        ValueError: max_batch < 1.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch={max_batch}: need at least 1 row")
+    return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
+
+
+def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions: torch.Tensor):
+    """One decode step: input_ids (b, 1) int64 at positions (b,) int64 -> logits (b, V) in the model's dtype and
+    the greedy tokens (b,) int64. Writes each row's K/V at its position. Nothing in it reads a value on the host,
+    so it can be captured in a CUDA graph or compiled with fullgraph=True."""
+    logits = model(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
+    return logits, logits.argmax(dim=-1)
+
+
+def weights_fingerprint(model) -> tuple:
+    """(name, address, dtype, shape) of every parameter: changes when weights are replaced or moved, which makes
+    captured graphs (they hold the old addresses) stale."""
+    return tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
+
+
+def _raise_recompile_limit(limit: int = 64) -> None:
+    """torch.compile keeps at most `recompile_limit` (default 8) compiled versions of one function and silently
+    runs it eagerly after that. Every runner (model x bucket) is one version, so allow more."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+
+
+class GraphDecoder:
+    """Runs decode steps on static buffers, replaying one CUDA graph per batch-size bucket.
+
+    Args:
+        model: a `Transformer` (its device and dtype are used). The runner keeps a reference to it.
+        max_batch: the most rows decoded together; buckets are `batch_buckets(max_batch)` unless given.
+        max_seq_len: tokens per row in the static cache (prompt + new tokens must fit); default min(context, 1024).
+        buckets: batch sizes to capture, ascending, the last one = max_batch.
+        cuda_graphs: capture the buckets (default: on a CUDA device). False: run the same step eagerly.
+        compile: run the step through torch.compile (see the module docstring for the modes).
+        warmup_steps: eager runs of each bucket before capturing it (cuBLAS and the compiler set up there).
+
+    Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `buckets`, `cache` (the StaticKVCache),
+    static buffers `ids` (max_batch, 1), `pos` (max_batch,), `logits` (max_batch, V), `tokens` (max_batch,),
+    `compile_mode` (None, "default" or "reduce-overhead").
+
+    Raises:
+        ValueError: cuda_graphs=True on a model that is not on a CUDA device; bad sizes; max_seq_len beyond the
+            model's context. MemoryError: (CUDA) the cache does not fit.
+    """
+
+    def __init__(self, model, max_batch: int = 1, max_seq_len: int | None = None, *, buckets=None,
+                 cuda_graphs: bool | None = None, compile: bool = False, warmup_steps: int = 2):
+        param = next(model.parameters())
+        self.model, self.device, self.dtype = model, param.device, param.dtype
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a model on a CUDA GPU; this one is on {self.device}")
+        config = model.config
+        max_seq_len = min(config.max_seq_len, 1024) if max_seq_len is None else max_seq_len
+        self.buckets = tuple(buckets) if buckets is not None else batch_buckets(max_batch)
+        if list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 1 or self.buckets[-1] != max_batch:
+            raise ValueError(f"buckets {self.buckets} must be ascending positive sizes ending at max_batch={max_batch}")
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.cache = StaticKVCache(config, max_batch, max_seq_len, self.dtype, self.device)  # checks the sizes
+
+        dev = self.device
+        self.ids = torch.zeros(max_batch, 1, dtype=torch.long, device=dev)  # static inputs
+        self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.logits = torch.zeros(max_batch, config.vocab_size, dtype=self.dtype, device=dev)  # static outputs
+        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self._host_pos = [0] * max_batch  # the host's copy of `pos` (bookkeeping only: checked before launching)
+        self._batch = 0  # rows in use since the last `start`
+
+        self.compile_mode = None
+        self._fn = decode_step
+        if compile:
+            _raise_recompile_limit()
+            if dev.type == "cuda" and not cuda_graphs:
+                self.compile_mode = "reduce-overhead"  # Inductor's own CUDA graphs ("CUDA graph trees")
+                for t in self.cache.k + self.cache.v:  # the cache is written in place: tell the graphs it stays put
+                    torch._dynamo.mark_static_address(t)
+                self._fn = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            else:
+                self.compile_mode = "default"  # fused Triton (GPU) / C++ (CPU) kernels, no graphs of its own
+                self._fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
+
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.warmup_steps = warmup_steps
+        with torch.no_grad():
+            if cuda_graphs:
+                self.capture()
+            elif compile:
+                for b in self.buckets:  # compile (and, reduce-overhead, record) every bucket now, not mid-request
+                    for _ in range(max(warmup_steps, 3)):
+                        self._forward(b)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+        self.fingerprint = weights_fingerprint(model)
+
+    @property
+    def mode(self) -> str:
+        """"static", "graphs", "compile" or "compile+graphs" (the names of `runner_for` / `generate_fast`)."""
+        return {v: k for k, v in MODES.items()}[(bool(self.graphs), self.compile_mode is not None)]
+
+    # -- the step ---------------------------------------------------------------------------------------------
+    def _forward(self, b: int) -> None:
+        """Run the step on rows 0..b-1 of the static buffers (eagerly, compiled, or while being captured)."""
+        if self.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were already copied out
+        logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b])
+        self.logits[:b].copy_(logits)
+        self.tokens[:b].copy_(tokens)
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Capture one graph per bucket, largest first so the smaller ones reuse its memory pool (nano-vllm).
+
+        Each bucket first runs `warmup_steps` times on a side stream, as the PyTorch docs ask: lazy setup (cuBLAS
+        workspaces, compilation) must not happen during capture. The warm-up writes dummy K/V at position 0 of
+        rows the next prefill overwrites or the mask hides.
+        """
+        dev = self.device
+        pool = None
+        for b in sorted(self.buckets, reverse=True):
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_steps):
+                    self._forward(b)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward(b)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[b] = graph
+        torch.cuda.synchronize(dev)
+
+    def bucket(self, batch: int) -> int:
+        """The smallest bucket >= batch. Raises ValueError when batch > max_batch."""
+        for b in self.buckets:
+            if b >= batch:
+                return b
+        raise ValueError(f"batch {batch} exceeds this runner's max_batch {self.max_batch}")
+
+    # -- a request --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, row: int = 0) -> torch.Tensor:
+        """Eagerly run prompts (B, T) through the model, filling cache rows row..row+B-1 at positions 0..T-1.
+
+        The rows are zeroed first: the mask adds -inf to the slots a query may not see, and -inf + NaN is NaN, so
+        a NaN or inf left there by an earlier sequence would otherwise poison the new one.
+        Returns the last position's logits (B, V). Rows of different prompt lengths: prefill them one call each.
+
+        Raises:
+            ValueError: rows beyond max_batch, T beyond max_seq_len.
+        """
+        B, T = input_ids.shape
+        if row < 0 or row + B > self.max_batch:
+            raise ValueError(f"rows {row}..{row + B - 1} are outside this runner's {self.max_batch} rows")
+        if T > self.max_seq_len:
+            raise ValueError(f"a {T}-token prompt does not fit this runner's {self.max_seq_len}-token cache")
+        cache = self.cache if (row, B) == (0, self.max_batch) else self.cache.rows(row, row + B)
+        for t in cache.k + cache.v:
+            t.zero_()
+        positions = torch.arange(T, device=self.device)
+        return self.model(input_ids, positions, kv_cache=cache, last_only=True)[:, -1]
+
+    @torch.no_grad()
+    def start(self, tokens: torch.Tensor, positions: int | list[int]) -> None:
+        """Set the first decode step's inputs: tokens (B,) on the device at host-known positions (an int for all
+        rows, or one per row). The pad rows of B's bucket get token 0 at position 0.
+
+        Raises:
+            ValueError: B beyond max_batch, a position outside 0..max_seq_len-1.
+        """
+        B = tokens.shape[0]
+        b = self.bucket(B)
+        host_pos = [positions] * B if isinstance(positions, int) else [int(p) for p in positions]
+        if len(host_pos) != B:
+            raise ValueError(f"{len(host_pos)} positions for {B} tokens")
+        self._check_positions(host_pos)
+        self.ids[:B, 0].copy_(tokens)
+        self.ids[B:b].zero_()
+        self.pos[:B].copy_(torch.tensor(host_pos, dtype=torch.long), non_blocking=True)
+        self.pos[B:b].zero_()
+        self._host_pos = host_pos + [0] * (self.max_batch - B)
+        self._batch = B
+
+    @torch.no_grad()
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Feed the tokens (B,) just produced as the next step's inputs, one position further. Device-side only."""
+        B = self._batch
+        self.ids[:B, 0].copy_(tokens)
+        self.pos[:B] += 1
+        self._host_pos[:B] = [p + 1 for p in self._host_pos[:B]]
+
+    @torch.no_grad()
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of the current batch: replay its bucket's graph (or run it). Returns views of the static
+        outputs: logits (B, V) and greedy tokens (B,), valid until the next step. No host synchronization.
+
+        Raises:
+            ValueError: no batch was started, or a row's position reached max_seq_len (checked on the host before
+                launching: on CUDA an out-of-range write would be a device-side error that poisons the process).
+        """
+        B = self._batch
+        if B == 0:
+            raise ValueError("call start(tokens, positions) before step()")
+        self._check_positions(self._host_pos[:B])
+        b = self.bucket(B)
+        graph = self.graphs.get(b)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._forward(b)
+        return self.logits[:B], self.tokens[:B]
+
+    def _check_positions(self, host_pos: list[int]) -> None:
+        if min(host_pos) < 0 or max(host_pos) >= self.max_seq_len:
+            raise ValueError(f"position {max(host_pos)} is outside this runner's {self.max_seq_len}-token cache "
+                             f"(positions 0..{self.max_seq_len - 1}); build a runner with a larger max_seq_len")
+
+    def __repr__(self) -> str:
+        return (f"GraphDecoder(max_batch={self.max_batch}, max_seq_len={self.max_seq_len}, buckets={self.buckets}, "
+                f"graphs={len(self.graphs)}, compile={self.compile_mode}, device={self.device})")
+
+
+class _RunnerCache(dict):
+    """{mode: GraphDecoder} kept on the model. Copying the model (LLM.to) or pickling it starts an empty cache:
+    graphs hold the old weights' addresses and cannot be copied."""
+
+    def __deepcopy__(self, memo):
+        return _RunnerCache()
+
+    def __reduce__(self):
+        return (_RunnerCache, ())
+
+
+def runner_for(model, mode: str, batch: int, seq_len: int, max_batch: int | None = None) -> GraphDecoder:
+    """The cached runner of `model` for `mode` that fits `batch` rows of `seq_len` tokens, built if needed.
+
+    A runner is reused while it has enough rows and cache length and the model's weights are the ones it captured;
+    otherwise it is dropped and a bigger one is built (and captured/compiled): rows rounded up to a power of two,
+    lengths to MIN_SEQ or a multiple of SEQ_ROUND (capped at the model's context), never smaller than the old
+    runner's.
+
+    mode: "static" (eager on the static cache), "graphs", "compile", "compile+graphs".
+
+    Raises:
+        ValueError: unknown mode, graphs on a CPU model, seq_len beyond the model's context.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
+    graphs, compiled = MODES[mode]
+    context = model.config.max_seq_len
+    if seq_len > context:
+        raise ValueError(f"{seq_len} tokens exceed the model's context of {context} tokens")
+    runners = model.__dict__.get("_llmlab_runners")
+    if runners is None:
+        runners = model.__dict__["_llmlab_runners"] = _RunnerCache()
+    old = runners.get(mode)
+    want_batch = max(batch, max_batch or 1)
+    if (old is not None and old.max_batch >= want_batch and old.max_seq_len >= seq_len
+            and old.fingerprint == weights_fingerprint(model)):
+        return old
+    rows = 2 ** math.ceil(math.log2(want_batch))
+    length = min(context, max(MIN_SEQ, SEQ_ROUND * math.ceil(seq_len / SEQ_ROUND)))
+    if old is not None:
+        if old.fingerprint == weights_fingerprint(model):
+            rows, length = max(rows, old.max_batch), max(length, old.max_seq_len)
+        del runners[mode]
+        del old  # free its cache and graph pools before allocating the new ones
+    runner = GraphDecoder(model, max_batch=rows, max_seq_len=length, cuda_graphs=graphs, compile=compiled)
+    runners[mode] = runner
+    return runner

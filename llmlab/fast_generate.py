@@ -1,0 +1,177 @@
+"""Generation with the system-overhead fixes: static KV cache, CUDA graphs, torch.compile, no host sync per token.
+
+`llmlab.generate.generate` is the eager reference: every step launches each kernel from Python, reads a position
+on the host (its `KVCache`), and copies the new token to the host (`token.tolist()`) — so the CPU waits for the
+GPU to finish every token before it can launch the next one, and the GPU then waits for the CPU's launches.
+`generate_fast` removes these costs one switch at a time and returns the same `Generation`:
+
+* mode "static": the decode step on a static KV cache (`llmlab.static_cache`), run eagerly — the baseline that
+  the next modes speed up, and the path the CPU tests use;
+* mode "graphs": that step replayed from CUDA graphs, one per batch-size bucket (`llmlab.cuda_graphs`);
+* mode "compile": the step through `torch.compile` (on CUDA with mode="reduce-overhead", i.e. Inductor's own
+  CUDA graphs); "compile+graphs": Inductor's fused kernels captured in this package's graphs;
+* gpu_sampling=True: tokens are sampled on the GPU (`llmlab.sampling.sample`, which never reads the device),
+  written to a device buffer, and copied to the host only every `eos_check_every` steps.
+
+The EOS trade-off. The host learns that a sequence ended only when it reads the tokens. Reading every step costs
+one synchronization per token: the CPU cannot queue step t+1 until step t is done, so the GPU idles while the CPU
+launches. Reading every N steps lets the CPU run up to N steps ahead, at the price of up to N-1 wasted steps after
+the last sequence ends (`Generation.extra["wasted_steps"]`; their time is left out of `step_ms`). `on_token`
+callbacks are still made for every step, in order — in bursts of N.
+
+Prefill stays eager (its length varies). Step times come from CUDA events (`llmlab.timing.StepTimer`), recorded
+between steps without synchronizing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .cuda_graphs import MODES, GraphDecoder, runner_for
+from .generate import Generation, _sync, check_lengths, check_token_ids, to_device
+from .sampling import check_sampling_args, sample
+from .timing import StepTimer
+
+
+class _Collector:
+    """Host-side bookkeeping, as in `generate`: append each row's tokens until its EOS, stop when every row has
+    ended or on_token asks to. Fed blocks of steps read from the device buffer."""
+
+    def __init__(self, batch: int, eos: set[int], on_token):
+        self.out: list[list[int]] = [[] for _ in range(batch)]
+        self.done = [False] * batch
+        self.eos, self.on_token = eos, on_token
+        self.steps = 0  # steps consumed (= kept)
+        self.finish = "length"
+
+    def feed(self, block: list[list[int]]) -> bool:
+        """block[b][j]: row b's token at step self.steps + j. Returns True when generation should stop."""
+        for j in range(len(block[0])):
+            step, tokens = self.steps, [row[j] for row in block]
+            self.steps += 1
+            for b, t in enumerate(tokens):
+                if not self.done[b]:
+                    self.out[b].append(t)
+                    self.done[b] = t in self.eos
+            if all(self.done):
+                self.finish = "eos"
+                return True
+            if self.on_token is not None and self.on_token(step, tokens):
+                self.finish = "stopped"
+                return True
+        return False
+
+
+@torch.no_grad()
+def generate_fast(
+    model,
+    prompt_ids: torch.Tensor | list[int] | list[list[int]],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | list[int] | None = None,
+    seed: int | None = None,
+    on_token: Callable[[int, list[int]], bool | None] | None = None,
+    *,
+    mode: str = "graphs",
+    gpu_sampling: bool = True,
+    eos_check_every: int = 16,
+    pin_memory: bool = False,
+    max_batch: int | None = None,
+    runner: GraphDecoder | None = None,
+) -> Generation:
+    """Generate like `llmlab.generate.generate` (same arguments, same `Generation`), through a static-cache runner.
+
+    Args:
+        model, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, on_token: as `generate`.
+            Greedy and seeded sampled tokens equal `generate`'s (same logits up to rounding, same random draws).
+        mode: "static" (eager), "graphs" (CUDA only), "compile", "compile+graphs" (CUDA only) — see the module doc.
+        gpu_sampling: True: the host reads tokens only every `eos_check_every` steps (and at the end). False: every
+            step, like `generate` (one synchronization per token).
+        eos_check_every: steps between host reads with gpu_sampling (>= 1).
+        pin_memory: copy the prompt through pinned memory, non_blocking (CUDA only; no effect on a CPU).
+        max_batch: build the runner for at least this many rows (its buckets), e.g. to capture once for a sweep.
+        runner: decode on this `GraphDecoder` (its mode wins over `mode`) instead of the model's cached one.
+
+    Returns:
+        A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
+        wasted_ms. The first call for a model (and a call that needs a bigger runner) captures/compiles first;
+        that time is not in `step_ms`.
+
+    Raises:
+        ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
+            sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, a runner too small.
+            All checked on the host before anything is launched.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if runner is not None:
+        mode = runner.mode
+    if mode not in MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
+    if eos_check_every < 1:
+        raise ValueError(f"eos_check_every={eos_check_every}: read the tokens at least every 1 step")
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    if "graphs" in mode and device.type != "cuda":
+        raise ValueError(f"mode {mode!r} needs a model on a CUDA GPU (this one is on {device}); use 'static'")
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    B, T = ids.shape
+    check_lengths(T, max_new_tokens, model.config.max_seq_len)
+    check_token_ids(ids, model.config.vocab_size)
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+
+    if runner is None:
+        runner = runner_for(model, mode, B, T + max_new_tokens, max_batch)  # may capture / compile (once)
+    elif runner.model is not model or B > runner.max_batch or T + max_new_tokens > runner.max_seq_len:
+        raise ValueError(f"the runner ({runner}) is for another model or too small for {B} rows of "
+                         f"{T} + {max_new_tokens} tokens")
+    ids = to_device(ids, device, pin_memory)
+    every = eos_check_every if gpu_sampling else 1
+    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # the tokens, on the device
+    collect = _Collector(B, eos, on_token)
+    host_reads = 0
+
+    _sync(device)
+    timer = StepTimer(device)
+    timer.start()
+    steps_run = 0
+    for step in range(max_new_tokens):
+        if step == 0:
+            token = sample(runner.prefill(ids), temperature, top_k, top_p, generator)  # (B,)
+        else:
+            logits, greedy = runner.step()  # (B, V), (B,): views of the runner's static outputs
+            token = greedy if temperature == 0 else sample(logits, temperature, top_k, top_p, generator)
+        out[:, step].copy_(token)
+        timer.mark()
+        steps_run = step + 1
+        if steps_run % every == 0 or steps_run == max_new_tokens:
+            host_reads += 1
+            if collect.feed(out[:, collect.steps:steps_run].tolist()):  # the host waits for the GPU here
+                break
+        if steps_run < max_new_tokens:
+            if step == 0:
+                runner.start(token, T)  # the first generated token sits at position T
+            else:
+                runner.advance(token)
+
+    step_ms = timer.step_ms()
+    kept = collect.steps
+    return Generation(
+        token_ids=collect.out, prompt_len=T, step_ms=step_ms[:kept], finish_reason=collect.finish, use_cache=True,
+        device=str(device), dtype=str(dtype).removeprefix("torch."),
+        extra={"decode_mode": mode, "bucket": runner.bucket(B), "n_graphs": len(runner.graphs),
+               "compile_mode": runner.compile_mode, "gpu_sampling": gpu_sampling, "eos_check_every": every,
+               "host_reads": host_reads, "wasted_steps": steps_run - kept, "wasted_ms": sum(step_ms[kept:])})
+
+
+def decode_mode(cuda_graphs: bool, torch_compile: bool) -> str:
+    """The generate_fast mode for a pair of switches: neither -> "static", graphs -> "graphs", compile ->
+    "compile", both -> "compile+graphs"."""
+    return {(False, False): "static", (True, False): "graphs", (False, True): "compile",
+            (True, True): "compile+graphs"}[(bool(cuda_graphs), bool(torch_compile))]

@@ -1,0 +1,219 @@
+"""The optimization ladder: the ordered list of steps that `llmlab bench`, `llmlab tour` and the dashboard climb.
+
+A `LadderStep` names a set of switch values (`llmlab.switches`) and says in one sentence what it changes. The
+steps are CUMULATIVE: each one runs with its own settings on top of every earlier step that could run here, so the
+table reads as a ladder, each rung keeping what the rungs below it bought:
+
+    no_kv_cache      recompute the whole sequence for every token (the bottom rung, for contrast)
+    eager            KV cache, eager PyTorch, sampling on the host (bf16 on a GPU, fp32 on a CPU): the baseline
+    +gpu_sampling    pick the next token on the GPU
+    +pinned_memory   page-locked host buffers for host <-> device copies
+    +cuda_graphs     replay each decode step as one CUDA graph instead of ~hundreds of kernel launches
+    +torch_compile   fuse the small ops with torch.compile (Inductor)
+
+A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
+place:
+
+    from llmlab.ladder import LadderStep, register_step
+    register_step(LadderStep("+int8", {"weights": "int8"}, "weight-only int8: half the bytes per token",
+                             weights="int8"))
+
+`available_steps(llm)` resolves the ladder for one model on one device: it returns the runnable steps with their
+accumulated settings and, separately, the skipped ones with the reason (a switch not registered yet, a switch not
+available here such as CUDA graphs on a CPU, or a GPU-only step on a CPU). A skipped rung adds nothing to the rungs
+above it. Checking costs nothing: no model is converted or compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .switches import SWITCHES
+
+# bytes per weight of each `weights` label (group-wise scales are added by the step that quantizes, see
+# `LadderStep.weight_bytes_per_param`)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+_DTYPE_LABEL = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass
+class LadderStep:
+    """One rung of the ladder.
+
+    Fields:
+        name: the id used in `--steps`, bench JSON ("step") and code, e.g. "+cuda_graphs".
+        settings: switch values this rung sets (switch key -> value), on top of the rungs below it.
+        note: one sentence: what this rung changes and why it should be faster.
+        label: shown in tables (default: name), e.g. "KV cache".
+        weights: the weight format after this rung ("int8", "int4", ...); None keeps the model's dtype (bf16/fp32).
+        weight_bytes_per_param: bytes per weight for MBU (None: from `weights`, see `WEIGHT_BYTES`); a group-wise
+            int4 rung with bf16 scales and group 32 would give 0.5 + 2 / 32.
+        gpu_only: non-empty = skip on a CPU even if its switches would accept it, with this as the reason (CUDA
+            graphs, pinned memory, ... have nothing to remove there; torch.compile's warm-up would dominate a CPU run).
+        requires: an extra check `requires(llm) -> (ok, reason)` beyond the switches' own `available`.
+    """
+
+    name: str
+    settings: dict[str, Any]
+    note: str = ""
+    label: str = ""
+    weights: str | None = None
+    weight_bytes_per_param: float | None = None
+    gpu_only: str = ""
+    requires: Callable[[Any], tuple[bool, str]] | None = None
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
+
+
+@dataclass
+class ResolvedStep:
+    """A step as it will run on one model: its accumulated settings (every runnable rung up to and including it)."""
+
+    step: LadderStep
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+
+LADDER: list[LadderStep] = []
+
+
+def register_step(step: LadderStep, after: str | None = None, before: str | None = None) -> LadderStep:
+    """Add a rung (or replace the one with the same name, keeping its place).
+
+    By default a new rung goes on top of the ladder; `after="eager"` or `before="+cuda_graphs"` put it elsewhere.
+
+    Raises:
+        ValueError: both `after` and `before` given, or the step they name is not in the ladder.
+    """
+    if after is not None and before is not None:
+        raise ValueError("give `after` or `before`, not both")
+    names = [s.name for s in LADDER]
+    if step.name in names:
+        LADDER[names.index(step.name)] = step
+        return step
+    anchor = after if after is not None else before
+    if anchor is None:
+        LADDER.append(step)
+        return step
+    if anchor not in names:
+        raise ValueError(f"no ladder step named {anchor!r}; steps: {', '.join(names)}")
+    LADDER.insert(names.index(anchor) + (1 if after is not None else 0), step)
+    return step
+
+
+def step_names() -> list[str]:
+    """The names of all rungs, bottom first."""
+    return [s.name for s in LADDER]
+
+
+def get_step(name: str) -> LadderStep:
+    """The rung called `name`. Raises ValueError (listing the names) if there is none."""
+    for s in LADDER:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown ladder step {name!r}; steps: {', '.join(step_names())}")
+
+
+def weights_label(step: LadderStep, dtype) -> str:
+    """The weight format a step runs with: the step's own `weights`, else the model dtype ('bf16', 'fp32', ...)."""
+    if step.weights:
+        return step.weights
+    return _DTYPE_LABEL.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
+
+
+def weight_bytes_per_param(step: LadderStep, dtype) -> float:
+    """Bytes per weight read by a decode step under this rung (for MBU and the roofline)."""
+    if step.weight_bytes_per_param is not None:
+        return step.weight_bytes_per_param
+    label = weights_label(step, dtype)
+    if label not in WEIGHT_BYTES:
+        raise ValueError(f"unknown weight format {label!r}; set weight_bytes_per_param on the step")
+    return WEIGHT_BYTES[label]
+
+
+def check_step(llm, step: LadderStep, settings: dict[str, Any]) -> tuple[bool, str]:
+    """Can `step` (with the accumulated `settings`) run on `llm` here? Returns (ok, reason); never raises.
+
+    Reasons, in the order checked: a switch not registered (its lesson is not installed), a value outside a
+    switch's choices, a switch whose `available(llm)` says no (its reason), a GPU-only step on a CPU, the step's
+    own `requires`.
+    """
+    for key, value in step.settings.items():
+        if key not in SWITCHES:
+            return False, (f"switch {key!r} is not registered in llmlab.switches (the lesson that adds it is not "
+                           f"installed yet)")
+        switch = SWITCHES[key]
+        if switch.choices is not None and value not in switch.choices:
+            return False, f"{key}={value!r} is not one of {switch.choices}"
+    for key, value in settings.items():
+        switch = SWITCHES.get(key)
+        if switch is None or value == switch.default:
+            continue
+        try:
+            ok, why = switch.available(llm)
+        except Exception as e:  # a broken availability check must not stop the whole ladder
+            ok, why = False, f"its availability check failed: {type(e).__name__}: {e}"
+        if not ok:
+            return False, f"{switch.label}: {why}"
+    if step.gpu_only and llm.device.type != "cuda":
+        return False, f"GPU-only step on a CPU: {step.gpu_only}"
+    if step.requires is not None:
+        ok, why = step.requires(llm)
+        if not ok:
+            return False, why
+    return True, ""
+
+
+def available_steps(llm, names: list[str] | None = None) -> tuple[list[ResolvedStep], list[tuple[LadderStep, str]]]:
+    """Resolve the ladder for `llm`: (runnable steps with their accumulated settings, [(skipped step, reason)]).
+
+    names: the rungs wanted (None or ["all"]: every rung). Rungs below a wanted one still accumulate into it, so
+    `names=["+cuda_graphs"]` runs CUDA graphs with the KV cache and GPU sampling that sit below it.
+
+    Raises:
+        ValueError: a name that is not a rung (the message lists them).
+    """
+    wanted = None if names is None or list(names) == ["all"] else list(names)
+    if wanted is not None:
+        for n in wanted:
+            get_step(n)  # raises with the list of names
+    runnable, skipped = [], []
+    accumulated: dict[str, Any] = {}
+    for step in LADDER:
+        settings = {**accumulated, **step.settings}
+        ok, why = check_step(llm, step, settings)
+        if ok:
+            accumulated = settings
+        if wanted is not None and step.name not in wanted:
+            continue
+        if ok:
+            runnable.append(ResolvedStep(step, dict(settings)))
+        else:
+            skipped.append((step, why))
+    return runnable, skipped
+
+
+# -- the rungs of this course -------------------------------------------------------------------------------------
+
+register_step(LadderStep("no_kv_cache", {"kv_cache": False},
+                         "recompute the whole sequence for every token: O(n) work per token", label="no KV cache"))
+register_step(LadderStep("eager", {"kv_cache": True},
+                         "KV cache, eager PyTorch, next token picked on the host: the baseline", label="KV cache"))
+register_step(LadderStep("+gpu_sampling", {"gpu_sampling": True},
+                         "pick the next token on the GPU, no host round trip per step",
+                         gpu_only="on a CPU the logits and the sampler already live on the same device"))
+register_step(LadderStep("+pinned_memory", {"pinned_memory": True},
+                         "page-locked host buffers: faster, asynchronous host <-> device copies",
+                         gpu_only="there is no host -> device copy when the model runs on the CPU"))
+register_step(LadderStep("+cuda_graphs", {"cuda_graphs": True},
+                         "replay each decode step as one CUDA graph instead of hundreds of kernel launches",
+                         gpu_only="CUDA graphs record and replay GPU kernel launches; a CPU has none"))
+register_step(LadderStep("+torch_compile", {"torch_compile": True},
+                         "fuse the small elementwise ops with torch.compile (Inductor); costs a compile warm-up",
+                         gpu_only="Inductor's C++ warm-up (~20 s on a 2-core CPU) would dominate a CPU run; lab 05 "
+                                  "times torch.compile's warm-up on its own"))

@@ -1,0 +1,239 @@
+"""`llmlab bench`: a quick CPU run writes a valid JSON file with the ladder, the peers and the roofline; the metric
+bookkeeping; the schema check; clear errors for unknown workloads, models and steps."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from llmlab import bench, roofline
+from llmlab.bench import (ROW_KEYS, Call, Run, WORKLOADS, bench_document, decode_work, group_by_length,
+                          hf_peer_model, list_bench, make_prompts, result_row, run_bench, run_metrics, save_bench,
+                          validate_bench)
+from llmlab.cli import main
+from llmlab.engine import LLM
+from tiny_models import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def peaks_cache(tmp_path_factory, monkeypatch):
+    """One measured-peaks cache for the module's runs (measuring takes ~1 s), outside the user's home."""
+    monkeypatch.setenv("LLMLAB_PEAKS_CACHE", str(tmp_path_factory.getbasetemp() / "peaks.json"))
+
+
+@pytest.fixture(scope="module")
+def chat_doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    doc = run_bench("chat", "default", peers=True, out=out, quick=True, device="cpu", print_fn=lambda *a: None,
+                    peaks_cache=tmp_path_factory.getbasetemp() / "peaks.json")
+    return doc, out
+
+
+def test_quick_chat_writes_one_valid_file(chat_doc):
+    doc, out = chat_doc
+    files = list(out.glob("*.json"))
+    assert len(files) == 1
+    assert re.fullmatch(r"cpu[a-z0-9.-]*_chat_pydoc-llama_\d{8}T\d{6}Z\.json", files[0].name), files[0].name
+    on_disk = json.loads(files[0].read_text())
+    validate_bench(on_disk)
+    for key in ("device", "commit", "versions", "peaks", "results", "notes"):
+        assert key in on_disk
+    assert set(on_disk["peaks"]) >= {"copy_GBps", "bf16_TFLOPs"}
+    assert on_disk["peaks"]["matmul_dtype"] == "float32"  # labelled: a CPU's rate is fp32
+    assert on_disk["complete"] is True
+    assert isinstance(on_disk["versions"], dict) and "torch" in on_disk["versions"]
+
+
+def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
+    doc, _ = chat_doc
+    steps = [r["step"] for r in doc["results"]]
+    assert steps == ["no_kv_cache", "eager", "hf_eager", "hf_static", "roofline"]
+    for r in doc["results"]:
+        assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
+        assert r["workload"] == "chat" and r["model"] == "pydoc-llama" and r["batch_size"] == 1
+        assert r["weights"] == "fp32"
+        assert r["tokens_per_s"] > 0
+        assert r["gpu_util"] is None and r["sm_active"] is None and r["peak_mem_GB"] is None  # not a GPU run
+    rows = {r["step"]: r for r in doc["results"]}
+    for step in ("no_kv_cache", "eager", "hf_eager", "hf_static"):
+        r = rows[step]
+        assert r["ttft_ms"] > 0 and 0 < r["tpot_ms_p50"] <= r["tpot_ms_p90"]
+        assert 0 < r["mfu"] and 0 < r["mbu"]
+        assert r["new_tokens"] == WORKLOADS["chat"].quick_new_tokens
+    # fp32 on a CPU: the cached, uncached and transformers paths pick the same greedy tokens
+    assert rows["no_kv_cache"]["tokens_match_eager"] is True
+    assert rows["hf_eager"]["tokens_match_eager"] is True
+    assert rows["eager"]["settings"] == {"kv_cache": True}
+    # nothing beats the bandwidth ceiling at batch 1
+    assert rows["roofline"]["tokens_per_s"] > rows["eager"]["tokens_per_s"]
+    skipped = {s["step"]: s["reason"] for s in doc["skipped"]}
+    assert "+cuda_graphs" in skipped and skipped["+cuda_graphs"]
+    assert not any(reason.startswith("failed") for reason in skipped.values()), skipped
+
+
+def test_batch_workload_is_grouped_and_says_so():
+    """64 mixed-length requests on a tiny random model: 4 equal-length groups for llmlab, one padded batch for HF."""
+    llm = LLM(tiny_model(seed=0, max_seq_len=1024), name="tiny")
+    doc = run_bench("batch", "tiny", steps=["eager"], peers=True, out=None, quick=True, llm=llm,
+                    print_fn=lambda *a: None)
+    validate_bench(bench._clean(doc))
+    rows = {r["step"]: r for r in doc["results"]}
+    assert rows["eager"]["batch_size"] == 64
+    notes = " ".join(doc["notes"])
+    assert "4 batches of equal-length prompts" in notes and "16 x 512 tokens" in notes
+    assert "left-padded" in notes
+    # TTFT counts the wait for earlier groups: larger than the first group's own time to first token
+    assert rows["eager"]["ttft_ms"] > rows["eager"]["tpot_ms_p50"]
+    assert rows["hf_eager"]["tokens_match_eager"] is True  # the attention mask makes padding harmless
+
+
+def test_run_metrics_by_hand():
+    cfg = tiny_model().config
+    # two groups run one after the other: 2 requests of 4 tokens, then 1 request of 6 tokens; 3 new tokens each
+    run = Run([Call([0, 1], [4, 4], [10.0, 2.0, 2.0], [[1, 2, 3], [4, 5, 6]]),
+               Call([2], [6], [20.0, 4.0, 4.0], [[7, 8, 9]])])
+    m = run_metrics(run, cfg, weight_bpp=4, kv_bytes=4, peak_bw=100.0, peak_tflops=1.0)
+    assert m["tokens_per_s"] == pytest.approx(9 / 0.042)
+    assert m["ttft_ms"] == pytest.approx((10 + 10 + (14 + 20)) / 3)
+    assert m["tpot_ms_p50"] == pytest.approx(3.0)
+    b1 = 2 * roofline.decode_step_bytes(cfg, 2, roofline.decode_mean_context_len(4, 3), 4, 4)
+    b2 = 2 * roofline.decode_step_bytes(cfg, 1, roofline.decode_mean_context_len(6, 3), 4, 4)
+    assert m["mbu"] == pytest.approx((b1 + b2) / 0.012 / 1e9 / 100.0)
+    f1 = 2 * roofline.decode_step_flops(cfg, 2, roofline.decode_mean_context_len(4, 3))
+    f2 = 2 * roofline.decode_step_flops(cfg, 1, roofline.decode_mean_context_len(6, 3))
+    assert m["mfu"] == pytest.approx((f1 + f2) / 0.012 / 1e12)
+
+
+def test_timed_reads_the_sampler_as_fractions():
+    """gpu_util / sm_active come from the sampler running during the timed calls (a fake NVML here)."""
+    import time
+
+    class Fake:
+        def open(self):
+            pass
+
+        def read(self):
+            return {"gpu_util_pct": 40.0, "sm_active_pct": 12.0}
+
+        def close(self):
+            pass
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.03)
+        return Run()
+
+    runs, hw, warm = bench.timed(fn, torch.device("cpu"), repeats=2, sample=True, backend=Fake(), interval_s=0.005)
+    assert len(calls) == 3 and len(runs) == 2 and warm >= 0.03  # one warm-up + two timed
+    assert hw["gpu_util"] == pytest.approx(0.40) and hw["sm_active"] == pytest.approx(0.12)
+    assert hw["peak_mem_GB"] is None  # not a CUDA device
+    _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=False)
+    assert hw == {"gpu_util": None, "sm_active": None, "peak_mem_GB": None}
+
+
+def test_decode_work_matches_the_roofline():
+    cfg = tiny_model().config
+    byts, flops = decode_work(cfg, [10, 10, 10], 5, 2, 2, first_step=0)
+    ctx = 10 + 2  # steps 0..4 attend to 10..14 cached tokens: mean 12
+    assert byts == pytest.approx(5 * roofline.decode_step_bytes(cfg, 3, ctx))
+    assert flops == pytest.approx(5 * roofline.decode_step_flops(cfg, 3, ctx))
+    assert decode_work(cfg, [10], 1, 2, 2) == (0.0, 0.0)  # one token = prefill only, no decode step
+
+
+def test_workloads_and_prompts():
+    assert WORKLOADS["chat"].prompt_lens == (128,) and WORKLOADS["chat"].new_tokens == 256
+    assert WORKLOADS["batch"].n_requests == 64 and len(set(WORKLOADS["batch"].prompt_lens)) > 1
+    assert WORKLOADS["long"].context_needed() == 8192
+    prompts = make_prompts(WORKLOADS["batch"], 100)
+    assert prompts == make_prompts(WORKLOADS["batch"], 100)  # seeded
+    groups = group_by_length(prompts)
+    assert [len(prompts[g[0]]) for g in groups] == [64, 128, 256, 512]
+    assert sorted(i for g in groups for i in g) == list(range(64))
+
+
+def test_hf_peer_shares_the_weights():
+    llm = LLM(tiny_model(seed=3), name="tiny")
+    hf = hf_peer_model(llm)
+    ours_w, theirs_w = llm.model.layers[0].self_attn.q_proj.weight, hf.model.layers[0].self_attn.q_proj.weight
+    assert theirs_w.data_ptr() == ours_w.data_ptr()  # the same storage: no second copy of the weights
+    assert hf.lm_head.weight.data_ptr() == llm.model.embed_tokens.weight.data_ptr()  # tied
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = llm.model(ids)
+        theirs = hf(ids).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_validate_bench_finds_the_problems():
+    good = bench_document([result_row(workload="chat", model="m", step="eager", batch_size=1, weights="bf16",
+                                      tokens_per_s=10.0)], device="d", peaks={"copy_GBps": 1.0, "bf16_TFLOPs": 1.0})
+    validate_bench(good)
+    # a kernel micro-benchmark row: no tokens/s, but bw_fraction
+    kernel = result_row(workload="rmsnorm", model="-", step="triton", batch_size=None, weights="bf16",
+                        bw_fraction=0.8)
+    validate_bench({**good, "results": [kernel]})
+    with pytest.raises(ValueError, match="missing top-level key 'peaks'"):
+        validate_bench({k: v for k, v in good.items() if k != "peaks"})
+    bad_row = dict(good["results"][0], mbu="high")
+    del bad_row["sm_active"]
+    with pytest.raises(ValueError) as e:
+        validate_bench({**good, "results": [bad_row]})
+    assert "misses ['sm_active']" in str(e.value) and "mbu must be a number" in str(e.value)
+    with pytest.raises(ValueError, match="has no tokens_per_s"):
+        validate_bench({**good, "results": [dict(good["results"][0], tokens_per_s=None)]})
+    with pytest.raises(ValueError, match="peaks.copy_GBps"):
+        validate_bench({**good, "peaks": {"bf16_TFLOPs": 1.0}})
+
+
+def test_list_bench_skips_invalid_files(tmp_path):
+    doc = bench_document([result_row(workload="chat", model="m", step="eager", batch_size=1, weights="bf16",
+                                     tokens_per_s=float("nan"))], device="NVIDIA H200",
+                         peaks={"copy_GBps": 4277.0, "bf16_TFLOPs": 804.0})
+    with pytest.raises(ValueError, match="has no tokens_per_s"):  # NaN is written as null
+        save_bench(doc, tmp_path / "a.json")
+    doc["results"][0]["tokens_per_s"] = 12.5
+    save_bench(doc, tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("{not json")
+    (tmp_path / "c.json").write_text(json.dumps({"hello": 1}))
+    docs = list_bench(tmp_path)
+    assert [d["results"][0]["tokens_per_s"] for d in docs] == [12.5]
+    assert list_bench(tmp_path, device_contains="h200") and not list_bench(tmp_path, device_contains="A100")
+
+
+def test_cli_errors(capsys):
+    assert main(["bench", "--workload", "nope", "--no-save"]) == 2
+    assert "unknown workload 'nope'; known workloads: chat, batch, long" in capsys.readouterr().err
+    assert main(["bench", "--model", "llama-9b", "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'llama-9b'" in err and "llama-3.2-1b" in err
+    assert main(["bench", "--steps", "eager,warp", "--no-save", "--device", "cpu"]) == 2
+    assert "unknown ladder step 'warp'" in capsys.readouterr().err
+    assert main(["bench", "--workload", "long", "--no-save", "--device", "cpu"]) == 2
+    assert "needs a context of 8192 tokens but pydoc-llama has 1024: it does not fit" in capsys.readouterr().err
+
+
+def test_cli_bench_prints_the_table(tmp_path, capsys):
+    assert main(["bench", "--workload", "chat", "--quick", "--steps", "eager", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "roofline" in out and "eager" in out
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+@pytest.mark.gpu
+def test_gpu_chat_quick_fills_the_gpu_columns(tmp_path):
+    doc = run_bench("chat", "default", peers=True, out=tmp_path, quick=True, device="cuda", print_fn=print)
+    rows = {r["step"]: r for r in doc["results"]}
+    assert rows["eager"]["weights"] == "bf16"
+    assert rows["eager"]["peak_mem_GB"] > 0
+    from llmlab.nvml_sampler import nvml_available
+
+    if nvml_available()[0]:
+        assert rows["eager"]["gpu_util"] is not None
+    assert "hf_eager" in rows and "hf_static" in rows
+    assert not [s for s in doc["skipped"] if s["reason"].startswith("failed")], doc["skipped"]

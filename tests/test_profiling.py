@@ -1,0 +1,124 @@
+"""The decode profiler: the counting on hand-made events (GPU and CPU cases), a real CPU profile with its Chrome
+trace, and (on a GPU) kernels, launches and idle gaps per token."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from llmlab.cli import main
+from llmlab.engine import LLM
+from llmlab.profiling import Ev, call_totals, format_summary, profile_decode, step_gaps_us, summarize
+from tiny_models import tiny_model
+
+
+def _gpu_call(n_tokens: int, kernels_per_step: int = 3, step_us: float = 100.0, kernel_us: float = 10.0,
+              ranges: bool = True) -> list[Ev]:
+    """A fake profiled generate call on a GPU: per step one top-level op (with a nested one), one launch per
+    kernel, kernels of `kernel_us` back to back starting 20 us into the step."""
+    evs = []
+    for i in range(n_tokens):
+        t0 = i * step_us
+        if ranges:
+            evs.append(Ev(f"llmlab.step.{i}", "step", t0, t0 + step_us, step=i))
+        evs.append(Ev("aten::linear", "op", t0 + 1, t0 + 15, top_level=True))
+        evs.append(Ev("aten::mm", "op", t0 + 2, t0 + 14, top_level=False))
+        for k in range(kernels_per_step):
+            evs.append(Ev("cudaLaunchKernel", "launch", t0 + 3 + k, t0 + 3.5 + k))
+            a = t0 + 20 + k * kernel_us
+            evs.append(Ev("gemv_kernel" if k == 0 else "elementwise", "kernel", a, a + kernel_us))
+        evs.append(Ev("cudaStreamSynchronize", "sync", t0 + 60, t0 + 99))
+    return evs
+
+
+def test_gpu_counts_per_token_from_two_calls():
+    prefill, full = _gpu_call(1), _gpu_call(5)
+    s = summarize(prefill, full, n_steps=4)
+    assert s["cuda"] is True
+    assert s["kernels_per_token"] == 3 and s["launches_per_token"] == 3 and s["syncs_per_token"] == 1
+    assert s["aten_ops_per_token"] == 1 and s["aten_calls_per_token"] == 2
+    assert s["launch_api_ms_per_token"] == pytest.approx(1.5e-3)
+    assert s["gpu_busy_ms_per_token"] == pytest.approx(0.030)
+    assert s["step_ms"] == pytest.approx(0.100)
+    assert s["gpu_idle_ms_per_token"] == pytest.approx(0.070)
+    assert s["gpu_busy_fraction"] == pytest.approx(0.3)
+    # last kernel of a step ends at +50 us, the next step's first starts at +120 us: a 70 us gap
+    assert s["idle_gap_between_steps_us"] == pytest.approx(70.0)
+    assert s["top_kernels"][0]["name"] == "elementwise" and s["top_kernels"][0]["per_token"] == 2
+    assert "kernels per token" in format_summary(s)
+
+
+def test_gaps_are_not_guessed_when_steps_arrive_in_bursts():
+    full = [e for e in _gpu_call(5) if e.kind != "step"]
+    # on_token fired for all steps at the very end (tokens read back in one block): empty ranges
+    full += [Ev(f"llmlab.step.{i}", "step", 500 + i * 0.1, 500 + (i + 1) * 0.1, step=i) for i in range(5)]
+    assert step_gaps_us(full) is None
+    s = summarize(_gpu_call(1), full, n_steps=4)
+    assert s["kernels_per_token"] == 3  # the counts do not need the step ranges
+    assert s["idle_gap_between_steps_us"] is None and "read back in blocks" in s["note"]
+
+
+def test_cpu_events_count_operators_only():
+    cpu = lambda n: [e for e in _gpu_call(n) if e.kind in ("op", "step")]  # noqa: E731
+    s = summarize(cpu(1), cpu(3), n_steps=2)
+    assert s["cuda"] is False and s["kernels_per_token"] is None and s["gpu_busy_fraction"] is None
+    assert s["aten_ops_per_token"] == 1 and "CPU run" in s["note"]
+    assert call_totals([])["wall_us"] == 0.0
+    with pytest.raises(ValueError):
+        summarize(cpu(1), cpu(3), n_steps=0)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(tiny_model(seed=0), name="tiny")
+
+
+def test_profile_decode_on_cpu_writes_a_trace(llm, tmp_path):
+    s = profile_decode(llm, n_steps=3, prompt_len=16, trace_path=tmp_path / "trace.json")
+    assert s["device"] == "cpu" and s["cuda"] is False and s["decode_steps"] == 3
+    assert s["aten_ops_per_token"] > 10  # a 2-layer decoder calls dozens of operators per token
+    assert s["aten_calls_per_token"] >= s["aten_ops_per_token"]
+    assert s["step_ms"] > 0
+    assert any(op["name"] == "aten::linear" for op in s["top_ops"])
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "llmlab.step.1" in names and "aten::linear" in names
+    s2 = profile_decode(llm, n_steps=2, prompt_len=8, settings={"kv_cache": False}, trace_path=tmp_path / "t.json.gz")
+    assert s2["setting_label"] == "no KV cache"
+    with gzip.open(tmp_path / "t.json.gz") as f:
+        assert "traceEvents" in json.load(f)
+
+
+def test_profile_decode_errors(llm):
+    with pytest.raises(ValueError, match="at least one decode step"):
+        profile_decode(llm, n_steps=0)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        profile_decode(llm, n_steps=8, prompt_len=250)
+    with pytest.raises(ValueError, match="unknown switch"):
+        profile_decode(llm, n_steps=2, prompt_len=8, settings={"warp_drive": True})
+
+
+def test_cli_profile(capsys, tmp_path):
+    assert main(["profile", "--steps", "2", "--prompt-tokens", "8", "--device", "cpu",
+                 "--trace", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "aten ops per token" in out and "perfetto" in out
+
+
+@pytest.mark.gpu
+def test_profile_decode_on_gpu_counts_kernels():
+    llm = LLM.from_preset("smollm2-135m", device="cuda")
+    s = profile_decode(llm, n_steps=6, prompt_len=32)
+    print(format_summary(s))
+    assert s["cuda"] is True
+    assert s["kernels_per_token"] > 50 and s["launches_per_token"] > 50  # eager: ~10 kernels per layer
+    assert 0 < s["gpu_busy_fraction"] <= 1
+    assert s["gpu_idle_ms_per_token"] >= 0
+    from llmlab.switches import SWITCHES
+
+    if "cuda_graphs" in SWITCHES:
+        g = profile_decode(llm, n_steps=6, prompt_len=32, settings={"cuda_graphs": True})
+        print(format_summary(g))
+        assert g["launches_per_token"] < s["launches_per_token"] / 10  # one graph launch replaces them
