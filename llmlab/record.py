@@ -33,7 +33,7 @@ import torch
 from . import envinfo
 from .engine import LLM
 from .nvml_sampler import Backend, Sampler
-from .switches import SWITCHES, apply_switches
+from .switches import SWITCHES, apply_switches, describe
 from .trace import Trace, make_trace, save_trace, slug, trace_dir
 
 DEFAULT_PRESET = "llama-3.2-1b"
@@ -61,19 +61,7 @@ def setting_slug(settings: dict[str, Any]) -> str:
     return "_".join(parts) or "defaults"
 
 
-def setting_label(settings: dict[str, Any]) -> str:
-    """A readable label, in registry order: {"kv_cache": True, "dtype": "bf16"} -> 'KV cache, bf16';
-    {"kv_cache": False} -> 'no KV cache'. Choice switches left at None are skipped."""
-    parts = []
-    for key, sw in SWITCHES.items():
-        if key not in settings:
-            continue
-        v = settings[key]
-        if sw.choices is None:
-            parts.append(sw.label if v else f"no {sw.label}")
-        elif v is not None:
-            parts.append(str(v))
-    return ", ".join(parts) or "defaults"
+setting_label = describe  # one labelling rule for traces, the dashboard and the benchmarks
 
 
 def parse_setting(text: str) -> dict[str, Any]:

@@ -69,13 +69,20 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
 
 
 def describe(settings: dict[str, Any]) -> str:
-    """A short label for a settings dict, listing what differs from the defaults ('defaults' if nothing)."""
+    """A readable label, in registry order: {"kv_cache": True, "dtype": "bf16"} -> 'KV cache, bf16';
+    {"kv_cache": False} -> 'no KV cache'. Choice switches left at None, and optimizations that are off by default
+    and left off, are not named; 'defaults' if nothing is left."""
     parts = []
-    for key, value in settings.items():
-        s = SWITCHES[key]
-        if value == s.default:
+    for key, sw in SWITCHES.items():
+        if key not in settings:
             continue
-        parts.append(s.label if value is True else f"no {s.label}" if value is False else f"{s.label}={value}")
+        v = settings[key]
+        if sw.choices is None:
+            if not v and sw.default is False:
+                continue
+            parts.append(sw.label if v else f"no {sw.label}")
+        elif v is not None:
+            parts.append(str(v))
     return ", ".join(parts) or "defaults"
 
 

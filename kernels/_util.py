@@ -1,0 +1,54 @@
+"""Shared checks for the Triton kernels: where they may run, and the errors a wrapper raises before launching.
+
+A Triton kernel runs on a CUDA GPU, or — for tests and for machines without a GPU — in Triton's interpreter
+(`TRITON_INTERPRET=1`, set before triton is imported), which runs each program as numpy on CPU tensors. The
+interpreter has no bf16 arithmetic, so on a CPU the kernels accept fp32 (and fp16 where numpy can do it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpret_mode() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_status() -> tuple[bool, str]:
+    """(True, "") if Triton kernels can run here (CUDA + triton, or the interpreter); else (False, the reason)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # pragma: no cover - triton ships with Linux torch
+        return False, f"triton is not installed ({e}); pip install triton (Linux only)"
+    if interpret_mode():
+        return True, ""
+    if not torch.cuda.is_available():
+        return False, "Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for the slow CPU interpreter)"
+    return True, ""
+
+
+def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Tensor) -> torch.device:
+    """Raise a clear error unless every tensor is on one device where Triton can run and has an allowed dtype.
+
+    Raises:
+        TypeError: a tensor's dtype is not in `dtypes`, or the tensors' dtypes differ.
+        ValueError: tensors on different devices; a CPU tensor without the interpreter; bf16 in the interpreter.
+    """
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        raise ValueError(f"{op}: all tensors must be on one device, got " +
+                         ", ".join(f"{n} on {t.device}" for n, t in tensors.items()))
+    device = devices.pop()
+    for name, t in tensors.items():
+        if t.dtype not in dtypes:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: {', '.join(map(str, dtypes))}")
+    if device.type != "cuda":
+        if not interpret_mode():
+            raise ValueError(f"{op}: tensors are on {device}; Triton kernels run on a CUDA GPU "
+                             f"(or set TRITON_INTERPRET=1 before importing triton to run them on a CPU, slowly)")
+        if any(t.dtype == torch.bfloat16 for t in tensors.values()):
+            raise TypeError(f"{op}: the Triton interpreter (CPU) has no bf16 arithmetic; use fp32 on a CPU")
+    return device
