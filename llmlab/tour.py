@@ -77,6 +77,9 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     for r in rows:
         print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{r['tpot_ms']:>10.2f}{r['tokens_per_s']:>11.1f}"
                  f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
+    if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows):
+        print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "
+                 "at fp32 they must be identical: try --dtype fp32)")
     for step, why in skipped:
         print_fn(f"{step.label:<16}skipped: {why}")
     sample = (prompt + rows[-1]["text"]).strip()
