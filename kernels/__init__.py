@@ -3,4 +3,17 @@
 This folder installs as `llmlab.kernels` (see `[tool.setuptools.package-dir]` in pyproject.toml), never as a
 top-level `kernels` module: an unrelated PyPI package already owns that name. Import it as
 `from llmlab import kernels` or `import llmlab.kernels`.
+
+    rmsnorm.py                 RMSNorm, optionally fused with the residual add
+    swiglu.py                  silu(gate) * up
+    rope.py                    rotary embedding applied to q and k in place (Hugging Face rotate-half pairing)
+    decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
+    paged_decode_attention.py  the same over a paged KV cache, through block tables
+    dequant_matmul.py          weight-only int8 (per channel) and int4 (group-wise, 2 per byte) matmul, M = 1..16
+    patch_model.py             the "Triton kernels" switch: route a Transformer's ops through the kernels
+    bench_kernels.py           micro-benchmarks -> an llmlab bench file (python -m llmlab.kernels.bench_kernels)
+    lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb
+
+Importing this package imports no triton; the op modules do. Without a GPU, set TRITON_INTERPRET=1 before
+importing triton to run the kernels (slowly, fp32) in Triton's CPU interpreter.
 """

@@ -82,8 +82,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, residual: 
     if len({t.dtype for t in tensors.values()}) != 1:
         raise TypeError("rmsnorm: x, weight (and residual) must share one dtype, got " +
                         ", ".join(f"{n}={t.dtype}" for n, t in tensors.items()))
-    D = x.shape[-1]
-    if x.dim() == 0 or D == 0:
+    D = x.shape[-1] if x.dim() > 0 else 0
+    if D == 0:
         raise ValueError(f"rmsnorm: x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if weight.shape != (D,):
         raise ValueError(f"rmsnorm: weight must have shape ({D},) to match x {tuple(x.shape)}, got "

@@ -62,7 +62,7 @@ def _rope_kernel(
 def _rope_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     B, H, T, hd = x.shape
     stride_cb = cos.stride(0) if cos.dim() == 3 else 0
-    BLOCK_T = min(triton.next_power_of_2(T), 16)
+    BLOCK_T = min(triton.next_power_of_2(T), 32)
     grid = (B * H, triton.cdiv(T, BLOCK_T))
     _rope_kernel[grid](
         x, cos, sin,

@@ -156,6 +156,7 @@ class LLM:
         torch_compile: bool = False,
         gpu_sampling: bool = False,
         pin_memory: bool = False,
+        cache_factory=None,
     ) -> Generation:
         """Generate a continuation of `prompt` (text, or token ids).
 
@@ -166,6 +167,8 @@ class LLM:
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
         Raises ValueError for an empty prompt, one longer than the context, or bad
         sampling settings (and for the fast switches without the KV cache); the model is untouched by a failed call.
+        cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
+        `paged_kv` switch); the fast paths keep their static cache.
         """
         if isinstance(prompt, str):
             ids = self.encode(prompt)  # the tokenizer's post-processor adds BOS where the model expects one
@@ -182,7 +185,8 @@ class LLM:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, **common)
         else:
-            g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, **common)
+            g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, cache_factory=cache_factory,
+                         **common)
         if self.tokenizer is not None:
             eos = self.eos_token_id
             eos = {eos} if isinstance(eos, int) else set(eos or [])

@@ -127,6 +127,7 @@ def generate(
     seed: int | None = None,
     on_token: Callable[[int, list[int]], bool | None] | None = None,
     pin_memory: bool = False,
+    cache_factory: Callable | None = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after each prompt.
 
@@ -141,6 +142,8 @@ def generate(
         on_token: called after every step as on_token(step, tokens) with the new token of each sequence (a list of
             B ints); returning True stops generation early (finish_reason "stopped") — a live plot or a Stop button.
         pin_memory: copy the prompt to a CUDA device through pinned memory (`to_device`); no effect on a CPU.
+        cache_factory: builds the KV cache as cache_factory(config, batch, max_seq_len, dtype, device); default
+            `KVCache` (contiguous). E.g. `llmlab.paged_cache.PagedKVCache` or `llmlab.kv_quant.QuantizedKVCache`.
 
     Returns:
         A `Generation` with the new token ids and per-step timings.
@@ -164,7 +167,8 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(seed)
 
     ids = to_device(ids, device, pin_memory)
-    cache = KVCache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
+    make_cache = cache_factory or KVCache
+    cache = make_cache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     seq = ids  # the no-cache path keeps the whole sequence here

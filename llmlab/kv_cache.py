@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .kv_memory import check_fits
 
 
 class KVCache:
@@ -27,8 +28,8 @@ class KVCache:
 
     Raises:
         ValueError: max_seq_len beyond the model's context length, or not positive.
-        MemoryError: (on CUDA) the buffers would not fit in the free device memory; the message gives needed and
-            available bytes. Nothing is allocated in that case.
+        MemoryError: the buffers would not fit in the free memory (GPU memory on CUDA, MemAvailable on a CPU);
+            the message gives needed and available bytes. Nothing is allocated in that case.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
@@ -43,14 +44,8 @@ class KVCache:
         shape = (batch_size, config.n_kv_heads, max_seq_len, config.head_dim)
         per_layer = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         self.nbytes = per_layer * config.n_layers
-        if device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(device)
-            if self.nbytes > free:
-                raise MemoryError(
-                    f"KV cache needs {self.nbytes / 1e9:.2f} GB ({config.n_layers} layers x batch {batch_size} x "
-                    f"{max_seq_len} tokens) but only {free / 1e9:.2f} GB of GPU memory is free; lower the batch size "
-                    f"or max_seq_len, or use a smaller dtype"
-                )
+        check_fits(self.nbytes, device, f"KV cache ({config.n_layers} layers x batch {batch_size} x {max_seq_len} "
+                   f"tokens)", "lower the batch size or max_seq_len, or use a smaller dtype")
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]

@@ -6,10 +6,12 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
 
     no_kv_cache      recompute the whole sequence for every token (the bottom rung, for contrast)
     eager            KV cache, eager PyTorch, sampling on the host (bf16 on a GPU, fp32 on a CPU): the baseline
+    +paged_kv        (side rung, not inherited) the same decode on a paged KV cache (llmlab.paged_cache)
     +gpu_sampling    pick the next token on the GPU
     +pinned_memory   page-locked host buffers for host <-> device copies
     +cuda_graphs     replay each decode step as one CUDA graph instead of ~hundreds of kernel launches
     +torch_compile   fuse the small ops with torch.compile (Inductor)
+    +triton_kernels  hand-written Triton kernels for RMSNorm, SwiGLU, RoPE, decode attention (llmlab.kernels)
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -52,6 +54,8 @@ class LadderStep:
         gpu_only: non-empty = skip on a CPU even if its switches would accept it, with this as the reason (CUDA
             graphs, pinned memory, ... have nothing to remove there; torch.compile's warm-up would dominate a CPU run).
         requires: an extra check `requires(llm) -> (ok, reason)` beyond the switches' own `available`.
+        cumulative: False = a side rung: it runs on top of the rungs below it, but the rungs above do not inherit
+            its settings (e.g. "+paged_kv", an alternative cache layout compared with "eager").
     """
 
     name: str
@@ -62,6 +66,7 @@ class LadderStep:
     weight_bytes_per_param: float | None = None
     gpu_only: str = ""
     requires: Callable[[Any], tuple[bool, str]] | None = None
+    cumulative: bool = True
 
     def __post_init__(self) -> None:
         self.label = self.label or self.name
@@ -187,7 +192,7 @@ def available_steps(llm, names: list[str] | None = None) -> tuple[list[ResolvedS
     for step in LADDER:
         settings = {**accumulated, **step.settings}
         ok, why = check_step(llm, step, settings)
-        if ok:
+        if ok and step.cumulative:
             accumulated = settings
         if wanted is not None and step.name not in wanted:
             continue
@@ -204,6 +209,11 @@ register_step(LadderStep("no_kv_cache", {"kv_cache": False},
                          "recompute the whole sequence for every token: O(n) work per token", label="no KV cache"))
 register_step(LadderStep("eager", {"kv_cache": True},
                          "KV cache, eager PyTorch, next token picked on the host: the baseline", label="KV cache"))
+register_step(LadderStep("+paged_kv", {"paged_kv": True},
+                         "KV cache in 16-token blocks of a shared pool (llmlab.paged_cache): no max-length "
+                         "preallocation; a side rung, the rungs above keep the contiguous cache",
+                         label="paged KV cache", cumulative=False,
+                         gpu_only="lab 03 runs the paged cache on a CPU itself; the ladder measures it on a GPU"))
 register_step(LadderStep("+gpu_sampling", {"gpu_sampling": True},
                          "pick the next token on the GPU, no host round trip per step",
                          gpu_only="on a CPU the logits and the sampler already live on the same device"))
@@ -217,3 +227,7 @@ register_step(LadderStep("+torch_compile", {"torch_compile": True},
                          "fuse the small elementwise ops with torch.compile (Inductor); costs a compile warm-up",
                          gpu_only="Inductor's C++ warm-up (~20 s on a 2-core CPU) would dominate a CPU run; lab 05 "
                                   "times torch.compile's warm-up on its own"))
+register_step(LadderStep("+triton_kernels", {"triton_kernels": True},
+                         "hand-written Triton kernels for RMSNorm, SwiGLU, RoPE and flash-decoding attention (lab 07)",
+                         gpu_only="the Triton kernels are compiled for a CUDA GPU; on a CPU only the slow "
+                                  "interpreter runs them (for tests)"))

@@ -142,3 +142,45 @@ register(Switch("gpu_sampling", "GPU sampling", False,
 register(Switch("pinned_memory", "pinned memory", False,
                 "copy the prompt to the GPU from page-locked host memory, non_blocking", _kwarg_switch("pin_memory"),
                 available=_needs_cuda))
+
+
+# -- lab 03: the paged KV cache (llmlab.paged_cache) ----------------------------------------------------------
+
+def _paged_kv(llm: LLM, value: bool, kwargs: dict) -> LLM:
+    if value:
+        from .paged_cache import PagedKVCache
+        kwargs["cache_factory"] = PagedKVCache  # eager decode only; the static-cache fast paths keep their cache
+    return llm
+
+
+register(Switch("paged_kv", "paged KV cache", False,
+                "keep keys/values in 16-token blocks of a shared pool, found through a block table, instead of one "
+                "max-length buffer per sequence (PagedAttention)", _paged_kv))
+
+
+# -- Triton kernels (llmlab.kernels, lab 07) -------------------------------------------------------------------
+# Swaps the model's RMSNorm, SwiGLU, RoPE and decode attention for the Triton kernels (llmlab.kernels.patch_model)
+# in place; turning the switch off restores the PyTorch forward. Nothing imports triton until the switch is used.
+
+def _triton_available(llm: LLM) -> tuple[bool, str]:
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install triton; Linux only)"
+    return _needs_cuda(llm) if llm.device.type != "cuda" else (True, "")
+
+
+def _triton_kernels(llm: LLM, value: bool, kwargs: dict) -> LLM:
+    from .kernels import patch_model
+
+    if value:
+        patch_model.enable(llm.model)
+    elif patch_model.is_enabled(llm.model):
+        patch_model.disable(llm.model)
+    return llm
+
+
+register(Switch("triton_kernels", "Triton kernels", False,
+                "run RMSNorm, SwiGLU, RoPE and decode attention as hand-written Triton kernels (one launch per op, "
+                "flash-decoding split over the sequence) instead of PyTorch's chains of small kernels",
+                _triton_kernels, available=_triton_available))

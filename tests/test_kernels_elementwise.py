@@ -23,7 +23,7 @@ from llmlab.kernels.swiglu import swiglu, swiglu_reference  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = [1, 7, 17, 999, 1001, 4095]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
-       torch.bfloat16: dict(atol=5e-2, rtol=2e-2)}
+       torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
 GPU_DTYPES = [pytest.param(d, marks=pytest.mark.gpu) for d in (torch.float16, torch.bfloat16)]
 DTYPES = [torch.float32, *GPU_DTYPES]
 

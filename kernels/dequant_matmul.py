@@ -1,0 +1,280 @@
+"""Weight-only int8 and int4 matmul for decode (M = 1..16 tokens): y = x @ dequant(W)^T, dequantized on the fly.
+
+At decode time a Linear layer is a GEMV: every weight is read once per step and used for M multiply-adds, so the
+step time is the weight bytes over the memory bandwidth. Storing weights in 8 or 4 bits halves or quarters those
+bytes; the kernel reads the small integers, converts them to the activation dtype in registers, and multiplies.
+(gpt-fast, https://github.com/pytorch-labs/gpt-fast; Frantar et al., GPTQ https://arxiv.org/abs/2210.17323 for
+group-wise scales; Marlin https://github.com/IST-DASLab/marlin for the fp16 x int4 kernel this imitates, simply.)
+
+Formats (`quantize_int8`, `quantize_int4` make them; `dequantize_*` undo them, the references):
+
+  int8, per output channel:  w_q (N, K) int8 in [-127, 127], scales (N,):  W[n, k] ~= w_q[n, k] * scales[n]
+  int4, group-wise:          packed (N, K // 2) uint8, scales (N, K // G):   W[n, k] ~= (u[n, k] - 8) * scales[n, k // G]
+      where u[n, k] in 0..15 is the 4-bit code of weight k: TWO PER BYTE, the even k in the LOW nibble and the odd
+      k in the HIGH nibble:  packed[n, j] = u[n, 2j] | (u[n, 2j + 1] << 4).  Codes are symmetric (-8..7 + 8).
+
+M: the kernels tile M in blocks of 16 rows (tl.dot's minimum), so M = 1..16 is one tile and reads W once. A larger
+M still gives the right answer but re-reads W once per 16 rows, and a warning says so: use a dense (dequantized)
+matmul for prefill.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from ._util import check_tensors
+
+ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_M = 16
+
+
+# -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float -> (w_q (N, K) int8, scales (N,) fp32), symmetric per output channel (row)."""
+    w32 = w.float()
+    scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    w_q = torch.clamp(torch.round(w32 / scales[:, None]), -127, 127).to(torch.int8)
+    return w_q, scales
+
+
+def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8, (N,) -> (N, K) fp32."""
+    return w_q.float() * scales.float()[:, None]
+
+
+def _check_group(K: int, group_size: int) -> None:
+    if group_size <= 0 or group_size % 2:
+        raise ValueError(f"int4: group_size must be a positive even number, got {group_size}")
+    if K % group_size:
+        fits = [g for g in (256, 128, 64, 32) if K % g == 0]
+        hint = f"a group size that divides K (e.g. {fits[0]})" if fits else "a group size that divides K"
+        raise ValueError(f"int4: group_size {group_size} does not divide K = {K}; use {hint} or pad K to a "
+                         f"multiple of {group_size}")
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float -> (packed (N, K // 2) uint8, scales (N, K // group_size) fp32): symmetric, group-wise.
+
+    Raises:
+        ValueError: group_size does not divide K (the message names both and the fix), or is odd.
+    """
+    N, K = w.shape
+    _check_group(K, group_size)
+    w32 = w.float().view(N, K // group_size, group_size)
+    scales = w32.abs().amax(dim=2).clamp(min=1e-12) / 7.0  # (N, K // G); -8 is never used: symmetric
+    u = (torch.clamp(torch.round(w32 / scales[..., None]), -8, 7) + 8).to(torch.uint8).view(N, K)
+    packed = u[:, 0::2] | (u[:, 1::2] << 4)  # even k: low nibble, odd k: high nibble
+    return packed, scales
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(N, K // 2) uint8, (N, K // G) -> (N, K) fp32."""
+    N, half = packed.shape
+    u = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(N, 2 * half)  # (N, K): low nibble first
+    G = 2 * half // scales.shape[1]
+    return (u.float() - 8) * scales.float().repeat_interleave(G, dim=1)
+
+
+def dequant_matmul_reference(x: torch.Tensor, w_dequant: torch.Tensor) -> torch.Tensor:
+    """x (M, K) @ w_dequant (N, K)^T in fp32, cast to x's dtype.
+
+    Bytes: eager PyTorch first materializes dequant(W) in the activation dtype (read N x K x 1 or 0.5 bytes, write
+    N x K x 2), then reads it again for the matmul; the fused kernel reads only the packed weights and scales.
+    """
+    return (x.float() @ w_dequant.float().T).to(x.dtype)
+
+
+# -- the kernels ---------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _int8_matmul_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    M, N, K,
+    # strides (elements)
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # (BLOCK_M, BLOCK_K)
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)  # (BLOCK_K, BLOCK_N) int8
+        if IEEE:
+            acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")
+        else:
+            acc += tl.dot(x, w.to(x.dtype))  # |w| <= 127 is exact in fp16 and bf16
+    s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    y = acc * s[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _int4_matmul_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    M, N, K, GROUP,
+    # strides (elements)
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_ym, stride_yn,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    # BLOCK_K (unpacked) divides GROUP, so each K tile has one scale per output channel
+    HALF: tl.constexpr = BLOCK_K // 2
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, HALF)
+    m_mask = rm[:, None] < M
+    n_mask = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        j = k0 // 2 + rj  # byte index: holds weights 2j (low nibble) and 2j + 1 (high nibble)
+        p = tl.load(w_ptr + rn[None, :] * stride_wn + j[:, None] * stride_wk,
+                    mask=n_mask[None, :] & (j[:, None] < K // 2), other=0)  # (HALF, BLOCK_N) uint8
+        lo = (p & 0xF).to(tl.int32) - 8
+        hi = ((p >> 4) & 0xF).to(tl.int32) - 8
+        x_even = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * j)[None, :] * stride_xk,
+                         mask=m_mask & (2 * j[None, :] < K), other=0.0)  # (BLOCK_M, HALF)
+        x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * j + 1)[None, :] * stride_xk,
+                        mask=m_mask & (2 * j[None, :] + 1 < K), other=0.0)
+        if IEEE:
+            part = tl.dot(x_even, lo.to(x_even.dtype), input_precision="ieee")
+            part += tl.dot(x_odd, hi.to(x_odd.dtype), input_precision="ieee")
+        else:
+            part = tl.dot(x_even, lo.to(x_even.dtype)) + tl.dot(x_odd, hi.to(x_odd.dtype))
+        s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+        acc += part * s[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask & n_mask[None, :])
+
+
+# -- the wrappers --------------------------------------------------------------------------------------------------
+
+_warned_large_m = False
+
+
+def _check_x(op: str, x: torch.Tensor, K: int) -> None:
+    global _warned_large_m
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"{op}: x must be (M, {K}) to match the weights, got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{op}: x has no rows (M = 0)")
+    if x.shape[0] > BLOCK_M and not _warned_large_m:
+        _warned_large_m = True
+        warnings.warn(f"{op}: M = {x.shape[0]} > {BLOCK_M}: the kernel is built for decode (M = 1..{BLOCK_M}); it "
+                      f"stays correct but re-reads the weights once per {BLOCK_M} rows — for prefill, dequantize "
+                      f"once and use a dense matmul", stacklevel=3)
+
+
+def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """y = x @ (w_q * scales[:, None])^T with int8 weights dequantized in registers.
+
+    Args:
+        x: (M, K) fp32 / fp16 / bf16 activations (fp32 in the CPU interpreter); M = 1..16 is the target.
+        w_q: (N, K) int8 (`quantize_int8`). scales: (N,) float (any float dtype; used in fp32).
+
+    Returns:
+        (M, N) in x's dtype, accumulated in fp32.
+
+    Raises:
+        ValueError: shape mismatches, M = 0. TypeError: wrong dtypes. Warns once for M > 16 (correct, slow).
+    """
+    check_tensors("int8_matmul", ACT_DTYPES, x=x)
+    if w_q.dtype != torch.int8 or not scales.is_floating_point():
+        raise TypeError(f"int8_matmul: w_q must be int8 and scales float, got {w_q.dtype} and {scales.dtype}")
+    if w_q.dim() != 2 or scales.shape != (w_q.shape[0],):
+        raise ValueError(f"int8_matmul: w_q must be (N, K) and scales (N,), got {tuple(w_q.shape)} and "
+                         f"{tuple(scales.shape)}")
+    if w_q.device != x.device or scales.device != x.device:
+        raise ValueError(f"int8_matmul: x, w_q, scales must be on one device ({x.device}, {w_q.device}, "
+                         f"{scales.device})")
+    N, K = w_q.shape
+    _check_x("int8_matmul", x, K)
+    M = x.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    BLOCK_N, BLOCK_K = 64, 64
+    _int8_matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
+        x, w_q, scales, y,
+        M, N, K,
+        x.stride(0), x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
+    )
+    return y
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """y = x @ dequantize_int4(packed, scales)^T, the 4-bit weights unpacked and scaled in registers.
+
+    Args:
+        x: (M, K) fp32 / fp16 / bf16 (fp32 in the CPU interpreter); M = 1..16 is the target.
+        packed: (N, K // 2) uint8, two weights per byte (even k low nibble, odd k high; see the module docstring).
+        scales: (N, K // G) float: one scale per group of G consecutive weights of a row; G = K / scales.shape[1].
+
+    Returns:
+        (M, N) in x's dtype, accumulated in fp32.
+
+    Raises:
+        ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.
+        Warns once for M > 16 (correct, slow).
+    """
+    check_tensors("int4_matmul", ACT_DTYPES, x=x)
+    if packed.dtype != torch.uint8 or not scales.is_floating_point():
+        raise TypeError(f"int4_matmul: packed must be uint8 (two 4-bit weights per byte) and scales float, got "
+                        f"{packed.dtype} and {scales.dtype}")
+    if packed.dim() != 2 or scales.dim() != 2 or scales.shape[0] != packed.shape[0] or scales.shape[1] == 0:
+        raise ValueError(f"int4_matmul: packed must be (N, K/2) and scales (N, K/G), got {tuple(packed.shape)} "
+                         f"and {tuple(scales.shape)}")
+    if packed.device != x.device or scales.device != x.device:
+        raise ValueError(f"int4_matmul: x, packed, scales must be on one device")
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    if K % scales.shape[1]:
+        raise ValueError(f"int4_matmul: {scales.shape[1]} groups do not divide K = {K}")
+    G = K // scales.shape[1]
+    _check_group(K, G)
+    _check_x("int4_matmul", x, K)
+    M = x.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    BLOCK_K = next(b for b in (128, 64, 32) if G % b == 0) if G >= 32 else None
+    if BLOCK_K is None:
+        raise ValueError(f"int4_matmul: group size {G} is too small for the kernel (needs a multiple of 32, "
+                         f"e.g. 32, 64, 128, 256); requantize with quantize_int4(w, group_size=32) or larger")
+    BLOCK_N = 64
+    _int4_matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
+        x, packed, scales, y,
+        M, N, K, G,
+        x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1),
+        y.stride(0), y.stride(1),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
+    )
+    return y
+
+
+if __name__ == "__main__":
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        w8, s8 = quantize_int8(w)
+        w4, s4 = quantize_int4(w, 128)
+        for M in (1, 16):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ms_bf16 = do_bench(lambda: x @ w.T)
+            ms8, ms4 = do_bench(lambda: int8_matmul(x, w8, s8)), do_bench(lambda: int4_matmul(x, w4, s4))
+            print(f"N={N} K={K} M={M:2d}: bf16 {ms_bf16 * 1e3:6.1f} us  int8 {ms8 * 1e3:6.1f} us "
+                  f"(x{ms_bf16 / ms8:.2f})  int4 {ms4 * 1e3:6.1f} us (x{ms_bf16 / ms4:.2f}); "
+                  f"int4 weight GB/s {w4.numel() / ms4 / 1e6:7.1f}")

@@ -1,0 +1,222 @@
+"""KV-cache memory math: how many bytes a cache needs, whether it fits, and how much of it a layout wastes.
+
+One token of one sequence costs, in every layer, a key and a value vector per KV head:
+
+    bytes per token = 2 (K and V) x layers x KV heads x head_dim x bytes per element
+
+so a cache of `batch` sequences of `tokens` each is batch x tokens x that. Multi-head attention (MHA) has as many
+KV heads as query heads; grouped-query attention (GQA, Ainslie et al. 2023, https://arxiv.org/abs/2305.13245)
+shares each KV head among a group of query heads; multi-query attention (MQA, Shazeer 2019,
+https://arxiv.org/abs/1911.02150) keeps one. `variants()` builds the three for one model shape.
+
+The module also:
+
+* checks a formula against what is really allocated (`allocated_bytes(cache)` sums the cache's tensors);
+* refuses a cache larger than the free memory before allocating anything (`check_fits`: CUDA free memory from
+  `torch.cuda.mem_get_info`, host memory from /proc/meminfo's MemAvailable);
+* compares max-length preallocation with a paged cache on a mixed-length workload (`waste`, `measured_waste`);
+* times a decode step as the context grows (`decode_latency_vs_context`): each step reads the whole cache.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .config import ModelConfig
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
+    """2 x layers x KV heads x head_dim x bytes per element (bytes per token of one sequence, all layers)."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element_size(dtype)
+
+
+def cache_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of a contiguous cache for `batch` sequences of `tokens` tokens."""
+    return batch * tokens * bytes_per_token(config, dtype)
+
+
+def variants(config: ModelConfig) -> dict[str, ModelConfig]:
+    """The same shape with MHA (KV heads = query heads), its own KV-head count, and MQA (one KV head).
+
+    The model's own variant is named after it: 'GQA' when 1 < KV heads < heads (or 'MHA'/'MQA' if it is one).
+    """
+    out = {"MHA": replace(config, n_kv_heads=config.n_heads)}
+    if 1 < config.n_kv_heads < config.n_heads:
+        out[f"GQA ({config.n_heads // config.n_kv_heads} q heads per KV head)"] = config
+    out["MQA"] = replace(config, n_kv_heads=1)
+    return out
+
+
+def calculator(presets: list[str] | None = None, context: int = 8192, batch: int = 1,
+               dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """One row per (preset, attention variant): KB per token and GB for `batch` x `context` tokens.
+
+    presets: names from `llmlab.config.PRESETS` (default: all).
+    """
+    from .config import PRESETS
+    rows = []
+    for name in presets or list(PRESETS):
+        config = ModelConfig.from_preset(name)
+        for kind, c in variants(config).items():
+            rows.append({"model": name, "attention": kind, "layers": c.n_layers, "heads": c.n_heads,
+                         "kv_heads": c.n_kv_heads, "head_dim": c.head_dim,
+                         "kb_per_token": bytes_per_token(c, dtype) / 1024,
+                         "gb": cache_bytes(c, context, batch, dtype) / 1e9, "context": context, "batch": batch})
+    return rows
+
+
+def allocated_bytes(cache) -> int:
+    """Bytes actually held by a cache's tensors (every tensor attribute, and lists of tensors, counted once)."""
+    seen, total = set(), 0
+    for value in vars(cache).values():
+        tensors = value if isinstance(value, (list, tuple)) else [value]
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+# -- does it fit? -------------------------------------------------------------------------------------------------
+
+def available_memory(device) -> tuple[int, str]:
+    """(bytes free for a new allocation, a description) on `device`.
+
+    CUDA: `torch.cuda.mem_get_info` free bytes ("GPU memory is free"). CPU: MemAvailable from /proc/meminfo (Linux),
+    else physical pages x page size from os.sysconf ("host memory is available").
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, "GPU memory is free"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "host memory is available"
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host memory is available"
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62, "host memory is available (unknown)"
+
+
+def check_fits(nbytes: int, device, what: str, fix: str) -> None:
+    """Raise MemoryError BEFORE allocating when `nbytes` exceed the free memory of `device`.
+
+    The message names what (e.g. 'KV cache (16 layers x batch 8 x 4096 tokens)'), the bytes needed and available,
+    and `fix` (what to change). Raises nothing when it fits.
+    """
+    free, where = available_memory(device)
+    if nbytes > free:
+        raise MemoryError(f"{what} needs {nbytes / 1e9:.2f} GB but only {free / 1e9:.2f} GB of {where}; {fix}")
+
+
+# -- waste: max-length preallocation vs paging ---------------------------------------------------------------------
+
+def mixed_lengths(n: int = 64, low: int = 16, high: int = 1024, seed: int = 0) -> list[int]:
+    """A mixed-length workload: n final sequence lengths (prompt + output), log-uniform in [low, high]
+    (many short chats, a few long ones). Seeded."""
+    rng = random.Random(seed)
+    return [int(round(math.exp(rng.uniform(math.log(low), math.log(high))))) for _ in range(n)]
+
+
+@dataclass
+class Waste:
+    """Token slots reserved vs used by a layout on one workload (multiply by bytes_per_token for bytes)."""
+
+    layout: str
+    reserved_tokens: int
+    used_tokens: int
+
+    @property
+    def wasted_tokens(self) -> int:
+        return self.reserved_tokens - self.used_tokens
+
+    @property
+    def waste_fraction(self) -> float:
+        """Share of the reserved memory that holds no token (0..1)."""
+        return self.wasted_tokens / self.reserved_tokens if self.reserved_tokens else 0.0
+
+
+def waste(lengths: list[int], max_seq_len: int, block_size: int = 16) -> list[Waste]:
+    """Reserved vs used slots for contiguous max-length preallocation and for a paged cache.
+
+    Contiguous: every sequence reserves max_seq_len slots (it may grow that long; the server cannot know). Paged:
+    ceil(length / block_size) blocks each, so at most block_size - 1 slots wasted per sequence.
+    """
+    used = sum(lengths)
+    return [Waste("max-length preallocation", len(lengths) * max_seq_len, used),
+            Waste(f"paged (block_size={block_size})", sum(-(-n // block_size) * block_size for n in lengths), used)]
+
+
+def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, block_size: int = 16,
+                   dtype: torch.dtype = torch.float32, device="cpu") -> dict:
+    """Allocate both layouts for the workload and measure bytes: a `KVCache` of batch len(lengths) x max_seq_len,
+    and a `PagedKVCache` whose block manager holds every sequence at its length (pool sized to exactly what the
+    workload needs). Returns bytes reserved and used for both (bytes, from the tensors actually allocated)."""
+    from .kv_cache import KVCache
+    from .paged_cache import PagedKVCache
+
+    per_tok = bytes_per_token(config, dtype)
+    used = sum(lengths) * per_tok
+    contiguous = KVCache(config, len(lengths), max_seq_len, dtype, device)
+    contiguous_bytes = allocated_bytes(contiguous)
+    del contiguous
+    nblocks = sum(-(-n // block_size) for n in lengths)
+    paged = PagedKVCache(config, len(lengths), max_seq_len, dtype, device, block_size=block_size, num_blocks=nblocks)
+    for i, n in enumerate(lengths):
+        paged.blocks.allocate(i, n)
+    paged_bytes = allocated_bytes(paged)
+    assert paged.blocks.num_free == 0
+    return {"sequences": len(lengths), "used_bytes": used, "bytes_per_token": per_tok,
+            "contiguous_bytes": contiguous_bytes, "contiguous_waste": 1 - used / contiguous_bytes,
+            "paged_bytes": paged_bytes, "paged_waste": 1 - used / paged_bytes, "block_size": block_size,
+            "max_seq_len": max_seq_len}
+
+
+# -- decode latency vs context ------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch: int = 1) -> list[dict]:
+    """Median decode-step time (ms) with `context` tokens already cached, for each context length.
+
+    The cache is filled with random K/V (the values do not change the time), then `steps` single-token steps run
+    at positions context, context+1, ...; the KV bytes read per step grow linearly with the context.
+    """
+    from .kv_cache import KVCache
+
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    rows = []
+    for ctx in contexts:
+        cache = KVCache(model.config, batch, ctx + steps, dtype, device)
+        for t in (*cache.k, *cache.v):
+            t.normal_()
+        cache.length = ctx
+        token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        times = []
+        for i in range(steps):
+            pos = torch.tensor([ctx + i], device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            model(token, pos, kv_cache=cache, last_only=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        rows.append({"context": ctx, "ms": times[len(times) // 2],
+                     "kv_mb_read": cache_bytes(model.config, ctx, batch, dtype) / 1e6})
+    return rows

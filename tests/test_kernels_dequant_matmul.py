@@ -1,0 +1,150 @@
+"""Weight-only int8 (per channel) and int4 (group-wise, two per byte) matmuls against x @ dequant(W)^T.
+
+CPU: Triton's interpreter in fp32 (TRITON_INTERPRET=1 from conftest.py); fp16/bf16 activations on a GPU only.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from llmlab.kernels._util import interpret_mode
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels import dequant_matmul as dq  # noqa: E402
+from llmlab.kernels.dequant_matmul import (  # noqa: E402
+    dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul, int8_matmul, quantize_int4,
+    quantize_int8)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=1e-2),
+       torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
+GPU_DTYPES = [pytest.param(d, marks=pytest.mark.gpu) for d in (torch.float16, torch.bfloat16)]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_large_m():
+    """M > 16 warns once per process; let each test see its own warning."""
+    dq._warned_large_m = False
+    yield
+
+
+def _w(N, K, seed=0):
+    return torch.randn(N, K, generator=torch.Generator().manual_seed(seed)).to(DEV)
+
+
+def test_quantizers_round_trip_and_pack_two_per_byte():
+    w = _w(5, 64)
+    w8, s8 = quantize_int8(w)
+    assert w8.dtype == torch.int8 and s8.shape == (5,)
+    assert (dequantize_int8(w8, s8) - w).abs().max() <= s8.max() / 2 + 1e-6
+    packed, s4 = quantize_int4(w, 32)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, 32) and s4.shape == (5, 2)
+    assert (dequantize_int4(packed, s4) - w).abs().max() <= s4.max() / 2 + 1e-6
+    # even k in the low nibble, odd k in the high nibble
+    u = torch.round(w[:, :32] / s4[:, :1]).clamp(-8, 7).to(torch.int64) + 8
+    assert torch.equal(packed[:, 0].long(), u[:, 0] | (u[:, 1] << 4))
+
+
+@pytest.mark.parametrize("N", [1, 7, 17, 999, 1001, 4095])
+def test_int8_over_output_sizes(N):
+    w8, s8 = quantize_int8(_w(N, 96, seed=N))
+    x = torch.randn(3, 96, device=DEV)
+    torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("K", [1, 7, 17, 999, 1001, 4095])
+def test_int8_over_reduction_sizes(K):
+    w8, s8 = quantize_int8(_w(33, K, seed=K))
+    x = torch.randn(2, K, device=DEV)
+    torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+@pytest.mark.parametrize("M", [1, 2, 16, 17])
+def test_int8_batch_sizes(M, dtype):
+    w8, s8 = quantize_int8(_w(70, 128, seed=M))
+    x = torch.randn(M, 128, device=DEV).to(dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = int8_matmul(x, w8, s8)
+    assert any("M = 17" in str(c.message) for c in caught) == (M == 17)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int8(w8, s8)), **TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_int8_fp16_activations_at_k_14336_stay_finite():
+    w8, s8 = quantize_int8(_w(4096, 14336) * 3)
+    x = (torch.randn(4, 14336, device=DEV) * 10).half()
+    y = int8_matmul(x, w8, s8)
+    assert torch.isfinite(y).all()
+    ref = x.float() @ dequantize_int8(w8, s8).T
+    torch.testing.assert_close(y.float(), ref, atol=1e-1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+@pytest.mark.parametrize("G", [32, 64, 128, 256])
+@pytest.mark.parametrize("M", [1, 2, 17])
+def test_int4_matches_dequantized_matmul(M, G, dtype):
+    packed, s4 = quantize_int4(_w(65, 512, seed=G + M), G)
+    x = torch.randn(M, 512, device=DEV).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # M = 17 warns about speed; the answer must still be right
+        y = int4_matmul(x, packed, s4)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[dtype])
+
+
+@pytest.mark.parametrize("N", [1, 7, 17, 999, 1001, 4095])
+def test_int4_over_output_sizes(N):
+    packed, s4 = quantize_int4(_w(N, 64, seed=N), 32)
+    x = torch.randn(1, 64, device=DEV)
+    torch.testing.assert_close(int4_matmul(x, packed, s4), dequant_matmul_reference(x, dequantize_int4(packed, s4)),
+                               **TOL[torch.float32])
+
+
+def test_int8_masked_reduction_lanes_do_not_leak():
+    # x is a view into a wider buffer whose tail (past K = 70) is NaN: the last K tile must mask it out
+    buf = torch.full((3, 128), float("nan"), device=DEV)
+    x = buf[:, :70]
+    x.copy_(torch.randn(3, 70))
+    w8, s8 = quantize_int8(_w(9, 70))
+    y = int8_matmul(x, w8, s8)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int8(w8, s8)), **TOL[torch.float32])
+
+
+def test_int4_masked_output_lanes_do_not_leak():
+    # N = 70: the second 64-wide tile is mostly padding; y is preallocated by the wrapper, so compare whole rows
+    packed, s4 = quantize_int4(_w(70, 64), 32)
+    x = torch.randn(2, 64, device=DEV)
+    y = int4_matmul(x, packed, s4)
+    assert y.shape == (2, 70) and torch.isfinite(y).all()
+
+
+def test_group_size_that_does_not_divide_k_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"group_size 128 does not divide K = 320.*64"):
+        quantize_int4(_w(4, 320), 128)
+    packed = torch.zeros(4, 160, dtype=torch.uint8, device=DEV)
+    with pytest.raises(ValueError, match="do not divide K = 320"):
+        int4_matmul(torch.randn(1, 320, device=DEV), packed, torch.ones(4, 3, device=DEV))
+    with pytest.raises(ValueError, match="too small"):
+        int4_matmul(torch.randn(1, 320, device=DEV), packed, torch.ones(4, 20, device=DEV))  # G = 16
+
+
+def test_wrong_shapes_and_dtypes_are_clear_errors():
+    w8, s8 = quantize_int8(_w(8, 32))
+    with pytest.raises(ValueError, match=r"x must be \(M, 32\)"):
+        int8_matmul(torch.randn(1, 31, device=DEV), w8, s8)
+    with pytest.raises(TypeError, match="int8"):
+        int8_matmul(torch.randn(1, 32, device=DEV), w8.float(), s8)
+    with pytest.raises(ValueError, match="M = 0"):
+        int8_matmul(torch.randn(0, 32, device=DEV), w8, s8)
+    with pytest.raises(TypeError, match="uint8"):
+        int4_matmul(torch.randn(1, 32, device=DEV), w8[:, :16], torch.ones(8, 1, device=DEV))

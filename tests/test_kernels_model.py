@@ -1,0 +1,134 @@
+"""The "Triton kernels" switch: a tiny model with the kernels patched in gives the PyTorch path's logits.
+
+On a CPU this runs in Triton's interpreter (fp32); the switch itself is GPU-only and says why on a CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from llmlab.kernels._util import interpret_mode
+from llmlab.kv_cache import KVCache
+from tiny_models import tiny_model
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels import patch_model  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _prefill_then_decode(model, ids, steps=3):
+    """Logits of a prefill and of `steps` greedy decode steps through a KVCache."""
+    cache = KVCache(model.config, ids.shape[0], 64, torch.float32, DEV)
+    out = [model(ids, kv_cache=cache)]
+    pos = ids.shape[1]
+    nxt = out[-1][:, -1:].argmax(-1)
+    for _ in range(steps):
+        out.append(model(nxt, positions=torch.tensor([pos], device=DEV), kv_cache=cache))
+        nxt, pos = out[-1][:, -1:].argmax(-1), pos + 1
+    return out
+
+
+@torch.no_grad()
+def test_patched_model_matches_pytorch_path_with_kv_cache(monkeypatch):
+    model = tiny_model(seed=1).to(DEV)
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEV)
+    ref = _prefill_then_decode(model, ids)
+    calls = {}
+    ns = patch_model._kernels()
+    for name in ("rmsnorm", "swiglu", "rope_", "decode_attention"):
+        def counted(*a, _f=getattr(ns, name), _n=name, **kw):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(ns, name, counted)
+    patch_model.enable(model)
+    assert patch_model.is_enabled(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback: every op went through its kernel
+        got = _prefill_then_decode(model, ids)
+    n_layers = model.config.n_layers
+    assert calls == {"rmsnorm": 4 * (2 * n_layers + 1), "swiglu": 4 * n_layers, "rope_": 4 * n_layers,
+                     "decode_attention": 3 * n_layers}
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    patch_model.disable(model)
+    assert not patch_model.is_enabled(model)
+    torch.testing.assert_close(_prefill_then_decode(model, ids)[-1], ref[-1], atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_patched_model_matches_with_a_static_cache():
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=2).to(DEV)
+    ids = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1)).to(DEV)
+
+    def run():
+        cache = StaticKVCache(model.config, 2, 16, torch.float32, DEV)
+        model(ids, kv_cache=cache)
+        pos = torch.tensor([[5], [5]], device=DEV)
+        return model(ids[:, -1:], positions=pos, kv_cache=cache)
+
+    ref = run()
+    patch_model.enable(model)
+    try:
+        torch.testing.assert_close(run(), ref, atol=1e-4, rtol=1e-4)
+    finally:
+        patch_model.disable(model)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for tensors the interpreter cannot take")
+@torch.no_grad()
+def test_unsupported_dtype_falls_back_to_pytorch_with_one_warning():
+    model = tiny_model(seed=3).to(torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 4))
+    ref = model(ids)
+    patch_model.enable(model)
+    patch_model._warned.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model(ids)
+        msgs = [str(c.message) for c in caught if "Triton kernels" in str(c.message)]
+        assert len(msgs) == 1 and "bfloat16" in msgs[0]
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    finally:
+        patch_model.disable(model)
+
+
+def test_switch_is_registered_and_says_why_it_is_unavailable_on_a_cpu():
+    from llmlab import ladder, switches
+    from llmlab.engine import LLM
+
+    sw = switches.SWITCHES["triton_kernels"]
+    assert sw.label == "Triton kernels" and sw.default is False
+    assert "+triton_kernels" in ladder.step_names()
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    ok, why = sw.available(llm)
+    if DEV == "cpu":
+        assert not ok and "CUDA" in why
+        with pytest.raises(ValueError, match="Triton kernels"):
+            switches.apply_switches(llm, {"triton_kernels": True})
+    llm2, _ = switches.apply_switches(llm, {"triton_kernels": False})
+    assert not patch_model.is_enabled(llm2.model)
+
+
+def test_kernel_micro_benchmark_writes_a_valid_bench_file(tmp_path):
+    import json
+
+    from llmlab.bench import validate_bench
+    from llmlab.kernels import bench_kernels
+
+    bench_kernels.main(["--smoke", "--out", str(tmp_path), "--copy-gbps", "10"])
+    (path,) = tmp_path.glob("*_kernels_micro_*.json")
+    doc = json.loads(path.read_text())
+    validate_bench(doc)
+    ops = {r["workload"] for r in doc["results"]}
+    assert {"rmsnorm", "swiglu", "rope", "decode_attention", "int8_matmul", "int4_matmul"} <= ops
+    assert all(r["bw_fraction"] is not None for r in doc["results"])

@@ -1,0 +1,82 @@
+"""Triton paged decode attention (block tables) against gather + SDPA.
+
+CPU: Triton's interpreter in fp32 (TRITON_INTERPRET=1 from conftest.py); fp16/bf16 on a GPU only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmlab.kernels._util import interpret_mode
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels.decode_attention import decode_attention_reference  # noqa: E402
+from llmlab.kernels.paged_decode_attention import (  # noqa: E402
+    paged_decode_attention, paged_decode_attention_reference)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float16: dict(atol=5e-3, rtol=5e-3),
+       torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+GPU_DTYPES = [pytest.param(d, marks=pytest.mark.gpu) for d in (torch.float16, torch.bfloat16)]
+
+
+def _paged(lens, H=4, Hkv=2, hd=16, bs=16, dtype=torch.float32, seed=0, poison=True):
+    """A shuffled pool holding len(lens) sequences; unused pool slots hold NaN when `poison`."""
+    g = torch.Generator().manual_seed(seed)
+    nbs = [-(-n // bs) for n in lens]
+    n_blocks = sum(nbs) + 3  # spare blocks never referenced
+    fill = float("nan") if poison else 0.0
+    k_pool = torch.full((n_blocks, Hkv, bs, hd), fill)
+    v_pool = torch.full((n_blocks, Hkv, bs, hd), fill)
+    perm = torch.randperm(n_blocks, generator=g)
+    tables = torch.zeros(len(lens), max(nbs), dtype=torch.int32)
+    i = 0
+    for b, (n, nb) in enumerate(zip(lens, nbs)):
+        blocks = perm[i:i + nb]
+        i += nb
+        tables[b, :nb] = blocks.int()
+        for j, blk in enumerate(blocks.tolist()):
+            used = min(bs, n - j * bs)  # the tail of the last block stays poisoned
+            k_pool[blk, :, :used] = torch.randn(Hkv, used, hd, generator=g)
+            v_pool[blk, :, :used] = torch.randn(Hkv, used, hd, generator=g)
+    q = torch.randn(len(lens), H, hd, generator=g)
+    to = dict(device=DEV, dtype=dtype)
+    return q.to(**to), k_pool.to(**to), v_pool.to(**to), tables.to(DEV), torch.tensor(lens, device=DEV)
+
+
+@pytest.mark.parametrize("S", [1, 7, 17, 999, 1001, 4095])
+def test_matches_gather_and_sdpa_over_context_lengths(S):
+    q, kp, vp, tables, lens = _paged([S], H=2, Hkv=1, bs=64, seed=S)
+    out = paged_decode_attention(q, kp, vp, tables, lens, num_splits=3)
+    assert torch.isfinite(out).all()  # NaN in unused slots and spare blocks never leaks in
+    torch.testing.assert_close(out, paged_decode_attention_reference(q, kp, vp, tables, lens), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+@pytest.mark.parametrize("bs", [1, 8, 16, 32])
+def test_block_sizes_gqa_and_ragged_batches(bs, dtype):
+    q, kp, vp, tables, lens = _paged([50, 1, 33], H=6, Hkv=2, hd=24, bs=bs, dtype=dtype, seed=bs)
+    out = paged_decode_attention(q, kp, vp, tables, lens, num_splits=2)
+    torch.testing.assert_close(out, paged_decode_attention_reference(q, kp, vp, tables, lens), **TOL[dtype])
+
+
+def test_equals_contiguous_decode_attention_on_the_same_tokens():
+    q, kp, vp, tables, lens = _paged([40], seed=7, poison=False)
+    k = kp[tables[0].long()].permute(1, 0, 2, 3).reshape(1, 2, -1, 16)[:, :, :40]
+    v = vp[tables[0].long()].permute(1, 0, 2, 3).reshape(1, 2, -1, 16)[:, :, :40]
+    torch.testing.assert_close(paged_decode_attention(q, kp, vp, tables, lens), decode_attention_reference(q, k, v),
+                               **TOL[torch.float32])
+
+
+def test_rejects_bad_inputs():
+    q, kp, vp, tables, lens = _paged([20])
+    with pytest.raises(ValueError, match="seq_lens must lie in 1..32"):
+        paged_decode_attention(q, kp, vp, tables, torch.tensor([33], device=DEV))
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_decode_attention(q, kp, vp, tables.float(), lens)
+    with pytest.raises(ValueError, match="not a multiple"):
+        paged_decode_attention(q[:, :3], kp, vp, tables, lens)

@@ -1,0 +1,149 @@
+"""The paged KV cache (`llmlab.paged_cache`) gives the same attention and the same greedy tokens as the contiguous
+`KVCache`: fp32, within 1e-5, for lengths that cross block boundaries (block sizes 16 and 32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmlab.generate import generate
+from llmlab.kv_cache import KVCache
+from llmlab.model import repeat_kv
+from llmlab.paged_cache import PagedKVCache, gather, paged_attention
+from tiny_models import prompt_ids, tiny_config, tiny_model
+
+LENGTHS = [1, 15, 16, 17, 33, 1000]
+
+
+def _scrambled_cache(config, block_size, length, batch=1):
+    """A paged cache whose free list is shuffled, so a sequence's blocks are NOT consecutive in the pool."""
+    n_blocks = batch * (-(-length // block_size)) + 7
+    cache = PagedKVCache(config, batch, length, torch.float32, "cpu", block_size=block_size, num_blocks=n_blocks)
+    order = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(length)).tolist()
+    cache.blocks.free_list.clear()
+    cache.blocks.free_list.extend(order)
+    return cache
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("length", LENGTHS)
+def test_paged_attention_equals_contiguous(block_size, length):
+    config = tiny_config(max_seq_len=1024, n_layers=1)
+    torch.manual_seed(0)
+    B, Hkv, H, hd = 2, config.n_kv_heads, config.n_heads, config.head_dim
+    k = torch.randn(B, Hkv, length, hd)
+    v = torch.randn(B, Hkv, length, hd)
+    q = torch.randn(B, H, 1, hd)
+    cache = _scrambled_cache(config, block_size, length, batch=B)
+    # prefill all but the last token, then "decode" the last one: the write crosses into a new block at 16, 17, 33
+    pos = torch.arange(length)
+    if length > 1:
+        cache.update(0, pos[:-1], k[:, :, :-1], v[:, :, :-1])
+    k_all, v_all = cache.update(0, pos[-1:], k[:, :, -1:], v[:, :, -1:])
+    assert torch.equal(k_all, k) and torch.equal(v_all, v)  # the gathered view is the contiguous cache, exactly
+    tables = cache.block_tables(B)
+    assert tables.shape[1] == -(-length // block_size)
+    ref = F.scaled_dot_product_attention(q, repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv))[:, :, 0]  # (B, H, hd)
+    out = paged_attention(q[:, :, 0], cache.k[0], cache.v[0], tables, [length] * B)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_rows_of_different_lengths():
+    config = tiny_config(n_layers=1)
+    torch.manual_seed(1)
+    lens = [5, 40, 17]
+    cache = PagedKVCache(config, 3, 64, torch.float32, "cpu", block_size=16)
+    ks, vs = [], []
+    for b, n in enumerate(lens):
+        cache.blocks.allocate(b, n)
+        k, v = torch.randn(config.n_kv_heads, n, config.head_dim), torch.randn(config.n_kv_heads, n, config.head_dim)
+        blk, off = cache.slots(b, 0, n)
+        cache.k[0][blk, :, off], cache.v[0][blk, :, off] = k.transpose(0, 1), v.transpose(0, 1)
+        ks.append(k), vs.append(v)
+    q = torch.randn(3, config.n_heads, config.head_dim)
+    out = paged_attention(q, cache.k[0], cache.v[0], cache.block_tables(3), lens)
+    for b in range(3):
+        rep = config.n_heads // config.n_kv_heads
+        ref = F.scaled_dot_product_attention(q[b, :, None], ks[b].repeat_interleave(rep, 0),
+                                             vs[b].repeat_interleave(rep, 0))[:, 0]
+        torch.testing.assert_close(out[b], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("length", [1, 15, 16, 17, 33, 200])
+def test_model_logits_paged_equal_contiguous(block_size, length):
+    model = tiny_model(seed=0)
+    ids = prompt_ids(1, length + 3, seed=length)
+    with torch.inference_mode():
+        logits = []
+        for cache in (KVCache(model.config, 1, length + 3, torch.float32, "cpu"),
+                      _scrambled_cache(model.config, block_size, length + 3)):
+            a = model(ids[:, :length], kv_cache=cache)  # prefill
+            steps = [model(ids[:, t:t + 1], torch.tensor([t]), kv_cache=cache) for t in range(length, length + 3)]
+            logits.append(torch.cat([a, *steps], dim=1))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_paged_identical_tiny_model():
+    model = tiny_model(seed=0)
+    prompt = prompt_ids(2, 17, seed=3)
+    ref = generate(model, prompt, max_new_tokens=40)
+    for bs in (16, 32):
+        got = generate(model, prompt, max_new_tokens=40,
+                       cache_factory=lambda *a, bs=bs: PagedKVCache(*a, block_size=bs))
+        assert got.token_ids == ref.token_ids
+
+
+def test_greedy_paged_identical_default_model():
+    import llmlab
+    llm = llmlab.load(device="cpu")
+    ref = llm.generate("def fibonacci(n):", max_new_tokens=64, stop_at_eos=False)
+    got = llm.generate("def fibonacci(n):", max_new_tokens=64, stop_at_eos=False, cache_factory=PagedKVCache)
+    assert got.token_ids == ref.token_ids
+
+
+def test_fork_copy_on_write_copies_block_contents():
+    config = tiny_config(n_layers=1)
+    cache = PagedKVCache(config, 1, 64, torch.float32, "cpu", block_size=16)
+    k = torch.randn(1, config.n_kv_heads, 20, config.head_dim)
+    cache.update(0, torch.arange(20), k, k)
+    cache.blocks.fork(0, 1)  # row 1 shares row 0's blocks, including the half-full second one
+    cache.batch_size = 2
+    k2 = torch.randn(2, config.n_kv_heads, 1, config.head_dim)
+    k_all, _ = cache.update(0, torch.tensor([20]), k2, k2)
+    assert torch.equal(k_all[0, :, :20], k[0]) and torch.equal(k_all[1, :, :20], k[0])
+    assert torch.equal(k_all[:, :, 20:], k2)
+    t0, t1 = cache.blocks.block_table(0), cache.blocks.block_table(1)
+    assert t0[0] == t1[0] and t0[1] != t1[1]
+
+
+def test_gather_shape():
+    pool = torch.arange(4 * 1 * 2 * 1, dtype=torch.float32).view(4, 1, 2, 1)
+    out = gather(pool, torch.tensor([[3, 1]]), 3)
+    assert out.flatten().tolist() == [6.0, 7.0, 2.0]
+
+
+def test_cache_larger_than_memory_fails_before_allocating():
+    config = tiny_config()
+    with pytest.raises(MemoryError, match=r"needs .* GB but only .* GB of host memory is available; lower"):
+        PagedKVCache(config, 1, 16, torch.float32, "cpu", block_size=16, num_blocks=10**12)
+    with pytest.raises(MemoryError, match=r"KV cache .* needs .* GB but only .* GB of host memory"):
+        KVCache(config.__class__(**{**config.to_dict(), "max_seq_len": 10**9}), 10**6, 10**9, torch.float32, "cpu")
+
+
+def test_paged_kv_switch_and_side_rung():
+    from llmlab import ladder
+    from llmlab.engine import LLM
+    from llmlab.switches import apply_switches
+
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    run_llm, kwargs = apply_switches(llm, {"paged_kv": True})
+    assert kwargs["cache_factory"] is PagedKVCache
+    prompt = prompt_ids(1, 20, seed=5)[0].tolist()
+    assert run_llm.generate(prompt, max_new_tokens=20, **kwargs).token_ids == llm.generate(
+        prompt, max_new_tokens=20).token_ids
+    step = ladder.get_step("+paged_kv")
+    assert "paged" in step.name and not step.cumulative
+    names = ladder.step_names()
+    assert names.index("+paged_kv") == names.index("eager") + 1
