@@ -47,6 +47,34 @@ from .engine import LLM
 from .switches import apply_switches, describe
 
 STEP_PREFIX = "llmlab.step."
+
+
+class StepRanges:
+    """Marks each decode step as a profiler range named `llmlab.step.<i>`, opened and closed from `on_token`.
+
+    Usage: `marks.open(0)` before `generate(..., on_token=marks.on_token)`, `marks.close()` after. Step i's range
+    runs from token i-1 reaching the host to token i reaching it. `last_step`: open no range after this step.
+    """
+
+    def __init__(self, last_step: int | None = None):
+        self.last_step = last_step
+        self._rf = None
+
+    def open(self, i: int) -> None:
+        from torch.profiler import record_function
+
+        self._rf = record_function(f"{STEP_PREFIX}{i}")
+        self._rf.__enter__()
+
+    def close(self) -> None:
+        if self._rf is not None:
+            self._rf.__exit__(None, None, None)
+            self._rf = None
+
+    def on_token(self, step: int, _tokens) -> None:
+        self.close()
+        if self.last_step is None or step + 1 <= self.last_step:
+            self.open(step + 1)
 _LAUNCH = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaGraphLaunch|"
                      r"cudaLaunchCooperativeKernel)(_v\d+)?$")
 _SYNC = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize)(_v\d+)?$")
@@ -251,7 +279,7 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     Raises:
         ValueError: n_steps < 1, prompt_len + n_steps + 1 beyond the context, unknown/unavailable switches.
     """
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     if n_steps < 1:
         raise ValueError(f"n_steps={n_steps}: profile at least one decode step")
@@ -266,22 +294,7 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     if warmup:
         run_llm.generate(prompt, max_new_tokens=new, stop_at_eos=False, **kwargs)
     cuda = run_llm.device.type == "cuda"
-    state: dict[str, Any] = {"rf": None}
-
-    def open_range(i: int) -> None:
-        rf = record_function(f"{STEP_PREFIX}{i}")
-        rf.__enter__()
-        state["rf"] = rf
-
-    def close_range() -> None:
-        if state["rf"] is not None:
-            state["rf"].__exit__(None, None, None)
-            state["rf"] = None
-
-    def on_token(step, _tokens):
-        close_range()
-        if step + 1 < new:
-            open_range(step + 1)
+    marks = StepRanges(last_step=new - 1)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
@@ -290,12 +303,12 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
             torch.cuda.synchronize(run_llm.device)
         with profile(activities=activities) as prof:
             if with_steps:
-                open_range(0)
+                marks.open(0)
             try:
                 run_llm.generate(prompt, max_new_tokens=n_new, stop_at_eos=False,
-                                 on_token=on_token if with_steps else None, **kwargs)
+                                 on_token=marks.on_token if with_steps else None, **kwargs)
             finally:
-                close_range()
+                marks.close()
             if cuda:
                 torch.cuda.synchronize(run_llm.device)
         return prof

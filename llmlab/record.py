@@ -141,36 +141,24 @@ def profile_steps(llm: LLM, prompt_ids: list[int], kwargs: dict, n_new: int, cud
     clock; device_intervals are the GPU's kernels and copies (empty when cuda is False).
     """
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
-    state: dict[str, Any] = {"rf": None}
+    from .profiling import STEP_PREFIX, StepRanges
 
-    def open_range(i: int) -> None:
-        rf = record_function(f"llmlab.step.{i}")
-        rf.__enter__()
-        state["rf"] = rf
-
-    def close_range() -> None:
-        if state["rf"] is not None:
-            state["rf"].__exit__(None, None, None)
-            state["rf"] = None
-
-    def on_token(step, _tokens):
-        close_range()
-        open_range(step + 1)
+    marks = StepRanges()
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        open_range(0)
+        marks.open(0)
         try:
-            llm.generate(prompt_ids, max_new_tokens=n_new, stop_at_eos=False, on_token=on_token, **kwargs)
+            llm.generate(prompt_ids, max_new_tokens=n_new, stop_at_eos=False, on_token=marks.on_token, **kwargs)
         finally:
-            close_range()
+            marks.close()
         if cuda:
             torch.cuda.synchronize()
     ranges, device = {}, []
     for e in prof.events():
-        if e.name.startswith("llmlab.step."):
+        if e.name.startswith(STEP_PREFIX):
             if e.device_type == DeviceType.CPU:
                 ranges[int(e.name.rsplit(".", 1)[1])] = (e.time_range.start, e.time_range.end)
         elif e.device_type == DeviceType.CUDA:
