@@ -54,6 +54,12 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
             raise FileNotFoundError(f"{path} is a file; give the folder that holds config.json and *.safetensors")
         return path
     text = str(name_or_path)
+    from .config import PRESETS
+
+    if text.lower() in PRESETS:
+        raise FileNotFoundError(f"{text!r} is a preset — a model shape with random weights and no tokenizer, not a "
+                                f"checkpoint: build it with llmlab.LLM.from_preset({text!r}), or time it with "
+                                f"`llmlab bench --model {text}`")
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id 'org/name')")

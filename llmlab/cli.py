@@ -6,6 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+    return value
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -34,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(t)
     t.add_argument("--prompt", default="The list")
     t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--repeats", type=_positive_int, default=3)
 
     r = sub.add_parser("record", help="on an NVIDIA GPU: record GPU-Util / SM activity / DRAM bandwidth traces of "
                                       "a decode into data/traces/ (replayed by the dashboard where there is no GPU)")
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="folder for the JSON files (default data/bench/)")
     b.add_argument("--no-save", action="store_true", help="print the table only")
     b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
-    b.add_argument("--repeats", type=int, default=None, help="timed runs per row, median reported (default 3)")
+    b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs per row, median reported (default 3)")
     b.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="skip rows that would start after S seconds (per workload)")
     b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
@@ -96,6 +104,8 @@ def _bench(args) -> int:
     llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     out = None if args.no_save else (args.out or DEFAULT_OUT)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for the JSON files")
     ran = 0
     for name in names:
         try:

@@ -34,9 +34,15 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     """
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r} is not supported by llmlab: use 'cpu', 'cuda', 'cuda:N' or 'auto'")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but PyTorch sees no CUDA GPU here; use device='cpu'")
+        raise ValueError(f"device {str(device)!r} was asked for but PyTorch sees no CUDA GPU here; use the CPU "
+                         f"(device 'cpu')")
     return device
 
 

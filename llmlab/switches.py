@@ -60,6 +60,8 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
         value = settings.get(key, switch.default)
         if switch.choices is not None and value not in switch.choices:
             raise ValueError(f"{key}={value!r} is not one of {switch.choices}")
+        if switch.choices is None and not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r}: this switch is on or off; give True or False")
         if value != switch.default:
             ok, why = switch.available(llm)
             if not ok:
