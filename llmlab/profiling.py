@@ -125,7 +125,7 @@ def events_from_profiler(prof) -> list[Ev]:
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
+def union_length(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by intervals (overlaps counted once)."""
     total, cur_a, cur_b = 0.0, None, None
     for a, b in sorted(intervals):
@@ -153,7 +153,7 @@ def call_totals(events: list[Ev]) -> dict[str, Any]:
             kernel_us[e.name] += e.end_us - e.start_us
     return {
         "wall_us": max(e.end_us for e in evs) - min(e.start_us for e in evs),
-        "busy_us": _union([(e.start_us, e.end_us) for e in gpu]),
+        "busy_us": union_length([(e.start_us, e.end_us) for e in gpu]),
         "ops": Counter(e.name for e in evs if e.kind == "op" and e.top_level),
         "op_calls": sum(e.kind == "op" for e in evs),
         "launches": sum(e.kind == "launch" for e in evs),

@@ -33,6 +33,7 @@ import torch
 from . import envinfo
 from .engine import LLM
 from .nvml_sampler import Backend, Sampler
+from .profiling import union_length
 from .switches import SWITCHES, apply_switches, describe
 from .trace import Trace, make_trace, save_trace, slug, trace_dir
 
@@ -94,19 +95,6 @@ def parse_setting(text: str) -> dict[str, Any]:
 # -- profiling a few decode steps --------------------------------------------------------------------------------
 
 
-def _union_us(intervals) -> float:
-    """Total length covered by a set of (start, end) intervals (overlaps counted once)."""
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in sorted(intervals):
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    return total + ((cur_b - cur_a) if cur_b is not None else 0.0)
-
-
 def summarize_kernels(step_ranges: dict[int, tuple[float, float]], kernels: list[tuple[float, float]],
                       steps: list[int]) -> dict | None:
     """The kernel timeline of some decode steps, from profiler times in microseconds.
@@ -128,8 +116,8 @@ def summarize_kernels(step_ranges: dict[int, tuple[float, float]], kernels: list
     for i in wanted:
         a, b = step_ranges[i]
         step_us.append(b - a)
-        step_busy.append(_union_us([(max(x, a), min(y, b)) for x, y in inside if y > a and x < b]))
-    return {"steps": len(wanted), "window_us": w1 - w0, "busy_us": _union_us(inside), "n_kernels": len(inside),
+        step_busy.append(union_length([(max(x, a), min(y, b)) for x, y in inside if y > a and x < b]))
+    return {"steps": len(wanted), "window_us": w1 - w0, "busy_us": union_length(inside), "n_kernels": len(inside),
             "step_us": step_us, "step_busy_us": step_busy, "intervals_us": [[a - w0, b - w0] for a, b in inside]}
 
 
