@@ -726,7 +726,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             return True
         return False
 
-    print_fn(f"llmlab bench — {wl.name} ({wl.description}{', quick' if quick else ''}) on {model_id} "
+    print_fn(f"llmlab bench — {wl.name} ({wl.description}{f'; --quick: {new_tokens} new tokens' if quick else ''}) on {model_id} "
              f"[{cfg.num_params() / 1e6:.1f}M params, {str(llm.dtype).removeprefix('torch.')}] | {dev_name}")
     print_fn(f"peaks: copy {peaks['copy_GBps']:.0f} GB/s, matmul {peaks['bf16_TFLOPs']:.2f} TFLOP/s "
              f"({peaks['matmul_dtype']})")
