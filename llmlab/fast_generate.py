@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from .cuda_graphs import MODES, GraphDecoder, runner_for
-from .generate import Generation, _sync, check_lengths, check_token_ids, to_device
+from .generate import Generation, _sync, prepare_prompt, to_device
 from .sampling import check_sampling_args, sample
 from .timing import StepTimer
 
@@ -117,12 +117,8 @@ def generate_fast(
     device, dtype = param.device, param.dtype
     if "graphs" in mode and device.type != "cuda":
         raise ValueError(f"mode {mode!r} needs a model on a CUDA GPU (this one is on {device}); use 'static'")
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids[None]
+    ids = prepare_prompt(model, prompt_ids, max_new_tokens)
     B, T = ids.shape
-    check_lengths(T, max_new_tokens, model.config.max_seq_len)
-    check_token_ids(ids, model.config.vocab_size)
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 

@@ -114,6 +114,19 @@ def to_device(ids: torch.Tensor, device: torch.device, pin_memory: bool = False)
     return ids.to(device)
 
 
+def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch.Tensor:
+    """Prompt ids as a (B, T) int64 CPU tensor, checked against the model's context and vocabulary.
+
+    Raises ValueError (see `check_lengths`, `check_token_ids`) before any work is done.
+    """
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    check_lengths(ids.shape[1], max_new_tokens, model.config.max_seq_len)
+    check_token_ids(ids, model.config.vocab_size)
+    return ids
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -155,16 +168,10 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids[None]
+    ids = prepare_prompt(model, prompt_ids, max_new_tokens)
     B, T = ids.shape
-    check_lengths(T, max_new_tokens, model.config.max_seq_len)
-    check_token_ids(ids, model.config.vocab_size)
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 
     ids = to_device(ids, device, pin_memory)
     make_cache = cache_factory or KVCache
