@@ -59,9 +59,14 @@ def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions:
 
 
 def weights_fingerprint(model) -> tuple:
-    """(name, address, dtype, shape) of every parameter: changes when weights are replaced or moved, which makes
-    captured graphs (they hold the old addresses) stale."""
-    return tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
+    """What a captured step depends on: (name, address, dtype, shape) of every parameter, and which modules run a
+    swapped-in `forward` (the "Triton kernels" switch sets one per module). It changes when weights are replaced or
+    moved, or a forward is swapped, any of which makes captured graphs (they hold the old addresses and the old
+    kernels) stale."""
+    params = tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
+    forwards = tuple((n, getattr(m.__dict__["forward"], "__qualname__", repr(m.__dict__["forward"])))
+                     for n, m in model.named_modules() if "forward" in m.__dict__)
+    return params + forwards
 
 
 def _raise_recompile_limit(limit: int = 64) -> None:

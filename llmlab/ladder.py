@@ -12,6 +12,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +cuda_graphs     replay each decode step as one CUDA graph instead of ~hundreds of kernel launches
     +torch_compile   fuse the small ops with torch.compile (Inductor)
     +triton_kernels  hand-written Triton kernels for RMSNorm, SwiGLU, RoPE, decode attention (llmlab.kernels)
+                     INSTEAD of torch.compile's: CUDA graphs + these kernels, to compare hand fusion with Inductor's
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -227,7 +228,8 @@ register_step(LadderStep("+torch_compile", {"torch_compile": True},
                          "fuse the small elementwise ops with torch.compile (Inductor); costs a compile warm-up",
                          gpu_only="Inductor's C++ warm-up (~20 s on a 2-core CPU) would dominate a CPU run; lab 05 "
                                   "times torch.compile's warm-up on its own"))
-register_step(LadderStep("+triton_kernels", {"triton_kernels": True},
-                         "hand-written Triton kernels for RMSNorm, SwiGLU, RoPE and flash-decoding attention (lab 07)",
+register_step(LadderStep("+triton_kernels", {"triton_kernels": True, "torch_compile": False},
+                         "hand-written Triton kernels (lab 07) for RMSNorm, SwiGLU, RoPE and flash-decoding attention, "
+                         "in place of torch.compile's generated ones, on the CUDA graphs below",
                          gpu_only="the Triton kernels are compiled for a CUDA GPU; on a CPU only the slow "
                                   "interpreter runs them (for tests)"))

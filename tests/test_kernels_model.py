@@ -132,3 +132,27 @@ def test_kernel_micro_benchmark_writes_a_valid_bench_file(tmp_path):
     ops = {r["workload"] for r in doc["results"]}
     assert {"rmsnorm", "swiglu", "rope", "decode_attention", "int8_matmul", "int4_matmul"} <= ops
     assert all(r["bw_fraction"] is not None for r in doc["results"])
+
+
+def test_switching_the_kernels_rebuilds_the_cached_decode_runner():
+    """A runner captured before the switch holds the old kernels: `runner_for` must not hand it back."""
+    from llmlab.cuda_graphs import runner_for
+
+    model = tiny_model(seed=3).to(DEV)
+    before = runner_for(model, "static", 1, 32)
+    assert runner_for(model, "static", 1, 32) is before  # nothing changed: reused
+    patch_model.enable(model)
+    try:
+        patched = runner_for(model, "static", 1, 32)
+        assert patched is not before
+        assert runner_for(model, "static", 1, 32) is patched
+    finally:
+        patch_model.disable(model)
+    assert runner_for(model, "static", 1, 32) is not patched
+
+
+def test_the_triton_rung_replaces_torch_compile_on_top_of_cuda_graphs():
+    from llmlab import ladder
+
+    step = ladder.get_step("+triton_kernels")
+    assert step.settings == {"triton_kernels": True, "torch_compile": False}
