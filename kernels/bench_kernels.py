@@ -17,18 +17,59 @@ import time
 import torch
 
 
-def _timer(device: str):
-    if device == "cuda":
-        from triton.testing import do_bench
+def _graph_ms(fns, reps: int = 20) -> float:
+    """GPU time of one call (ms): every fn in `fns` (the same op on distinct buffers) captured in one CUDA graph,
+    the graph replayed `reps` times, the time divided by reps x len(fns).
 
-        return lambda fn: do_bench(fn)  # ms, median
-    def cpu(fn, reps=3):
+    This is how the kernels run inside a decode step (`llmlab.cuda_graphs`): with the host's launch cost gone, the
+    time is the kernel's own. The distinct buffers add up to several times the L2 cache, so each call reads from
+    HBM as a model's layers do (one layer's K/V or weights are not the next layer's).
+    """
+    for fn in fns:  # compile (and autotune) outside the capture
         fn()
-        t = time.perf_counter()
-        for _ in range(reps):
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns:
             fn()
-        return (time.perf_counter() - t) / reps * 1e3
-    return cpu
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps / len(fns)
+
+
+def _eager_ms(fn) -> float:
+    """Time of one call launched from Python (ms, median of triton's do_bench): host launch cost included."""
+    from triton.testing import do_bench
+
+    return do_bench(fn)
+
+
+def _cpu_ms(fn, reps: int = 3) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+def _copies(nbytes: int, device: str) -> int:
+    """How many distinct buffers make the working set >= 4 x L2 (1 on a CPU)."""
+    if device != "cuda":
+        return 1
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, min(64, -(-4 * l2 // max(nbytes, 1))))
 
 
 def run(device: str, smoke: bool) -> list[dict]:
@@ -40,55 +81,91 @@ def run(device: str, smoke: bool) -> list[dict]:
     from .rope import rope_, rope_reference
     from .swiglu import swiglu, swiglu_reference
 
-    ms = _timer(device)
-    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    gpu = device == "cuda"
+    dt = torch.bfloat16 if gpu else torch.float32
     label = "fp32" if dt == torch.float32 else "bf16"
     es = torch.empty((), dtype=dt).element_size()
     rows = []
 
-    def add(op, shape, nbytes, t_triton, t_torch, **extra):
-        for step, t in (("triton", t_triton), ("pytorch", t_torch)):
-            rows.append(result_row(workload=op, model="-", step=step, batch_size=None, weights=label,
-                                   time_ms=t, GBps=nbytes / t / 1e6, shape=shape, **extra.get(step, {})))
+    def timed(make, nbytes):
+        """make() -> (triton_fn, torch_fn) on fresh buffers. Returns {impl: (graph ms, eager ms)}."""
+        if not gpu:
+            t, p = make()
+            return {"triton": (_cpu_ms(t), None), "pytorch": (_cpu_ms(p), None)}
+        sets = [make() for _ in range(_copies(nbytes, device))]
+        out = {impl: (_graph_ms([s[i] for s in sets]), _eager_ms(sets[0][i]))
+               for i, impl in enumerate(("triton", "pytorch"))}
+        del sets
+        torch.cuda.empty_cache()
+        return out
 
-    D, N, H, Hkv, hd = (64, 96, 4, 2, 16) if smoke else (4096, 14336, 32, 8, 128)
-    for rows_ in ((1, 4) if smoke else (1, 16, 4096)):
-        x = torch.randn(rows_, D, device=device, dtype=dt)
-        w = torch.randn(D, device=device, dtype=dt)
-        add("rmsnorm", [rows_, D], 2 * x.numel() * es + D * es, ms(lambda: rmsnorm(x, w)),
-            ms(lambda: rmsnorm_reference(x, w)))
-        g, u = torch.randn(rows_, N, device=device, dtype=dt), torch.randn(rows_, N, device=device, dtype=dt)
-        add("swiglu", [rows_, N], 3 * g.numel() * es, ms(lambda: swiglu(g, u)), ms(lambda: swiglu_reference(g, u)))
-    for T in ((1, 8) if smoke else (1, 4096)):
-        q = torch.randn(1, T, H, hd, device=device, dtype=dt).transpose(1, 2)
-        k = torch.randn(1, T, Hkv, hd, device=device, dtype=dt).transpose(1, 2)
-        ang = torch.randn(T, hd // 2, device=device).repeat(1, 2)
-        cos, sin = ang.cos().to(dt), ang.sin().to(dt)
-        nbytes = 2 * (q.numel() + k.numel()) * es + cos.numel() * es
-        add("rope", [1, H, T, hd], nbytes, ms(lambda: rope_(q, k, cos, sin)),
-            ms(lambda: (rope_reference(q, cos, sin), rope_reference(k, cos, sin))))
-    for S in ((40,) if smoke else (1024, 8192, 32768)):
-        q = torch.randn(1, H, hd, device=device, dtype=dt)
-        k = torch.randn(1, Hkv, S, hd, device=device, dtype=dt)
-        v = torch.randn_like(k)
-        add("decode_attention", [1, H, Hkv, S, hd], 2 * k.numel() * es, ms(lambda: decode_attention(q, k, v)),
-            ms(lambda: decode_attention_reference(q, k, v)))
-    Nw, Kw = (96, 128) if smoke else (14336, 4096)
-    W = torch.randn(Nw, Kw, device=device, dtype=dt)
-    w8, s8 = quantize_int8(W)
-    w4, s4 = quantize_int4(W, 128 if not smoke else 32)
-    for M in ((1,) if smoke else (1, 4, 16)):
-        x = torch.randn(M, Kw, device=device, dtype=dt)
-        t_dense = ms(lambda: x @ W.T)
-        for op, fn, wbytes in (("int8_matmul", lambda: int8_matmul(x, w8, s8), w8.numel() + s8.numel() * 4),
-                               ("int4_matmul", lambda: int4_matmul(x, w4, s4), w4.numel() + s4.numel() * 4)):
-            t = fn_t = ms(fn)
-            rows.append(result_row(workload=op, model="-", step="triton", batch_size=M, weights=op[:4],
-                                   time_ms=fn_t, GBps=wbytes / t / 1e6, speedup_vs_bf16=t_dense / t,
-                                   shape=[M, Nw, Kw]))
-        rows.append(result_row(workload="dense_matmul", model="-", step="pytorch", batch_size=M, weights=label,
-                               time_ms=t_dense, GBps=W.numel() * es / t_dense / 1e6, speedup_vs_bf16=1.0,
-                               shape=[M, Nw, Kw]))
+    def add(op, shape, nbytes, make, **extra):
+        for step, (t, t_eager) in timed(make, nbytes).items():
+            rows.append(result_row(workload=op, model="-", step=step, batch_size=None, weights=label,
+                                   time_ms=t, time_ms_eager=t_eager, GBps=nbytes / t / 1e6, bytes=nbytes,
+                                   shape=shape, **extra))
+
+    def rand(*shape, dtype=dt):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    D, N, H, Hkv, hd = (64, 96, 4, 2, 16) if smoke else (4096, 14336, 32, 8, 128)  # Llama-3.1-8B's shapes
+    for n_rows in ((1, 4) if smoke else (1, 16, 16384)):
+        def make_norm(n_rows=n_rows):
+            x, w = rand(n_rows, D), rand(D)
+            return (lambda: rmsnorm(x, w)), (lambda: rmsnorm_reference(x, w))
+        add("rmsnorm", [n_rows, D], (2 * n_rows * D + D) * es, make_norm)
+
+        def make_swiglu(n_rows=n_rows):
+            g, u = rand(n_rows, N), rand(n_rows, N)
+            return (lambda: swiglu(g, u)), (lambda: swiglu_reference(g, u))
+        add("swiglu", [n_rows, N], 3 * n_rows * N * es, make_swiglu)
+    for T in ((1, 8) if smoke else (1, 16384)):
+        def make_rope(T=T):
+            q, k = rand(1, T, H, hd).transpose(1, 2), rand(1, T, Hkv, hd).transpose(1, 2)
+            ang = torch.randn(T, hd // 2, device=device).repeat(1, 2)
+            cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+            return (lambda: rope_(q, k, cos, sin)), (lambda: (rope_reference(q, cos, sin), rope_reference(k, cos, sin)))
+        add("rope", [1, H, T, hd], (2 * T * (H + Hkv) * hd + 2 * T * hd) * es, make_rope)
+    for S in ((40,) if smoke else (1024, 8192, 16384, 32768)):
+        def make_attn(S=S):
+            q, k, v = rand(1, H, hd), rand(1, Hkv, S, hd), rand(1, Hkv, S, hd)
+            return (lambda: decode_attention(q, k, v)), (lambda: decode_attention_reference(q, k, v))
+        add("decode_attention", [1, H, Hkv, S, hd], 2 * Hkv * S * hd * es, make_attn)
+
+    # weight-only matmuls at decode (M = 1..16): Llama-3.1-8B's layer shapes (N, K), group size 128
+    shapes = [(96, 128)] if smoke else [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
+    group = 32 if smoke else 128
+    for Nw, Kw in shapes:
+        for M in ((1,) if smoke or (Nw, Kw) != (14336, 4096) else (1, 4, 16)):
+            W = rand(Nw, Kw)
+            w8, s8 = quantize_int8(W)
+            w4, s4 = quantize_int4(W, group)
+            del W
+            variants = {"dense_matmul": (Nw * Kw * es, label),
+                        "int8_matmul": (w8.numel() + s8.numel() * 4, "int8"),
+                        "int4_matmul": (w4.numel() + s4.numel() * 4, "int4")}
+            times = {}
+            for op, (wbytes, wlabel) in variants.items():
+                def make(op=op):
+                    x = rand(M, Kw)
+                    if op == "dense_matmul":
+                        Wd = rand(Nw, Kw)
+                        fn = lambda: x @ Wd.T  # noqa: E731
+                    elif op == "int8_matmul":
+                        a, b = w8.clone(), s8.clone()
+                        fn = lambda: int8_matmul(x, a, b)  # noqa: E731
+                    else:
+                        a, b = w4.clone(), s4.clone()
+                        fn = lambda: int4_matmul(x, a, b)  # noqa: E731
+                    return fn, fn
+                t, t_eager = timed(make, wbytes)["triton"]
+                times[op] = t
+                rows.append(result_row(workload=op, model="-", step="pytorch" if op == "dense_matmul" else "triton",
+                                       batch_size=M, weights=wlabel, time_ms=t, time_ms_eager=t_eager,
+                                       GBps=wbytes / t / 1e6, bytes=wbytes, shape=[M, Nw, Kw],
+                                       group_size=group if op == "int4_matmul" else None))
+            for r in rows[-3:]:
+                r["speedup_vs_bf16"] = times["dense_matmul"] / r["time_ms"]
     return rows
 
 
@@ -111,13 +188,17 @@ def main(argv=None) -> None:
         r["bw_fraction"] = r["GBps"] / peaks["copy_GBps"] if peaks["copy_GBps"] else None
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     notes = ["kernel micro-benchmarks (llmlab.kernels.bench_kernels); bw_fraction = GBps / peaks.copy_GBps, bytes "
-             "= inputs read once + outputs written once; speedup_vs_bf16 = dense x @ W.T time / kernel time"]
+             "= inputs read once + outputs written once; speedup_vs_bf16 = dense x @ W.T time / kernel time",
+             "time_ms: GPU time per call from CUDA-graph replay (as inside a captured decode step), over distinct "
+             "buffers adding up to >= 4x the L2 cache; time_ms_eager: the same call launched from Python "
+             "(triton.testing.do_bench), host launch cost included"]
     if a.smoke:
         notes.append("smoke run: tiny sizes, numbers meaningless")
     doc = bench_document(rows, device=name, peaks=peaks, notes=notes)
     path = save_bench(doc, f"{a.out}/{bench_filename(name, 'kernels', 'micro')}")
     for r in rows:
-        print(f"{r['workload']:17s} {r['step']:8s} {str(r['shape']):24s} {r['time_ms'] * 1e3:9.1f} us "
+        eager = f" (eager {r['time_ms_eager'] * 1e3:6.1f})" if r.get("time_ms_eager") else ""
+        print(f"{r['workload']:17s} {r['step']:8s} {str(r['shape']):24s} {r['time_ms'] * 1e3:9.1f} us{eager} "
               f"{r['GBps']:8.1f} GB/s  bw_fraction {r['bw_fraction'] or 0:.2f}"
               + (f"  x{r['speedup_vs_bf16']:.2f} vs bf16" if r.get("speedup_vs_bf16") else ""))
     print("wrote", path)

@@ -16,6 +16,7 @@ cache's `[:B, :, :end]` views go in without a copy).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,12 +47,21 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.cat(outs)  # (B, H, hd)
 
 
+# Autotuned per (cache length bucket, head_dim): the K/V tile length and the pipelining. S_BUCKET (S rounded up to
+# a power of 2) is the key, so a cache that grows by one token per step is not re-tuned every step. One config in
+# the interpreter. The split count is not tuned: it sets the grid, chosen in the wrapper to fill the GPU.
+_ATTN_CONFIGS = ([triton.Config({"BLOCK_N": 32})] if interpret_mode() else
+                 [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
+                  for n, w, st in ((32, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2))])
+
+
+@triton.autotune(configs=_ATTN_CONFIGS, key=["S_BUCKET", "HD", "N_REP"])
 @triton.jit
 def _decode_split_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr,
     # sizes
-    Hkv, N_REP, HD, split_size, scale,
+    Hkv, N_REP, HD, S, S_BUCKET, scale,
     # strides (elements)
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_ks,
@@ -59,13 +69,15 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     # meta-parameters
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
     split = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
+    # whole BLOCK_N tiles per split; with the rounding, the last splits may be empty (they weigh 0 in the merge)
+    split_size = tl.cdiv(tl.cdiv(S, tl.num_programs(1)), BLOCK_N) * BLOCK_N
     start = split * split_size
     end = tl.minimum(start + split_size, seq_len)
 
@@ -138,12 +150,20 @@ def _decode_merge_kernel(
     tl.store(out_ptr + b * stride_outb + h * stride_outh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def _default_splits(B: int, Hkv: int, S: int, block_n: int) -> int:
-    """Enough programs to fill the GPU (~2 per SM), never a split shorter than one tile."""
+PROGRAMS_PER_SM = 4  # enough (sequence, KV head, split) programs in flight to keep every SM's loads going
+
+
+def _default_splits(B: int, Hkv: int, S: int) -> int:
+    """Splits along S so that B x Hkv x splits ~ PROGRAMS_PER_SM x SMs; at least 32 keys per split, at most 256."""
     if interpret_mode() or not torch.cuda.is_available():
-        return min(4, triton.cdiv(S, block_n))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return max(1, min(triton.cdiv(2 * sms, B * Hkv), triton.cdiv(S, block_n), 128))
+        return min(4, triton.cdiv(S, 32))
+    sms = _sm_count(torch.cuda.current_device())
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, B * Hkv), triton.cdiv(S, 32), 256))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
@@ -199,29 +219,26 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if check_lens and not capturing and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > S):
             raise ValueError(f"decode_attention: seq_lens must lie in 1..{S}, got {seq_lens.tolist()}")
-        seq_lens = seq_lens.to(torch.int32)
+        if seq_lens.dtype not in (torch.int32, torch.int64):
+            seq_lens = seq_lens.to(torch.int32)
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    BLOCK_N = 64 if S >= 64 else 16
     BLOCK_D = max(16, triton.next_power_of_2(hd))
     n_rep = H // Hkv
     BLOCK_H = max(16, triton.next_power_of_2(n_rep))  # tl.dot needs >= 16 rows; the padding rows are masked
-    splits = num_splits or _default_splits(B, Hkv, S, BLOCK_N)
-    splits = max(1, min(splits, S))
-    split_size = triton.cdiv(triton.cdiv(S, splits), BLOCK_N) * BLOCK_N  # whole tiles per split
-    splits = triton.cdiv(S, split_size)
+    splits = max(1, min(num_splits or _default_splits(B, Hkv, S), S))
 
     o_part = torch.empty(B, H, splits, hd, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(B * Hkv, splits)](
         q, k, v, seq_lens, o_part, lse,
-        Hkv, n_rep, hd, split_size, scale,
+        Hkv, n_rep, hd, S, triton.next_power_of_2(S), scale,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse.stride(0), lse.stride(1),
-        BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32,
+        BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, IEEE=q.dtype == torch.float32,
     )
     out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
     _decode_merge_kernel[(B * H,)](

@@ -26,10 +26,27 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors
+from ._util import check_tensors, interpret_mode
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 16
+
+# Autotuning (https://triton-lang.org/main/python-api/generated/triton.autotune.html): the first call for a new
+# (N, K) times each config and keeps the fastest. A GEMV's speed is how many bytes are in flight: more, smaller
+# column tiles (BLOCK_N) give more programs to spread over the SMs; longer K tiles and more pipeline stages
+# (num_stages) keep more loads outstanding per program. The interpreter (CPU tests) runs one config.
+_GEMV_SHAPES = [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3),
+                (128, 128, 8, 3), (64, 64, 4, 5), (128, 64, 4, 4)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
+GEMV_CONFIGS = ([triton.Config({"BLOCK_N": 64, "BLOCK_K": 32})] if interpret_mode() else  # 32 divides any group
+                [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+                 for n, k, w, st in _GEMV_SHAPES])
+
+
+def _int4_prune(configs, named_args, **kwargs):
+    """int4 configs need BLOCK_K to divide the group size (one scale per column per K tile); 32 always does."""
+    G = named_args["GROUP"]
+    kept = [c for c in configs if G % c.kwargs["BLOCK_K"] == 0]
+    return kept or [triton.Config({"BLOCK_N": 64, "BLOCK_K": 32})]
 
 
 # -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
@@ -91,6 +108,7 @@ def dequant_matmul_reference(x: torch.Tensor, w_dequant: torch.Tensor) -> torch.
 
 # -- the kernels ---------------------------------------------------------------------------------------------------
 
+@triton.autotune(configs=GEMV_CONFIGS, key=["N", "K"])
 @triton.jit
 def _int8_matmul_kernel(
     # pointers
@@ -122,6 +140,7 @@ def _int8_matmul_kernel(
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+@triton.autotune(configs=GEMV_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _int4_prune})
 @triton.jit
 def _int4_matmul_kernel(
     # pointers
@@ -206,12 +225,12 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     _check_x("int8_matmul", x, K)
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    BLOCK_N, BLOCK_K = 64, 64
-    _int8_matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
+    grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+    _int8_matmul_kernel[grid](
         x, w_q, scales, y,
         M, N, K,
         x.stride(0), x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, IEEE=x.dtype == torch.float32,
     )
     return y
 
@@ -248,17 +267,16 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     _check_x("int4_matmul", x, K)
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    BLOCK_K = next(b for b in (128, 64, 32) if G % b == 0) if G >= 32 else None
-    if BLOCK_K is None:
+    if G % 32:
         raise ValueError(f"int4_matmul: group size {G} is too small for the kernel (needs a multiple of 32, "
                          f"e.g. 32, 64, 128, 256); requantize with quantize_int4(w, group_size=32) or larger")
-    BLOCK_N = 64
-    _int4_matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
+    grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+    _int4_matmul_kernel[grid](
         x, packed, scales, y,
         M, N, K, G,
         x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1),
         y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, IEEE=x.dtype == torch.float32,
     )
     return y
 

@@ -1,9 +1,20 @@
 """The "Triton kernels" switch: run an `llmlab.model.Transformer` with the kernels of this folder.
 
-`enable(model)` gives every RMSNorm, MLP and Attention module of the model a per-instance `forward` that calls
-the Triton kernels (RMSNorm, SwiGLU, RoPE in place, flash-decoding attention for a single-token decode step);
-`disable(model)` deletes those attributes, so the classes' own PyTorch `forward` — the reference path — runs
-again. The weights are untouched: nothing is copied.
+`enable(model)` gives every Block, RMSNorm, MLP and Attention module of the model a per-instance `forward` that
+calls the Triton kernels; `disable(model)` deletes those attributes (and the fused weights below), so the classes'
+own PyTorch `forward` — the reference path — runs again. What changes, per layer of a decode step:
+
+* RMSNorm: one kernel instead of ~6 (square, mean, add eps, rsqrt, two products, casts); the second norm of a
+  block also does the residual add (`h = x + attn`, then `norm(h)`, one pass over the row);
+* q, k, v projections: ONE matmul over the three weights concatenated (and gate/up likewise): fewer, larger GEMVs,
+  which use the memory bus better than three small ones. The concatenated copies are made on first use and
+  rebuilt if a weight is replaced or changed in place; they cost extra memory (the q/k/v and gate/up weights once
+  more) until `disable`;
+* RoPE: q and k rotated in place by one launch (they sit side by side in the fused projection's output);
+* SwiGLU: silu(gate) * up in one kernel, reading the two halves of the fused output;
+* decode attention (one new token, a KV cache): the flash-decoding kernel, over only the filled part of a static
+  cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
+  method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly.
 
 What stays in PyTorch: the matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -51,7 +62,8 @@ def _kernels():
     # the wrappers read shapes and device properties in Python: keep torch.compile from tracing into them
     disable = torch.compiler.disable
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
-                                 rope_=disable(rope.rope_), decode_attention=disable(decode_attention.decode_attention))
+                                 rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
+                                 decode_attention=disable(decode_attention.decode_attention))
 
 
 def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,33 +72,74 @@ def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
     return _kernels().rmsnorm(x, self.weight, self.eps)
 
 
+_FUSED = {"_llmlab_fused_qkv": ("q_proj", "k_proj", "v_proj"), "_llmlab_fused_gate_up": ("gate_proj", "up_proj")}
+
+
+def _fused_linear(owner: torch.nn.Module, attr: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """(weight, bias, split sizes) of owner's Linear layers `_FUSED[attr]` concatenated along the outputs.
+
+    Built on first use and kept in `owner.__dict__[attr]` (not a parameter: not saved, not moved by `.to()`),
+    rebuilt when any of the layers' weights was replaced, moved or modified in place (address or version changed).
+    """
+    linears = [getattr(owner, name) for name in _FUSED[attr]]
+    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    cached = owner.__dict__.get(attr)
+    if cached is None or cached[0] != key:
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+        cached = owner.__dict__[attr] = (key, weight, bias, [lin.out_features for lin in linears])
+    return cached[1], cached[2], cached[3]
+
+
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     if not _kernel_ok(x):
         return type(self).forward(self, x)
-    return self.down_proj(_kernels().swiglu(self.gate_proj(x), self.up_proj(x)))
+    weight, _, (n_gate, _) = _fused_linear(self, "_llmlab_fused_gate_up")
+    gate_up = F.linear(x, weight)  # (B, T, 2 * I): one GEMV for both projections
+    return self.down_proj(_kernels().swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]))
+
+
+def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
+    """(B,) int64: how many slots of a static cache each row attends to (its position + 1). Computed once per
+    forward pass — every layer gets the same `positions` tensor — and kept on the cache."""
+    cached = getattr(kv_cache, "_llmlab_lens", None)
+    if cached is not None and cached[0] is positions:
+        return cached[1]
+    pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)
+    lens = pos + 1
+    kv_cache._llmlab_lens = (positions, lens)
+    return lens
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
-    """`llmlab.model.Attention.forward` with RoPE in place and, for one new token, flash-decoding attention."""
+    """`llmlab.model.Attention.forward` with fused q/k/v, RoPE in place and, for one new token, flash-decoding
+    attention (contiguous, static or paged cache)."""
     from llmlab.model import attention_mask, repeat_kv
 
     if not _kernel_ok(x):
         return type(self).forward(self, x, cos, sin, positions, kv_cache, mask)
     K = _kernels()
     B, T, _ = x.shape
-    q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-    k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-    v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-    K.rope_(q, k, cos.contiguous(), sin.contiguous())  # in place
+    H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+    weight, bias, _ = _fused_linear(self, "_llmlab_fused_qkv")
+    qkv = F.linear(x, weight, bias).view(B, T, H + 2 * Hkv, hd)  # one GEMV for q, k and v
+    qk = qkv[:, :, :H + Hkv].transpose(1, 2)  # (B, H + Hkv, T, hd): q's heads, then k's
+    K.rope_one(qk, cos.contiguous(), sin.contiguous())  # q and k rotated in place, one launch
+    q, k = qk[:, :H], qk[:, H:]  # (B, H, T, hd), (B, Hkv, T, hd)
+    v = qkv[:, :, H + Hkv:].transpose(1, 2)  # (B, Hkv, T, hd)
 
+    decode = kv_cache is not None and T == 1 and self.sliding_window is None
+    if decode and hasattr(kv_cache, "decode_attention"):  # a paged cache: attend straight from its block pool
+        kv_cache.write(self.layer_idx, positions, k, v)
+        y = kv_cache.decode_attention(self.layer_idx, q)  # (B, H, 1, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
     if kv_cache is not None:
         k, v = kv_cache.update(self.layer_idx, positions, k, v)  # (B, Hkv, S, hd)
     S = k.shape[2]
-    if kv_cache is not None and T == 1 and self.sliding_window is None:
-        seq_lens = None
-        if mask is not None:  # a static cache: slot s is visible iff s <= position -> attend to position + 1 slots
-            pos = (positions[:, -1] if positions.dim() == 2 else positions[-1:]).expand(B)  # (B,)
-            seq_lens = (pos + 1).clamp(max=S).to(torch.int32)
+    if decode:
+        # a static cache (mask given) holds max_seq_len slots: attend only to the filled ones
+        seq_lens = _decode_lens(kv_cache, positions, B) if mask is not None else None
         y = K.decode_attention(q, k, v, seq_lens=seq_lens, check_lens=False)  # (B, H, 1, hd)
     else:
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, S, hd)
@@ -100,14 +153,24 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
             k_pos = positions if kv_cache is None else torch.arange(S, device=x.device)
             y = F.scaled_dot_product_attention(q, k, v,
                                                attn_mask=attention_mask(positions, k_pos, self.sliding_window))
-    y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
+    y = y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
     return self.o_proj(y)
 
 
-def _targets():
-    from llmlab.model import MLP, Attention, RMSNorm
+def _block_forward(self, x, cos, sin, positions, kv_cache=None, mask=None):
+    """`llmlab.model.Block.forward` with the residual add fused into the second RMSNorm."""
+    norm2 = self.post_attention_layernorm
+    if not _kernel_ok(x) or norm2.weight.dtype != x.dtype:
+        return type(self).forward(self, x, cos, sin, positions, kv_cache, mask)
+    a = self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache, mask)
+    normed, h = _kernels().rmsnorm(a, norm2.weight, norm2.eps, residual=x)  # h = x + a; normed = norm(h)
+    return h + self.mlp(normed)
 
-    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward}
+
+def _targets():
+    from llmlab.model import MLP, Attention, Block, RMSNorm
+
+    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward, Block: _block_forward}
 
 
 def enable(model: torch.nn.Module) -> torch.nn.Module:
@@ -133,6 +196,8 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if type(module) in targets and "forward" in module.__dict__:
             del module.forward
+        for attr in _FUSED:
+            module.__dict__.pop(attr, None)  # the concatenated weights: their memory is freed
     return model
 
 

@@ -107,10 +107,20 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             raise ValueError(f"rope_: {name}'s last dimension must be contiguous (stride 1), got {t.stride()}")
     if cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    if q.numel() > 0:
-        _rope_one(q, cos, sin)
-        _rope_one(k, cos, sin)
+    for x in (q, k):
+        if x.numel() > 0:
+            _rope_one(x, cos, sin)
     return q, k
+
+
+def rope_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, heads, T, hd) IN PLACE with one launch and return it; checks as `rope_`.
+
+    For q and k side by side in one buffer (a fused q/k/v projection): pass the view of both, shape
+    (B, H + Hkv, T, hd), and both are rotated by one kernel.
+    """
+    rope_(x, x[:, :0], cos, sin)  # the checks; k with no heads launches nothing
+    return x
 
 
 if __name__ == "__main__":

@@ -63,7 +63,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape or gate.dim() == 0:
         raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one (non-scalar) shape")
     N = gate.shape[-1]
-    g2, u2 = gate.reshape(-1, N).contiguous(), up.reshape(-1, N).contiguous()
+    g2, u2 = gate.reshape(-1, N), up.reshape(-1, N)  # views when they can be (halves of a fused gate_up output)
+    g2 = g2 if g2.stride(-1) == 1 else g2.contiguous()
+    u2 = u2 if u2.stride(-1) == 1 else u2.contiguous()
     out = torch.empty_like(g2)
     if out.numel() > 0:
         BLOCK_N = min(triton.next_power_of_2(N), 1024)
