@@ -17,6 +17,16 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def autotune_configs(configs: list, default) -> list:
+    """The configs a `triton.autotune` decorator should try: all of them on a GPU, only `default` in the
+    interpreter (which would run every config, slowly) or when LLMLAB_TRITON_AUTOTUNE=0 (set before importing the
+    kernels; the GPU test run uses it: autotuning every shape a test tries costs one compilation per config).
+    The kernel benchmark (`bench_kernels`) keeps autotuning on and checks each tuned kernel against its reference."""
+    if interpret_mode() or os.environ.get("LLMLAB_TRITON_AUTOTUNE", "1") == "0":
+        return [default]
+    return configs
+
+
 def triton_status() -> tuple[bool, str]:
     """(True, "") if Triton kernels can run here (CUDA + triton, or the interpreter); else (False, the reason)."""
     try:

@@ -64,6 +64,16 @@ def _cpu_ms(fn, reps: int = 3) -> float:
     return (time.perf_counter() - t) / reps * 1e3
 
 
+def _check(kernel, reference, tol: float = 2e-2) -> float:
+    """max |kernel - reference| / max |reference|; raises AssertionError above `tol` (a benchmark of a wrong
+    kernel is worthless: the tuned configs are checked here, where they are chosen)."""
+    got, want = kernel().float(), reference().float()
+    err = ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+    if not err <= tol:  # also catches NaN
+        raise AssertionError(f"kernel differs from its reference: max relative error {err:.3g} > {tol}")
+    return err
+
+
 def _copies(nbytes: int, device: str) -> int:
     """How many distinct buffers make the working set >= 4 x L2 (1 on a CPU)."""
     if device != "cuda":
@@ -76,7 +86,8 @@ def run(device: str, smoke: bool) -> list[dict]:
     from llmlab.bench import result_row
 
     from .decode_attention import decode_attention, decode_attention_reference
-    from .dequant_matmul import int4_matmul, int8_matmul, quantize_int4, quantize_int8
+    from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul,
+                                 int8_matmul, quantize_int4, quantize_int8)
     from .rmsnorm import rmsnorm, rmsnorm_reference
     from .rope import rope_, rope_reference
     from .swiglu import swiglu, swiglu_reference
@@ -131,6 +142,7 @@ def run(device: str, smoke: bool) -> list[dict]:
             q, k, v = rand(1, H, hd), rand(1, Hkv, S, hd), rand(1, Hkv, S, hd)
             return (lambda: decode_attention(q, k, v)), (lambda: decode_attention_reference(q, k, v))
         add("decode_attention", [1, H, Hkv, S, hd], 2 * Hkv * S * hd * es, make_attn)
+        rows[-2]["max_rel_err"] = _check(*make_attn())  # the autotuned kernel, against SDPA
 
     # weight-only matmuls at decode (M = 1..16): Llama-3.1-8B's layer shapes (N, K), group size 128
     shapes = [(96, 128)] if smoke else [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
@@ -166,6 +178,11 @@ def run(device: str, smoke: bool) -> list[dict]:
                                        group_size=group if op == "int4_matmul" else None))
             for r in rows[-3:]:
                 r["speedup_vs_bf16"] = times["dense_matmul"] / r["time_ms"]
+            x = rand(M, Kw)  # the autotuned kernels, against x @ dequant(W)^T in fp32
+            rows[-2]["max_rel_err"] = _check(lambda: int8_matmul(x, w8, s8),
+                                             lambda: dequant_matmul_reference(x, dequantize_int8(w8, s8)))
+            rows[-1]["max_rel_err"] = _check(lambda: int4_matmul(x, w4, s4),
+                                             lambda: dequant_matmul_reference(x, dequantize_int4(w4, s4)))
     return rows
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, interpret_mode
+from ._util import autotune_configs, check_tensors, interpret_mode
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -49,10 +49,11 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 # Autotuned per (cache length bucket, head_dim): the K/V tile length and the pipelining. S_BUCKET (S rounded up to
 # a power of 2) is the key, so a cache that grows by one token per step is not re-tuned every step. One config in
-# the interpreter. The split count is not tuned: it sets the grid, chosen in the wrapper to fill the GPU.
-_ATTN_CONFIGS = ([triton.Config({"BLOCK_N": 32})] if interpret_mode() else
-                 [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
-                  for n, w, st in ((32, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2))])
+# the interpreter (see `autotune_configs`). The split count is not tuned: it sets the grid, chosen in the wrapper to fill the GPU.
+_ATTN_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
+                                  for n, w, st in ((32, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3),
+                                                   (128, 4, 2))],
+                                 default=triton.Config({"BLOCK_N": 32}))
 
 
 @triton.autotune(configs=_ATTN_CONFIGS, key=["S_BUCKET", "HD", "N_REP"])
@@ -161,6 +162,22 @@ def _default_splits(B: int, Hkv: int, S: int) -> int:
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, B * Hkv), triton.cdiv(S, 32), 256))
 
 
+_LENS: dict = {}
+
+
+def _full_lens(B: int, S: int, device: torch.device) -> torch.Tensor:
+    """A (B,) int32 tensor of S, made once per (B, S, device) and reused: no fill kernel in every call (or in
+    every captured decode step). Never written to."""
+    key = (B, S, str(device))
+    if key not in _LENS and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.full((B,), S, dtype=torch.int32, device=device)  # graph-pool memory: not kept past the graph
+    if key not in _LENS:
+        if len(_LENS) > 256:
+            _LENS.clear()
+        _LENS[key] = torch.full((B,), S, dtype=torch.int32, device=device)
+    return _LENS[key]
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -212,7 +229,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         if t.stride(-1) != 1:
             raise ValueError(f"decode_attention: {name}'s last dimension must be contiguous, strides {t.stride()}")
     if seq_lens is None:
-        seq_lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+        seq_lens = _full_lens(B, S, q.device)
     else:
         if seq_lens.shape != (B,) or seq_lens.device != q.device or seq_lens.is_floating_point():
             raise ValueError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}")

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, interpret_mode
+from ._util import autotune_configs, check_tensors
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 16
@@ -34,12 +34,12 @@ BLOCK_M = 16
 # Autotuning (https://triton-lang.org/main/python-api/generated/triton.autotune.html): the first call for a new
 # (N, K) times each config and keeps the fastest. A GEMV's speed is how many bytes are in flight: more, smaller
 # column tiles (BLOCK_N) give more programs to spread over the SMs; longer K tiles and more pipeline stages
-# (num_stages) keep more loads outstanding per program. The interpreter (CPU tests) runs one config.
+# (num_stages) keep more loads outstanding per program. See `autotune_configs` for when only one runs.
 _GEMV_SHAPES = [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3),
                 (128, 128, 8, 3), (64, 64, 4, 5), (128, 64, 4, 4)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
-GEMV_CONFIGS = ([triton.Config({"BLOCK_N": 64, "BLOCK_K": 32})] if interpret_mode() else  # 32 divides any group
-                [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
-                 for n, k, w, st in _GEMV_SHAPES])
+GEMV_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+                                 for n, k, w, st in _GEMV_SHAPES],
+                                default=triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}))  # 32 divides any group
 
 
 def _int4_prune(configs, named_args, **kwargs):

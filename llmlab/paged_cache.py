@@ -6,14 +6,17 @@ takes blocks only as it grows (`llmlab.block_manager.BlockManager` does the book
 of a sequence is at block `table[p // block_size]`, offset `p % block_size` (Kwon et al. 2023, PagedAttention,
 https://arxiv.org/abs/2309.06180).
 
-Two ways to attend over a paged cache, both here:
+Three ways to attend over a paged cache, all here:
 
 * `PagedKVCache.update` (used by `llmlab.model.Attention`): writes the new K/V into their blocks, then GATHERS the
   sequence's blocks into a contiguous (B, Hkv, S, hd) tensor and lets the model's ordinary SDPA attend. This is the
   reference path: it is exact, but the gather copies the whole cache every step — the cost a paged kernel avoids;
+* `PagedKVCache.write` + `PagedKVCache.decode_attention` (a decode step under the Triton kernels switch,
+  `llmlab.kernels.patch_model`): `write` stores the new K/V (the first half of `update`), then the Triton paged
+  kernel (`llmlab.kernels.paged_decode_attention`) reads each row's K/V in place through its block table — no
+  gathered copy. The block tables and lengths go to the device once per step, shared by all layers;
 * `paged_attention` (PyTorch reference of the paged decode kernel): queries read K/V straight from the pool through
-  the block table, one sequence at a time; a Triton paged-attention kernel (kernels/) does the same on the GPU
-  without materializing the gathered copy.
+  the block table, one sequence at a time.
 
 The interface is `KVCache`'s (`update(layer, positions, k, v)`, `nbytes`, `length`, `reset`), so `generate` runs on
 it unchanged: `generate(model, ids, cache_factory=PagedKVCache)`.
@@ -72,6 +75,7 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.blocks = BlockManager(num_blocks, block_size)
         self.length = 0
+        self._step_tensors = None  # (B, block tables, lengths) on the device: built once per forward pass
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
     def _reserve(self, B: int, start: int, end: int) -> None:
@@ -101,6 +105,24 @@ class PagedKVCache:
         rows = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(rows, dtype=torch.int32, device=device or self.k[0].device)
 
+    def step_tensors(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows 0..B-1's block tables (B, max_blocks) int32 and token counts (B,) int32, on the pools' device.
+
+        Built on the first call after a write of layer 0 (or a reset) and then reused by every layer of the
+        forward pass: one small host-to-device copy per step, not one per layer.
+
+        Raises:
+            ValueError: a row 0..B-1 holds no tokens.
+        """
+        if self._step_tensors is None or self._step_tensors[0] != B:
+            empty = [b for b in range(B) if b not in self.blocks.tables]
+            if empty:
+                raise ValueError(f"rows {empty} of the batch hold no tokens; write their K/V before attending")
+            lengths = [self.blocks.length(b) for b in range(B)]
+            lens = torch.tensor(lengths, dtype=torch.int32, device=self.k[0].device)
+            self._step_tensors = (B, self.block_tables(B), lens)
+        return self._step_tensors[1:]
+
     def slots(self, b: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(block ids, offsets) of row b's positions start..end-1: two (T,) int64 tensors."""
         table = self.blocks.block_table(b)
@@ -110,29 +132,90 @@ class PagedKVCache:
         return blk, off
 
     # -- the KVCache interface --------------------------------------------------------------------------------
-    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v (B, Hkv, T, hd) at `positions` (T,) into the rows' blocks and return the gathered
-        (B, Hkv, S, hd) K/V, S = positions[-1] + 1 (the reference path: a copy of the whole cache)."""
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (B, Hkv, T, hd), the pools' dtype, at `positions` (T,) (the same for every row) in rows 0..B-1.
+
+        Layer 0 does the bookkeeping for the whole forward pass: it reserves the blocks (allocating, appending,
+        copying a forked block before it is written) and drops the previous step's block tables.
+
+        Raises:
+            ValueError: a write that would leave a gap in a row (or start past 0 in a new row).
+            OutOfBlocks (a MemoryError): the pool has no free block left.
+        """
         B, T = k.shape[0], k.shape[2]
         if layer == 0:  # the same positions for every layer: do the bookkeeping once per forward pass
             start = int(positions[0])
             end = start + T
             self._reserve(B, start, end)
             self._slots = [self.slots(b, start, end) for b in range(B)]
-            self._tables = self.block_tables(B)
+            self._step_tensors = None  # the tables may have grown: rebuild them on first use
             self._end = end
         for b, (blk, off) in enumerate(self._slots):
             self.k[layer][blk, :, off] = k[b].transpose(0, 1)  # (T, Hkv, hd) into T (block, offset) slots
             self.v[layer][blk, :, off] = v[b].transpose(0, 1)
         if layer == len(self.k) - 1:
             self.length = self._end
-        return gather(self.k[layer], self._tables, self._end), gather(self.v[layer], self._tables, self._end)
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, Hkv, T, hd) at `positions` (T,) into the rows' blocks and return the gathered
+        (B, Hkv, S, hd) K/V, S = positions[-1] + 1 (the reference path: a copy of the whole cache)."""
+        self.write(layer, positions, k, v)
+        tables, _ = self.step_tensors(k.shape[0])
+        return gather(self.k[layer], tables, self._end), gather(self.v[layer], tables, self._end)
+
+    def decode_attention(self, layer: int, q: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """One decode step's attention read in place from the block pool by the Triton paged kernel.
+
+        Each row b attends over every token stored for it (its block manager length), its new token included:
+        call `write` for this layer first. The block tables and lengths are shared by all layers (`step_tensors`).
+
+        Args:
+            layer: which layer's pools to read.
+            q: (B, H, 1, hd) queries after RoPE, the pools' dtype (fp32/fp16/bf16 on a GPU; fp32/fp16 in Triton's
+                CPU interpreter); H a multiple of Hkv.
+            scale: default 1/sqrt(hd).
+
+        Returns:
+            (B, H, 1, hd) in q's dtype.
+
+        Raises:
+            ValueError: the kernel cannot run here (no triton; a CPU tensor without TRITON_INTERPRET=1; bf16 in the
+                interpreter) — `update` + SDPA is the path that runs everywhere; q not (B, H, 1, hd), or shapes
+                that do not match the pools; a row with no tokens.
+            TypeError: q's dtype differs from the pools'.
+
+        Source: Kwon et al. 2023, PagedAttention, https://arxiv.org/abs/2309.06180.
+        """
+        self._check_kernel_runs(layer, q)
+        if q.dim() != 4 or q.shape[2] != 1:
+            raise ValueError(f"decode_attention takes one new query per row, q of shape (B, H, 1, hd); "
+                             f"got {tuple(q.shape)} (use update + SDPA for a prefill)")
+        from .kernels.paged_decode_attention import paged_decode_attention  # imports triton: only when used
+
+        tables, lens = self.step_tensors(q.shape[0])
+        # the lengths come from the block manager, so they are in range: skip the kernel's host-side check (a sync)
+        return paged_decode_attention(q, self.k[layer], self.v[layer], tables, lens, scale=scale, check_lens=False)
+
+    def _check_kernel_runs(self, layer: int, q: torch.Tensor) -> None:
+        """Raise ValueError, with the reason and the way out, if the Triton paged kernel cannot take q and the pools."""
+        from .kernels import _util  # llmlab.kernels only where the kernel is used (it imports no triton)
+
+        fix = "decode with PagedKVCache.update (gather + SDPA) instead"
+        ok, why = _util.triton_status()
+        if not ok:
+            raise ValueError(f"PagedKVCache.decode_attention: the Triton paged kernel cannot run here: {why}; {fix}")
+        try:
+            _util.check_tensors("PagedKVCache.decode_attention", (torch.float32, torch.float16, torch.bfloat16),
+                                q=q, k_pool=self.k[layer], v_pool=self.v[layer])
+        except (TypeError, ValueError) as e:  # a CPU tensor without the interpreter, bf16 in the interpreter
+            raise ValueError(f"{e}; or {fix}") from e
 
     def reset(self) -> None:
         """Free every row's blocks (the pool is full again)."""
         for seq in list(self.blocks.tables):
             self.blocks.free(seq)
         self.length = 0
+        self._step_tensors = None
 
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:

@@ -123,25 +123,33 @@ class Conversation:
 
 
 def compare_ttft(model, messages: list[list[int]], max_new_tokens: int = 16, repeats: int = 3,
-                 block_size: int = 16) -> list[dict]:
+                 block_size: int = 16, max_seq_len: int | None = None, check_replies: bool = True) -> list[dict]:
     """Run the same conversation in the three modes; one row per (turn, mode) with TTFT (median of `repeats`
-    runs, ms), tokens prefilled and reused. The replies are checked to be identical across modes.
+    runs, ms), tokens prefilled and reused, and whether the reply equals mode 'none''s ("same_reply").
+
+    max_seq_len: the size of the kept caches (default: the model's context, which may be far more memory than the
+    conversation needs: 128K tokens for Llama 3.2).
+    check_replies: assert that every mode replies the same. Leave it on for a trained model; turn it off for
+    random weights in bf16, whose near-flat logits let rounding (a full vs an incremental prefill) flip a greedy
+    token without anything being wrong — the timings stay comparable, the rows still say whether replies matched.
 
     Raises:
-        AssertionError: a mode produced a different reply (it must not).
+        AssertionError: with check_replies, a mode produced a different reply.
     """
     rows = []
     replies = {}
     for mode in ("none", "contiguous", "paged"):
         runs = []
         for _ in range(repeats):
-            conv = Conversation(model, mode, block_size=block_size)
+            conv = Conversation(model, mode, block_size=block_size, max_seq_len=max_seq_len)
             runs.append([conv.say(m, max_new_tokens) for m in messages])
         replies[mode] = [t.reply for t in runs[0]]
         for i in range(len(messages)):
             turns = sorted((r[i] for r in runs), key=lambda t: t.ttft_ms)
             t = turns[len(turns) // 2]
             rows.append({"turn": i + 1, "mode": mode, "ttft_ms": t.ttft_ms, "prompt_tokens": t.prompt_tokens,
-                         "prefilled": t.prefilled, "reused": t.reused, "cache_bytes": t.cache_bytes})
-    assert replies["none"] == replies["contiguous"] == replies["paged"], "prefix reuse changed the output"
+                         "prefilled": t.prefilled, "reused": t.reused, "cache_bytes": t.cache_bytes,
+                         "same_reply": replies[mode][i] == replies["none"][i]})
+    if check_replies:
+        assert replies["none"] == replies["contiguous"] == replies["paged"], "prefix reuse changed the output"
     return rows

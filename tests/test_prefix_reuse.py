@@ -51,6 +51,7 @@ def test_compare_ttft_rows(model):
     assert {r["mode"] for r in rows} == {"none", "contiguous", "paged"}
     turn2 = {r["mode"]: r for r in rows if r["turn"] == 2}
     assert turn2["contiguous"]["prefilled"] < turn2["none"]["prefilled"]
+    assert all(r["same_reply"] for r in rows)
 
 
 def test_conversation_too_long(model):

@@ -4,7 +4,9 @@ memory waste of max-length preallocation vs paging, int8/fp8 KV quality, and TTF
     python tools/kv_cache_bench.py --out data/bench            # on the GPU (bf16 llama-3.2-1b shape + default model)
     python tools/kv_cache_bench.py --smoke --out /tmp/x        # a quick CPU check of the script itself
 
-Rows of "steps" carry a "step" name ("eager", "+paged_kv") like `llmlab bench` rows.
+Rows of "steps" carry a "step" name like `llmlab bench` rows: "eager", "+paged_kv" (gather + SDPA), and on a GPU
+"eager+triton" / "+paged_kv+triton" (the Triton kernels switch; with the paged cache, decode attention reads the
+block pool in place through `PagedKVCache.decode_attention`). Elsewhere those two rows say "skipped".
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,22 +25,82 @@ from llmlab.engine import LLM
 from llmlab.envinfo import describe
 from llmlab.paged_cache import PagedKVCache
 from llmlab.prefix_reuse import compare_ttft
+from llmlab.switches import apply_switches
 
 
-def decode_steps(llm: LLM, batch: int, prompt_tokens: int, new_tokens: int, repeats: int) -> list[dict]:
+class CountingPagedKVCache(PagedKVCache):
+    """A `PagedKVCache` that counts `decode_attention` calls: proof that a "+paged_kv+triton" row read the pool in
+    place rather than gathering (the Triton switch uses the paged kernel only if the cache offers it)."""
+
+    calls = 0
+
+    def decode_attention(self, layer, q, scale=None):
+        CountingPagedKVCache.calls += 1
+        return super().decode_attention(layer, q, scale)
+
+
+# (step name, Triton kernels switch on, cache class: None = the contiguous KVCache)
+STEPS = (("eager", False, None), ("+paged_kv", False, PagedKVCache),
+         ("eager+triton", True, None), ("+paged_kv+triton", True, CountingPagedKVCache))
+
+
+@contextmanager
+def triton_kernels(llm: LLM, on: bool):
+    """Yield the `generate` keyword arguments with the Triton kernels switch set to `on`; switch it off after."""
+    if not on:
+        yield {}
+        return
+    llm, kwargs = apply_switches(llm, {"triton_kernels": True})  # patches llm.model in place
+    try:
+        yield kwargs
+    finally:
+        apply_switches(llm, {"triton_kernels": False})
+
+
+def median_run(llm: LLM, prompts: list[list[int]], new_tokens: int, repeats: int, **kwargs):
+    """The `Generation` with the median TPOT of `repeats` greedy runs, after a short warm-up (Triton compiles)."""
+    llm.generate(prompts, max_new_tokens=4, stop_at_eos=False, **kwargs)
+    runs = [llm.generate(prompts, max_new_tokens=new_tokens, stop_at_eos=False, **kwargs) for _ in range(repeats)]
+    runs.sort(key=lambda g: g.tpot_ms)
+    return runs[len(runs) // 2]
+
+
+def decode_steps(llm: LLM, batch: int, prompt_tokens: int, new_tokens: int, repeats: int,
+                 triton: bool) -> list[dict]:
+    """One row per STEPS entry; the Triton rows carry only a "skipped" note unless `triton`."""
     torch.manual_seed(0)
     prompts = torch.randint(0, llm.config.vocab_size, (batch, prompt_tokens)).tolist()
     rows = []
-    for step, factory in (("eager", None), ("+paged_kv", PagedKVCache)):
-        llm.generate(prompts, max_new_tokens=4, stop_at_eos=False, cache_factory=factory)  # warm-up
-        runs = [llm.generate(prompts, max_new_tokens=new_tokens, stop_at_eos=False, cache_factory=factory)
-                for _ in range(repeats)]
-        runs.sort(key=lambda g: g.tpot_ms)
-        g = runs[len(runs) // 2]
-        rows.append({"step": step, "model": llm.name, "batch": batch, "prompt_tokens": prompt_tokens,
-                     "new_tokens": new_tokens, "ttft_ms": g.ttft_ms, "tpot_ms": g.tpot_ms,
-                     "tokens_per_s": g.tokens_per_s})
+    for step, use_triton, factory in STEPS:
+        row = {"step": step, "model": llm.name, "batch": batch, "prompt_tokens": prompt_tokens,
+               "new_tokens": new_tokens}
+        if use_triton and not triton:
+            rows.append(row | {"skipped": "the Triton kernels switch is measured on a CUDA GPU only (not --smoke)"})
+            continue
+        CountingPagedKVCache.calls = 0
+        with triton_kernels(llm, use_triton) as kwargs:
+            g = median_run(llm, prompts, new_tokens, repeats, cache_factory=factory, **kwargs)
+        row |= {"ttft_ms": g.ttft_ms, "tpot_ms": g.tpot_ms, "tokens_per_s": g.tokens_per_s}
+        if factory is CountingPagedKVCache:
+            row["paged_kernel"] = CountingPagedKVCache.calls > 0  # False: the switch still gathered (update)
+        rows.append(row)
     return rows
+
+
+def random_chat(vocab_size: int, sizes: list[int], seed: int = 0) -> list[list[int]]:
+    """Messages of random token ids, one per size."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in sizes]
+
+
+def turn_summary(rows: list[dict], model: str) -> list[str]:
+    """One line per mode: the last turn's TTFT and how many times lower it is than without reuse."""
+    last = max(r["turn"] for r in rows)
+    final = {r["mode"]: r for r in rows if r["turn"] == last}
+    base = final["none"]["ttft_ms"]
+    return [f"prefix reuse {model}, turn {last} ({r['prompt_tokens']} tokens): {mode:<10} TTFT "
+            f"{r['ttft_ms']:8.2f} ms, prefilled {r['prefilled']:5d}, {base / r['ttft_ms']:5.1f}x lower than none"
+            for mode, r in final.items()]
 
 
 def main(argv=None) -> None:
@@ -48,12 +111,20 @@ def main(argv=None) -> None:
     gpu = torch.cuda.is_available()
     out: dict = {"env": describe(), "device": torch.cuda.get_device_name() if gpu else "cpu"}
     t0 = time.perf_counter()
+    parts = out["part_seconds"] = {}  # where the time goes (the GPU run must stay under 2 minutes)
+
+    def lap(name: str) -> None:
+        parts[name] = time.perf_counter() - t0 - sum(parts.values())
 
     default = llmlab.load()
     shape = LLM.from_preset("smollm2-135m" if args.smoke else "llama-3.2-1b")
-    new = 8 if args.smoke else 128
-    out["steps"] = decode_steps(default, 1, 32 if args.smoke else 128, new, 1 if args.smoke else 3)
-    out["steps"] += decode_steps(shape, 1 if args.smoke else 8, 32 if args.smoke else 128, new, 1 if args.smoke else 3)
+    lap("load")
+    new = 8 if args.smoke else 128  # 128 new tokens: the rows took ~40 s on an H200 (eager decode, 4 runs each)
+    triton = gpu and not args.smoke
+    out["steps"] = decode_steps(default, 1, 32 if args.smoke else 128, new, 1 if args.smoke else 3, triton)
+    out["steps"] += decode_steps(shape, 1 if args.smoke else 8, 32 if args.smoke else 128, new,
+                                 1 if args.smoke else 3, triton)
+    lap("steps")
 
     lengths = kv_memory.mixed_lengths(64, 16, 1024, seed=0)
     dev = shape.device
@@ -63,11 +134,21 @@ def main(argv=None) -> None:
                            for bs in (16, 32)]
     out["memory_waste_formula"] = [vars(w) | {"waste_fraction": w.waste_fraction}
                                    for w in kv_memory.waste(lengths, 1024, 16)]
+    lap("memory_waste")
 
     out["kv_quant"] = kv_quant.quality_report(default, residual=32, eval_tokens=128 if args.smoke else 512)
+    lap("kv_quant")
     ids = default.encode(kv_quant.heldout_text())
     msgs = [ids[:300], ids[300:340], ids[340:380], ids[380:420]]
     out["prefix_reuse"] = compare_ttft(default.model, msgs, max_new_tokens=4, repeats=1 if args.smoke else 5)
+    lap("prefix_reuse")
+    # a long first message, then short follow-ups: without reuse each turn prefills the whole conversation again
+    sizes = [48, 8, 8, 8] if args.smoke else [2000, 64, 64, 64]
+    chat = random_chat(shape.config.vocab_size, sizes)
+    rows = compare_ttft(shape.model, chat, max_new_tokens=4, repeats=1 if args.smoke else 3,
+                        max_seq_len=sum(sizes) + 4 * len(sizes), check_replies=False)  # random weights
+    out["prefix_reuse_1b"] = [r | {"model": shape.name} for r in rows]
+    lap("prefix_reuse_1b")
     out["seconds"] = time.perf_counter() - t0
 
     folder = Path(args.out)
@@ -75,11 +156,18 @@ def main(argv=None) -> None:
     name = f"{'nvidia-h200' if gpu and 'H200' in out['device'] else ('gpu' if gpu else 'cpu')}_kv_cache.json"
     (folder / name).write_text(json.dumps(out, indent=1))
     for r in out["steps"]:
-        print(f"{r['model']:<32}{r['step']:<11} batch {r['batch']}: TPOT {r['tpot_ms']:.2f} ms, "
-              f"{r['tokens_per_s']:.0f} tok/s")
+        head = f"{r['model']:<32}{r['step']:<17} batch {r['batch']}: "
+        if "skipped" in r:
+            print(head + "skipped: " + r["skipped"])
+            continue
+        note = "" if r.get("paged_kernel", True) else " (the paged kernel was NOT called: the switch gathered)"
+        print(head + f"TPOT {r['tpot_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s" + note)
     for w in out["memory_waste"]:
         print(f"waste {w['model']:<32} block {w['block_size']}: contiguous {w['contiguous_waste']:.1%}, "
               f"paged {w['paged_waste']:.1%}")
+    print("\n".join(turn_summary(out["prefix_reuse_1b"], shape.name)))
+    if not all(r["same_reply"] for r in out["prefix_reuse_1b"]):
+        print("  (some replies differ from mode none: random weights in bf16, see compare_ttft's check_replies)")
     print("wrote", folder / name, f"({out['seconds']:.0f} s)")
 
 
