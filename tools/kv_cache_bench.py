@@ -22,7 +22,7 @@ import torch
 import llmlab
 from llmlab import kv_memory, kv_quant
 from llmlab.engine import LLM
-from llmlab.envinfo import describe
+from llmlab.envinfo import describe, git_commit, versions
 from llmlab.paged_cache import PagedKVCache
 from llmlab.prefix_reuse import compare_ttft
 from llmlab.switches import apply_switches
@@ -109,7 +109,8 @@ def main(argv=None) -> None:
     p.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU check of the script)")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available()
-    out: dict = {"env": describe(), "device": torch.cuda.get_device_name() if gpu else "cpu"}
+    out: dict = {"device": torch.cuda.get_device_name() if gpu else "cpu", "commit": git_commit(),
+                 "versions": versions(), "env": describe()}
     t0 = time.perf_counter()
     parts = out["part_seconds"] = {}  # where the time goes (the GPU run must stay under 2 minutes)
 
