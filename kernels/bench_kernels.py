@@ -82,7 +82,9 @@ def _copies(nbytes: int, device: str) -> int:
     return max(1, min(64, -(-4 * l2 // max(nbytes, 1))))
 
 
-def run(device: str, smoke: bool) -> list[dict]:
+def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
+    """The rows of the bench file. ops: "all", or a comma list of "elementwise", "attention", "matmul"."""
+    want = {"elementwise", "attention", "matmul"} if ops == "all" else set(ops.split(","))
     from llmlab.bench import result_row
 
     from .decode_attention import decode_attention, decode_attention_reference
@@ -120,7 +122,7 @@ def run(device: str, smoke: bool) -> list[dict]:
         return torch.randn(*shape, device=device, dtype=dtype)
 
     D, N, H, Hkv, hd = (64, 96, 4, 2, 16) if smoke else (4096, 14336, 32, 8, 128)  # Llama-3.1-8B's shapes
-    for n_rows in ((1, 4) if smoke else (1, 16, 16384)):
+    for n_rows in ((1, 4) if smoke else (1, 16, 16384)) if "elementwise" in want else ():
         def make_norm(n_rows=n_rows):
             x, w = rand(n_rows, D), rand(D)
             return (lambda: rmsnorm(x, w)), (lambda: rmsnorm_reference(x, w))
@@ -130,14 +132,14 @@ def run(device: str, smoke: bool) -> list[dict]:
             g, u = rand(n_rows, N), rand(n_rows, N)
             return (lambda: swiglu(g, u)), (lambda: swiglu_reference(g, u))
         add("swiglu", [n_rows, N], 3 * n_rows * N * es, make_swiglu)
-    for T in ((1, 8) if smoke else (1, 16384)):
+    for T in ((1, 8) if smoke else (1, 16384)) if "elementwise" in want else ():
         def make_rope(T=T):
             q, k = rand(1, T, H, hd).transpose(1, 2), rand(1, T, Hkv, hd).transpose(1, 2)
             ang = torch.randn(T, hd // 2, device=device).repeat(1, 2)
             cos, sin = ang.cos().to(dt), ang.sin().to(dt)
             return (lambda: rope_(q, k, cos, sin)), (lambda: (rope_reference(q, cos, sin), rope_reference(k, cos, sin)))
         add("rope", [1, H, T, hd], (2 * T * (H + Hkv) * hd + 2 * T * hd) * es, make_rope)
-    for S in ((40,) if smoke else (1024, 8192, 16384, 32768)):
+    for S in ((40,) if smoke else (1024, 8192, 16384, 32768)) if "attention" in want else ():
         def make_attn(S=S):
             q, k, v = rand(1, H, hd), rand(1, Hkv, S, hd), rand(1, Hkv, S, hd)
             return (lambda: decode_attention(q, k, v)), (lambda: decode_attention_reference(q, k, v))
@@ -147,7 +149,7 @@ def run(device: str, smoke: bool) -> list[dict]:
     # weight-only matmuls at decode (M = 1..16): Llama-3.1-8B's layer shapes (N, K), group size 128
     shapes = [(96, 128)] if smoke else [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
     group = 32 if smoke else 128
-    for Nw, Kw in shapes:
+    for Nw, Kw in shapes if "matmul" in want else ():
         for M in ((1,) if smoke or (Nw, Kw) != (14336, 4096) else (1, 4, 16)):
             W = rand(Nw, Kw)
             w8, s8 = quantize_int8(W)
@@ -194,9 +196,10 @@ def main(argv=None) -> None:
     p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds, also on a CPU via the interpreter)")
     p.add_argument("--copy-gbps", type=float, default=None,
                    help="copy bandwidth to compare with (GB/s); default: measured (llmlab.peaks)")
+    p.add_argument("--ops", default="all", help="all, or a comma list of elementwise, attention, matmul")
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = run(device, a.smoke)
+    rows = run(device, a.smoke, a.ops)
     if a.copy_gbps is not None:
         peaks = {"copy_GBps": a.copy_gbps, "bf16_TFLOPs": 0.0, "note": "copy_GBps given on the command line"}
     else:

@@ -181,6 +181,49 @@ def _int4_matmul_kernel(
              mask=m_mask & n_mask[None, :])
 
 
+# M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding, and the int4 dot
+# kernel above spends its time converting nibbles for it. Here each program owns BLOCK_N rows of W, reads them
+# along K in their natural (contiguous) order, unpacks both nibbles, multiplies by x and sums along K: a classic
+# GEMV on the CUDA cores. Scales are applied per element, so a K tile may span several groups.
+_GEMV1_SHAPES = [(8, 256, 2, 4), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3), (64, 256, 8, 3),
+                 (16, 128, 2, 4), (32, 128, 4, 4)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
+GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+                                  for n, k, w, st in _GEMV1_SHAPES],
+                                 default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 64}))
+
+
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"])
+@triton.jit
+def _int4_gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    N, K, GROUP,
+    # strides (elements)
+    stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_yn,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    HALF: tl.constexpr = BLOCK_K // 2
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, HALF)
+    n_mask = rn < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        j = k0 // 2 + rj  # byte index: weights 2j (low nibble) and 2j + 1 (high nibble)
+        j_mask = j < K // 2
+        p = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :] * stride_wk,
+                    mask=n_mask[:, None] & j_mask[None, :], other=0)  # (BLOCK_N, HALF) uint8, contiguous along j
+        s = tl.load(s_ptr + rn[:, None] * stride_sn + ((2 * j) // GROUP)[None, :] * stride_sg,
+                    mask=n_mask[:, None] & j_mask[None, :], other=0.0).to(tl.float32)  # the group's scale
+        x_even = tl.load(x_ptr + (2 * j) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)  # (HALF,)
+        x_odd = tl.load(x_ptr + (2 * j + 1) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)
+        lo = (p & 0xF).to(tl.float32) - 8.0
+        hi = (p >> 4).to(tl.float32) - 8.0
+        acc += tl.sum((lo * x_even[None, :] + hi * x_odd[None, :]) * s, axis=1)
+    tl.store(y_ptr + rn * stride_yn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
 # -- the wrappers --------------------------------------------------------------------------------------------------
 
 _warned_large_m = False
@@ -270,6 +313,13 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if G % 32:
         raise ValueError(f"int4_matmul: group size {G} is too small for the kernel (needs a multiple of 32, "
                          f"e.g. 32, 64, 128, 256); requantize with quantize_int4(w, group_size=32) or larger")
+    if M == 1:  # batch-1 decode: the CUDA-core GEMV
+        _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+            x, packed, scales, y,
+            N, K, G,
+            x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
+        )
+        return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
     _int4_matmul_kernel[grid](
         x, packed, scales, y,
