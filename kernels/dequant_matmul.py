@@ -311,8 +311,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if G % 32:
-        raise ValueError(f"int4_matmul: group size {G} is too small for the kernel (needs a multiple of 32, "
-                         f"e.g. 32, 64, 128, 256); requantize with quantize_int4(w, group_size=32) or larger")
+        raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
+                         f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     if M == 1:  # batch-1 decode: the CUDA-core GEMV
         _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
             x, packed, scales, y,

@@ -75,6 +75,7 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.blocks = BlockManager(num_blocks, block_size)
         self.length = 0
+        self._slots, self._end = None, 0  # set by each layer-0 write: every layer's (block, offset) slots
         self._step_tensors = None  # (B, block tables, lengths) on the device: built once per forward pass
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
@@ -142,10 +143,12 @@ class PagedKVCache:
             ValueError: a write that would leave a gap in a row (or start past 0 in a new row).
             OutOfBlocks (a MemoryError): the pool has no free block left.
         """
+        self._check_write(layer, k, v)
         B, T = k.shape[0], k.shape[2]
         if layer == 0:  # the same positions for every layer: do the bookkeeping once per forward pass
             start = int(positions[0])
             end = start + T
+            self._check_room(B, start, end)  # before anything is reserved: a refused write changes nothing
             self._reserve(B, start, end)
             self._slots = [self.slots(b, start, end) for b in range(B)]
             self._step_tensors = None  # the tables may have grown: rebuild them on first use
@@ -155,6 +158,34 @@ class PagedKVCache:
             self.v[layer][blk, :, off] = v[b].transpose(0, 1)
         if layer == len(self.k) - 1:
             self.length = self._end
+
+    def _check_write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Raise ValueError / TypeError for a write that does not fit the pools — before any state changes."""
+        n_layers = len(self.k)
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} is out of range: this cache has layers 0..{n_layers - 1}")
+        _, Hkv, _, hd = self.k[0].shape
+        if k.dim() != 4 or k.shape != v.shape or k.shape[1] != Hkv or k.shape[3] != hd or k.shape[2] == 0:
+            raise ValueError(f"k and v must both be (B, {Hkv}, T, {hd}) with T >= 1, got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
+        if not 1 <= k.shape[0] <= self.batch_size:
+            raise ValueError(f"{k.shape[0]} rows, but this cache was made for batch_size={self.batch_size}")
+        if k.dtype != self.k[0].dtype or v.dtype != self.k[0].dtype:
+            raise TypeError(f"k/v are {k.dtype}/{v.dtype} but the pools hold {self.k[0].dtype}: convert them first "
+                            f"(or build the cache with dtype={k.dtype})")
+        if layer != 0 and (getattr(self, "_slots", None) is None or len(self._slots) != k.shape[0]):
+            raise ValueError(f"write layer 0 of this step first (it reserves the blocks for all layers); got layer "
+                             f"{layer} with no matching layer-0 write since the last reset")
+
+    def _check_room(self, B: int, start: int, end: int) -> None:
+        """OutOfBlocks unless the free list holds every new block rows 0..B-1 need to reach `end` tokens."""
+        from .block_manager import OutOfBlocks
+
+        bs = self.block_size
+        need = sum(-(-end // bs) - (len(self.blocks.block_table(b)) if b in self.blocks.tables else 0)
+                   for b in range(B))
+        if need > self.blocks.num_free:
+            raise OutOfBlocks(need, self.blocks.num_free, bs, f"writing tokens {start}..{end - 1} of {B} rows")
 
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, hd) at `positions` (T,) into the rows' blocks and return the gathered
@@ -216,6 +247,7 @@ class PagedKVCache:
             self.blocks.free(seq)
         self.length = 0
         self._step_tensors = None
+        self._slots, self._end = None, 0  # a layer > 0 write now needs a fresh layer-0 write first
 
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:

@@ -147,3 +147,33 @@ def test_paged_kv_switch_and_side_rung():
     assert "paged" in step.name and not step.cumulative
     names = ladder.step_names()
     assert names.index("+paged_kv") == names.index("eager") + 1
+
+
+def test_a_refused_write_changes_nothing_and_the_cache_stays_usable():
+    """Bad writes raise a clear error BEFORE any block is reserved; the next good write gives the right K/V."""
+    from llmlab.block_manager import OutOfBlocks
+
+    cfg = tiny_config()
+    cache = PagedKVCache(cfg, 2, 64, torch.float32, "cpu", block_size=16, num_blocks=4)
+    hd, Hkv = cfg.head_dim, cfg.n_kv_heads
+    k = torch.randn(1, Hkv, 5, hd)
+    pos = torch.arange(5)
+    with pytest.raises(TypeError, match="pools hold torch.float32"):
+        cache.update(0, pos, k.half(), k.half())
+    with pytest.raises(ValueError, match="out of range"):
+        cache.update(cfg.n_layers, pos, k, k)
+    with pytest.raises(ValueError, match="write layer 0"):
+        cache.update(1, pos, k, k)
+    with pytest.raises(ValueError, match=r"\(B, "):
+        cache.update(0, pos, k, k[:, :, :3])
+    with pytest.raises(OutOfBlocks, match="needs 6 more KV blocks"):  # 2 rows x 3 blocks > 4 free
+        cache.update(0, torch.arange(40), torch.randn(2, Hkv, 40, hd), torch.randn(2, Hkv, 40, hd))
+    assert cache.blocks.num_free == 4 and not cache.blocks.tables and cache.length == 0
+    k3 = torch.randn(1, Hkv, 3, hd)
+    for layer in range(cfg.n_layers):
+        k_all, v_all = cache.update(layer, torch.arange(3), k3, -k3)
+    torch.testing.assert_close(k_all, k3)
+    torch.testing.assert_close(v_all, -k3)
+    cache.reset()
+    with pytest.raises(ValueError, match="write layer 0"):  # reset forgets the last step's slots
+        cache.write(1, torch.arange(3), k3, k3)
