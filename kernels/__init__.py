@@ -7,6 +7,7 @@ top-level `kernels` module: an unrelated PyPI package already owns that name. Im
     rmsnorm.py                 RMSNorm, optionally fused with the residual add
     swiglu.py                  silu(gate) * up
     rope.py                    rotary embedding applied to q and k in place (Hugging Face rotate-half pairing)
+    rope_cache.py              one decode step's RoPE and static-KV-cache write, fused into one launch
     decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
     paged_decode_attention.py  the same over a paged KV cache, through block tables
     dequant_matmul.py          weight-only int8 (per channel) and int4 (group-wise, 2 per byte) matmul, M = 1..16

@@ -181,28 +181,41 @@ def _int4_matmul_kernel(
              mask=m_mask & n_mask[None, :])
 
 
-# M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding, and the int4 dot
-# kernel above spends its time converting nibbles for it. Here each program owns BLOCK_N rows of W, reads them
-# along K in their natural (contiguous) order, unpacks both nibbles, multiplies by x and sums along K: a classic
-# GEMV on the CUDA cores. Scales are applied per element, so a K tile may span several groups.
+# M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding. Here each program
+# owns BLOCK_N rows of W, reads them along K in their natural (contiguous) order, unpacks both nibbles, multiplies
+# by x and sums along K: a classic GEMV on the CUDA cores. Two habits keep the ALUs off the critical path:
+#  * a nibble n becomes the float n - 8 without an int -> float conversion instruction (slow on the GPU): OR it
+#    into the mantissa of 2^23 (bits 0x4B000000), reinterpret the bits as fp32 — exactly 8388608 + n — and
+#    subtract 8388616;
+#  * the group scale multiplies a group's partial sum, not every weight: a K tile holds whole groups (BLOCK_K a
+#    multiple of GROUP: the tile is viewed as (BLOCK_N, groups, GROUP / 2 bytes) and summed per group) or lies in
+#    one group (BLOCK_K dividing GROUP: one scale per row for the tile).
 _GEMV1_SHAPES = [(8, 256, 2, 4), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3), (64, 256, 8, 3),
-                 (16, 128, 2, 4), (32, 128, 4, 4)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
+                 (16, 128, 2, 4), (32, 128, 4, 4), (16, 1024, 8, 3)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
                                   for n, k, w, st in _GEMV1_SHAPES],
                                  default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 64}))
+MAGIC = 0x4B000000  # the bits of 2^23 in fp32
 
 
-@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"])
+def _gemv1_prune(configs, named_args, **kwargs):
+    """Keep tiles that hold whole groups or lie inside one (see above); 32 always divides the group size."""
+    G = named_args["GROUP"]
+    kept = [c for c in configs if c.kwargs["BLOCK_K"] % G == 0 or G % c.kwargs["BLOCK_K"] == 0]
+    return kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32})]
+
+
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _gemv1_prune})
 @triton.jit
 def _int4_gemv_kernel(
     # pointers
     x_ptr, w_ptr, s_ptr, y_ptr,
     # sizes
-    N, K, GROUP,
+    N, K,
     # strides (elements)
     stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_yn,
     # meta-parameters
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_K // 2
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -213,15 +226,53 @@ def _int4_gemv_kernel(
         j = k0 // 2 + rj  # byte index: weights 2j (low nibble) and 2j + 1 (high nibble)
         j_mask = j < K // 2
         p = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :] * stride_wk,
-                    mask=n_mask[:, None] & j_mask[None, :], other=0)  # (BLOCK_N, HALF) uint8, contiguous along j
-        s = tl.load(s_ptr + rn[:, None] * stride_sn + ((2 * j) // GROUP)[None, :] * stride_sg,
-                    mask=n_mask[:, None] & j_mask[None, :], other=0.0).to(tl.float32)  # the group's scale
-        x_even = tl.load(x_ptr + (2 * j) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)  # (HALF,)
+                    mask=n_mask[:, None] & j_mask[None, :], other=0).to(tl.int32)  # (BLOCK_N, HALF)
+        lo = ((p & 0xF) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = low nibble - 8
+        hi = ((p >> 4) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = high nibble - 8
+        x_even = tl.load(x_ptr + (2 * j) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)  # (HALF,); 0 past K
         x_odd = tl.load(x_ptr + (2 * j + 1) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)
-        lo = (p & 0xF).to(tl.float32) - 8.0
-        hi = (p >> 4).to(tl.float32) - 8.0
-        acc += tl.sum((lo * x_even[None, :] + hi * x_odd[None, :]) * s, axis=1)
+        prod = lo * x_even[None, :] + hi * x_odd[None, :]  # (BLOCK_N, HALF)
+        if BLOCK_K >= GROUP:  # whole groups in the tile: a partial sum per group, then its scale
+            NG: tl.constexpr = BLOCK_K // GROUP
+            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)  # (BLOCK_N, NG)
+            g = k0 // GROUP + tl.arange(0, NG)
+            s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sg,
+                        mask=n_mask[:, None] & (g[None, :] < K // GROUP), other=0.0).to(tl.float32)
+            acc += tl.sum(part * s, axis=1)
+        else:  # the tile lies inside one group
+            s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+            acc += tl.sum(prod, axis=1) * s
     tl.store(y_ptr + rn * stride_yn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"])
+@triton.jit
+def _int8_gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    N, K,
+    # strides (elements)
+    stride_xk, stride_wn, stride_wk, stride_yn,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """M = 1: the int4 GEMV's scheme for int8 weights (w + 128 in 0..255 goes into the mantissa of 2^23; one scale
+    per output row, applied once after the K loop)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        k_mask = kk < K
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk,
+                    mask=n_mask[:, None] & k_mask[None, :], other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
+        wf = ((w + 128) | MAGIC).to(tl.float32, bitcast=True) - 8388736.0  # = w  (8388736 = 2^23 + 128)
+        x = tl.load(x_ptr + kk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,); 0 past K
+        acc += tl.sum(wf * x[None, :], axis=1)
+    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rn * stride_yn, (acc * s).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 # -- the wrappers --------------------------------------------------------------------------------------------------
@@ -268,6 +319,13 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     _check_x("int8_matmul", x, K)
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 1:  # batch-1 decode: the CUDA-core GEMV
+        _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+            x, w_q, scales, y,
+            N, K,
+            x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1),
+        )
+        return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
     _int8_matmul_kernel[grid](
         x, w_q, scales, y,
@@ -313,11 +371,12 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if G % 32:
         raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
-    if M == 1:  # batch-1 decode: the CUDA-core GEMV
+    if M == 1 and G & (G - 1) == 0:  # batch-1 decode: the CUDA-core GEMV (its group view needs a power of 2)
         _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
             x, packed, scales, y,
-            N, K, G,
+            N, K,
             x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
+            GROUP=G,
         )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731

@@ -4,13 +4,15 @@
 calls the Triton kernels; `disable(model)` deletes those attributes (and the fused weights below), so the classes'
 own PyTorch `forward` — the reference path — runs again. What changes, per layer of a decode step:
 
-* RMSNorm: one kernel instead of ~6 (square, mean, add eps, rsqrt, two products, casts); the second norm of a
-  block also does the residual add (`h = x + attn`, then `norm(h)`, one pass over the row);
+* RMSNorm: one kernel instead of ~6 (square, mean, add eps, rsqrt, two products, casts), which also does the
+  residual add before it (`h = h + attn` then `norm(h)`; the MLP's output is added by the next block's first norm,
+  or by the final norm): no separate add kernels;
 * q, k, v projections: ONE matmul over the three weights concatenated (and gate/up likewise): fewer, larger GEMVs,
   which use the memory bus better than three small ones. The concatenated copies are made on first use and
   rebuilt if a weight is replaced or changed in place; they cost extra memory (the q/k/v and gate/up weights once
   more) until `disable`;
-* RoPE: q and k rotated in place by one launch (they sit side by side in the fused projection's output);
+* RoPE: q and k rotated in place by one launch (they sit side by side in the fused projection's output); in a
+  decode step on a static cache (CUDA graphs) the same launch also writes K and V into the cache;
 * SwiGLU: silu(gate) * up in one kernel, reading the two halves of the fused output;
 * decode attention (one new token, a KV cache): the flash-decoding kernel, over only the filled part of a static
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
@@ -57,12 +59,13 @@ def _kernel_ok(x: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=None)
 def _kernels():
     # imported on first use so that `import llmlab.kernels.patch_model` needs no triton
-    from . import decode_attention, rmsnorm, rope, swiglu
+    from . import decode_attention, rmsnorm, rope, rope_cache, swiglu
 
     # the wrappers read shapes and device properties in Python: keep torch.compile from tracing into them
     disable = torch.compiler.disable
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
+                                 rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention))
 
 
@@ -116,6 +119,7 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
     """`llmlab.model.Attention.forward` with fused q/k/v, RoPE in place and, for one new token, flash-decoding
     attention (contiguous, static or paged cache)."""
     from llmlab.model import attention_mask, repeat_kv
+    from llmlab.static_cache import StaticKVCache
 
     if not _kernel_ok(x):
         return type(self).forward(self, x, cos, sin, positions, kv_cache, mask)
@@ -124,6 +128,15 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
     H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
     weight, bias, _ = _fused_linear(self, "_llmlab_fused_qkv")
     qkv = F.linear(x, weight, bias).view(B, T, H + 2 * Hkv, hd)  # one GEMV for q, k and v
+    if T == 1 and mask is not None and self.sliding_window is None and isinstance(kv_cache, StaticKVCache):
+        # a decode step on a static cache: RoPE and the K/V write in one launch, then attention over the filled slots
+        k_all, v_all = kv_cache.k[self.layer_idx][:B], kv_cache.v[self.layer_idx][:B]  # (B, Hkv, S, hd) views
+        pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
+        c, s = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
+        K.rope_and_cache_(qkv[:, 0], c, s, pos, k_all, v_all, n_heads=H)
+        y = K.decode_attention(qkv[:, 0, :H], k_all, v_all, seq_lens=_decode_lens(kv_cache, positions, B),
+                               check_lens=False)  # (B, H, hd)
+        return self.o_proj(y.reshape(B, 1, H * hd))
     qk = qkv[:, :, :H + Hkv].transpose(1, 2)  # (B, H + Hkv, T, hd): q's heads, then k's
     K.rope_one(qk, cos.contiguous(), sin.contiguous())  # q and k rotated in place, one launch
     q, k = qk[:, :H], qk[:, H:]  # (B, H, T, hd), (B, Hkv, T, hd)
@@ -167,10 +180,45 @@ def _block_forward(self, x, cos, sin, positions, kv_cache=None, mask=None):
     return h + self.mlp(normed)
 
 
-def _targets():
-    from llmlab.model import MLP, Attention, Block, RMSNorm
+def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_only=False):
+    """`llmlab.model.Transformer.forward` with each residual add folded into the next RMSNorm.
 
-    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward, Block: _block_forward}
+    A block's output is the residual stream h plus the MLP's output m. Instead of adding them (one more pass over
+    the row), the block hands both on: the next block's first RMSNorm adds and normalizes in one kernel, and the
+    last block's pair goes into the final norm the same way. One kernel per layer fewer."""
+    B, T = input_ids.shape
+    x = self.embed_tokens.weight[:1]
+    if T == 0 or not _kernel_ok(x) or self.norm.weight.dtype != x.dtype:
+        return type(self).forward(self, input_ids, positions, kv_cache, last_only)
+    if positions is None:
+        positions = torch.arange(T, device=input_ids.device)
+    rms = _kernels().rmsnorm
+    h = self.embed_tokens(input_ids)  # (B, T, D): the residual stream
+    cos, sin = self.rope(positions, h.dtype)
+    mask = None
+    if hasattr(kv_cache, "attention_mask"):  # a static cache: one mask for all layers (as Transformer.forward)
+        mask = kv_cache.attention_mask(positions, self.config.sliding_window)
+    m = None  # the previous block's MLP output, not yet added to h
+    for layer in self.layers:
+        n1 = layer.input_layernorm
+        normed = rms(h, n1.weight, n1.eps) if m is None else None
+        if m is not None:
+            normed, h = rms(m, n1.weight, n1.eps, residual=h)  # h += m; normed = norm(h)
+        a = layer.self_attn(normed, cos, sin, positions, kv_cache, mask)
+        n2 = layer.post_attention_layernorm
+        normed, h = rms(a, n2.weight, n2.eps, residual=h)  # h += attention; normed = norm(h)
+        m = layer.mlp(normed)
+    if last_only:
+        h, m = h[:, -1:], m[:, -1:]
+    normed, _ = rms(m, self.norm.weight, self.norm.eps, residual=h)
+    return self.lm_head(normed)  # (B, T, V)
+
+
+def _targets():
+    from llmlab.model import MLP, Attention, Block, RMSNorm, Transformer
+
+    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward, Block: _block_forward,
+            Transformer: _transformer_forward}
 
 
 def enable(model: torch.nn.Module) -> torch.nn.Module:

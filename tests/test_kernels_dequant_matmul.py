@@ -51,18 +51,20 @@ def test_quantizers_round_trip_and_pack_two_per_byte():
     assert torch.equal(packed[:, 0].long(), u[:, 0] | (u[:, 1] << 4))
 
 
+@pytest.mark.parametrize("M", [1, 3])  # 1: the CUDA-core GEMV; 3: the tensor-core tile
 @pytest.mark.parametrize("N", [1, 7, 17, 999, 1001, 4095])
-def test_int8_over_output_sizes(N):
+def test_int8_over_output_sizes(N, M):
     w8, s8 = quantize_int8(_w(N, 96, seed=N))
-    x = torch.randn(3, 96, device=DEV)
+    x = torch.randn(M, 96, device=DEV)
     torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("M", [1, 2])
 @pytest.mark.parametrize("K", [1, 7, 17, 999, 1001, 4095])
-def test_int8_over_reduction_sizes(K):
+def test_int8_over_reduction_sizes(K, M):
     w8, s8 = quantize_int8(_w(33, K, seed=K))
-    x = torch.randn(2, K, device=DEV)
+    x = torch.randn(M, K, device=DEV)
     torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
 
@@ -90,11 +92,11 @@ def test_int8_fp16_activations_at_k_14336_stay_finite():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
-@pytest.mark.parametrize("G", [32, 64, 128, 256])
+@pytest.mark.parametrize("G", [32, 64, 96, 128, 256])  # 96: not a power of 2 (the M = 1 GEMV's group view)
 @pytest.mark.parametrize("M", [1, 2, 17])
 def test_int4_matches_dequantized_matmul(M, G, dtype):
-    packed, s4 = quantize_int4(_w(65, 512, seed=G + M), G)
-    x = torch.randn(M, 512, device=DEV).to(dtype)
+    packed, s4 = quantize_int4(_w(65, 768, seed=G + M), G)  # K = 768: a multiple of every G here
+    x = torch.randn(M, 768, device=DEV).to(dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # M = 17 warns about speed; the answer must still be right
         y = int4_matmul(x, packed, s4)
@@ -114,6 +116,10 @@ def test_int8_masked_reduction_lanes_do_not_leak():
     buf = torch.full((3, 128), float("nan"), device=DEV)
     x = buf[:, :70]
     x.copy_(torch.randn(3, 70))
+    w8, s8 = quantize_int8(_w(9, 70))
+    y1 = int8_matmul(x[:1], w8, s8)  # M = 1: the GEMV path
+    assert torch.isfinite(y1).all()
+    torch.testing.assert_close(y1, dequant_matmul_reference(x[:1], dequantize_int8(w8, s8)), **TOL[torch.float32])
     w8, s8 = quantize_int8(_w(9, 70))
     y = int8_matmul(x, w8, s8)
     assert torch.isfinite(y).all()

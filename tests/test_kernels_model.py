@@ -65,7 +65,9 @@ def test_patched_model_matches_pytorch_path_with_kv_cache(monkeypatch, overrides
 
 
 @torch.no_grad()
-def test_patched_model_matches_with_a_static_cache():
+def test_patched_model_matches_with_a_static_cache(monkeypatch):
+    """Decode steps on a static cache with the rows at DIFFERENT positions: the fused RoPE + cache write and the
+    per-row lengths must match the PyTorch path (scatter + mask)."""
     from llmlab.static_cache import StaticKVCache
 
     model = tiny_model(seed=2).to(DEV)
@@ -73,16 +75,23 @@ def test_patched_model_matches_with_a_static_cache():
 
     def run():
         cache = StaticKVCache(model.config, 2, 16, torch.float32, DEV)
-        model(ids, kv_cache=cache)
-        pos = torch.tensor([[5], [5]], device=DEV)
-        return model(ids[:, -1:], positions=pos, kv_cache=cache)
+        outs = [model(ids, kv_cache=cache)]
+        for step in range(3):
+            pos = torch.tensor([[5 + step], [3 + step]], device=DEV)  # row 1 overwrites its slots 3, 4, 5
+            outs.append(model(ids[:, step:step + 1], positions=pos, kv_cache=cache))
+        return outs
 
     ref = run()
+    calls = []
+    ns = patch_model._kernels()
+    monkeypatch.setattr(ns, "rope_and_cache_", lambda *a, _f=ns.rope_and_cache_, **k: calls.append(1) or _f(*a, **k))
     patch_model.enable(model)
     try:
-        torch.testing.assert_close(run(), ref, atol=1e-4, rtol=1e-4)
+        for got, want in zip(run(), ref):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     finally:
         patch_model.disable(model)
+    assert len(calls) == 3 * model.config.n_layers  # every decode step of every layer took the fused path
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for tensors the interpreter cannot take")

@@ -1,0 +1,52 @@
+"""The fused RoPE + KV-cache write (kernels/rope_cache.py) against the unfused PyTorch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmlab.kernels._util import interpret_mode
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels.rope_cache import rope_and_cache_, rope_and_cache_reference  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GPU_DTYPES = [pytest.param(d, marks=pytest.mark.gpu) for d in (torch.float16, torch.bfloat16)]
+
+
+def _case(B, H, Hkv, hd, S, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, H + 2 * Hkv, hd, generator=g).to(DEV, dtype)
+    ang = torch.randn(B, hd // 2, generator=g).repeat(1, 2)
+    cos, sin = ang.cos().to(DEV, dtype), ang.sin().to(DEV, dtype)
+    pos = torch.randint(0, S, (B,), generator=g).to(DEV)
+    k_cache = torch.full((B, Hkv, S, hd), float("nan"), dtype=dtype, device=DEV)  # untouched slots stay NaN
+    v_cache = k_cache.clone()
+    return qkv, cos, sin, pos, k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+@pytest.mark.parametrize("B, H, Hkv, hd, S", [(1, 4, 2, 16, 8), (3, 8, 2, 64, 33), (2, 4, 4, 6, 5), (2, 2, 1, 128, 17)])
+def test_fused_rope_and_cache_write_equals_the_unfused_ops(B, H, Hkv, hd, S, dtype):
+    case = _case(B, H, Hkv, hd, S, dtype)
+    ref = [t.clone() for t in case]
+    rope_and_cache_(*case, n_heads=H)
+    rope_and_cache_reference(*ref, n_heads=H)
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    qkv, _, _, pos, k_cache, v_cache = case
+    torch.testing.assert_close(qkv[:, :H], ref[0][:, :H], **tol)  # q rotated in place
+    torch.testing.assert_close(qkv[:, H:], ref[0][:, H:])  # k and v heads of the input are left as they were
+    torch.testing.assert_close(k_cache, ref[4], equal_nan=True, **tol)  # only each row's slot was written
+    torch.testing.assert_close(v_cache, ref[5], equal_nan=True)
+    assert int(torch.isnan(k_cache).logical_not().sum()) == B * Hkv * hd  # one slot per (row, KV head)
+
+
+def test_rejects_shapes_that_do_not_fit():
+    qkv, cos, sin, pos, k_cache, v_cache = _case(2, 4, 2, 16, 8, torch.float32)
+    with pytest.raises(ValueError, match="q heads"):
+        rope_and_cache_(qkv, cos, sin, pos, k_cache, v_cache, n_heads=3)
+    with pytest.raises(ValueError, match="positions"):
+        rope_and_cache_(qkv, cos, sin, pos[:1], k_cache, v_cache, n_heads=4)
