@@ -195,12 +195,12 @@ _GEMV1_SHAPES = [(8, 256, 2, 4), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
                                   for n, k, w, st in _GEMV1_SHAPES],
                                  default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 64}))
-MAGIC = 0x4B000000  # the bits of 2^23 in fp32
+MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 in fp32 (a constexpr: kernels may read it)
 
 
 def _gemv1_prune(configs, named_args, **kwargs):
     """Keep tiles that hold whole groups or lie inside one (see above); 32 always divides the group size."""
-    G = named_args["GROUP"]
+    G = kwargs["GROUP"] if "GROUP" in kwargs else named_args["GROUP"]  # a constexpr arrives as a keyword
     kept = [c for c in configs if c.kwargs["BLOCK_K"] % G == 0 or G % c.kwargs["BLOCK_K"] == 0]
     return kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32})]
 
