@@ -544,6 +544,16 @@ def list_bench(directory: str | os.PathLike | None = None, device_contains: str 
     return sorted(docs, key=lambda d: d.get("date", ""))
 
 
+def latest_ladder(workload: str, model_id: str | None = None, directory: str | os.PathLike | None = None) -> dict | None:
+    """The newest GPU bench file of `workload` (optionally of model `model_id`, e.g. "llama-3.2-1b") that climbed the
+    ladder from its "eager" rung — not a run of a few rungs only. None if there is none."""
+    runs = [d for d in list_bench(directory) if "cpu" not in d["device"].lower()
+            and d.get("workload", {}).get("name") == workload
+            and (model_id is None or d.get("model", {}).get("id") == model_id)
+            and any(r["step"] == "eager" for r in d["results"])]
+    return runs[-1] if runs else None
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 
