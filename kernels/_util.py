@@ -8,13 +8,35 @@ interpreter has no bf16 arithmetic, so on a CPU the kernels accept fp32 (and fp1
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
+
+INTERPRET_TOO_LATE = ("TRITON_INTERPRET must be set before triton is imported: triton was imported in this process "
+                      "while it was off, so its kernels were built for a GPU; restart the kernel/process and set "
+                      "TRITON_INTERPRET=1 first (in a notebook: os.environ['TRITON_INTERPRET'] = '1' in the first "
+                      "cell, before importing triton or llmlab.kernels' ops)")
 
 
 def interpret_mode() -> bool:
     """True when Triton runs kernels in its CPU interpreter (`TRITON_INTERPRET=1`)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_imported_without_interpreter() -> bool:
+    """True when triton is already imported in this process and was imported while TRITON_INTERPRET was off.
+
+    Triton reads TRITON_INTERPRET when it decorates a `@triton.jit` function (its own helpers in triton.language at
+    `import triton`, this package's kernels at their import). Set later, the kernels stay GPU kernels, and a launch
+    on CPU tensors fails inside triton ("0 active drivers", "Cannot call @triton.jit'd outside of the scope of a
+    kernel"). Checked on triton's own state: `triton.language.cdiv` is a `JITFunction` then (an
+    `InterpretedFunction` under the interpreter). False when triton is not imported yet or the check does not apply.
+    """
+    tl = sys.modules.get("triton.language")
+    jit = sys.modules.get("triton.runtime.jit")
+    if tl is None or jit is None:
+        return False
+    return isinstance(getattr(tl, "cdiv", None), getattr(jit, "JITFunction", ()))
 
 
 def autotune_configs(configs: list, default) -> list:
@@ -33,9 +55,11 @@ def triton_status() -> tuple[bool, str]:
         import triton  # noqa: F401
     except ImportError as e:  # pragma: no cover - triton ships with Linux torch
         return False, f"triton is not installed ({e}); pip install triton (Linux only)"
-    if interpret_mode():
+    if interpret_mode() and not triton_imported_without_interpreter():
         return True, ""
     if not torch.cuda.is_available():
+        if interpret_mode():
+            return False, INTERPRET_TOO_LATE
         return False, "Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for the slow CPU interpreter)"
     return True, ""
 
@@ -45,7 +69,8 @@ def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Ten
 
     Raises:
         TypeError: a tensor's dtype is not in `dtypes`, or the tensors' dtypes differ.
-        ValueError: tensors on different devices; a CPU tensor without the interpreter; bf16 in the interpreter.
+        ValueError: tensors on different devices; a CPU tensor without the interpreter, or with TRITON_INTERPRET set
+            only after triton was imported (`INTERPRET_TOO_LATE`); bf16 in the interpreter.
     """
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
@@ -59,6 +84,8 @@ def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Ten
         if not interpret_mode():
             raise ValueError(f"{op}: tensors are on {device}; Triton kernels run on a CUDA GPU "
                              f"(or set TRITON_INTERPRET=1 before importing triton to run them on a CPU, slowly)")
+        if triton_imported_without_interpreter():
+            raise ValueError(f"{op}: {INTERPRET_TOO_LATE}")
         if any(t.dtype == torch.bfloat16 for t in tensors.values()):
             raise TypeError(f"{op}: the Triton interpreter (CPU) has no bf16 arithmetic; use fp32 on a CPU")
     return device

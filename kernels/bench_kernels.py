@@ -7,11 +7,17 @@ Each row is `llmlab.bench.result_row(workload=<op>, step="triton" | "pytorch", .
 `bw_fraction` = achieved GB/s / measured copy GB/s (bytes the op must move: its inputs read once, outputs written
 once — the same count for both implementations, so the fraction compares them fairly), and for the weight-only
 matmuls `speedup_vs_bf16` = time of `x @ W.T` in bf16 / time of the kernel.
+
+On a GPU `time_ms` is the GPU time per call from CUDA-graph replay. On a CPU (Triton's interpreter, which needs
+TRITON_INTERPRET=1 set before triton is imported; without it the command prints what to set and exits with
+status 2) it is the wall-clock time of a few calls, everything runs in fp32 — the dense baseline of
+`speedup_vs_bf16` too, the key keeps its name — and the numbers say nothing about speed: the file's `notes` say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -188,17 +194,47 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
     return rows
 
 
-def main(argv=None) -> None:
+def notes_for(device: str, smoke: bool) -> list[str]:
+    """The bench file's notes: what was measured, and how, on this device."""
+    notes = ["kernel micro-benchmarks (llmlab.kernels.bench_kernels); bw_fraction = GBps / peaks.copy_GBps, bytes "
+             "= inputs read once + outputs written once; speedup_vs_bf16 = dense x @ W.T time / kernel time"]
+    if device == "cuda":
+        notes.append("time_ms: GPU time per call from CUDA-graph replay (as inside a captured decode step), over "
+                     "distinct buffers adding up to >= 4x the L2 cache; time_ms_eager: the same call launched from "
+                     "Python (triton.testing.do_bench), host launch cost included")
+    else:
+        notes.append("CPU run: time_ms is the wall-clock time per call (mean of 3 calls after a warm-up), the Triton "
+                     "kernels in Triton's interpreter (TRITON_INTERPRET=1, numpy) and the PyTorch references eagerly, "
+                     "all in fp32; time_ms_eager is not measured; the numbers say nothing about the kernels' speed")
+        notes.append("on a CPU the dense baseline of speedup_vs_bf16 is fp32, not bf16 (the key keeps its name)")
+    if smoke:
+        notes.append("smoke run: tiny sizes, numbers meaningless")
+    return notes
+
+
+def main(argv=None) -> int:
+    """The command; returns the exit status (2, with a one-line error, where the kernels cannot run here)."""
     from llmlab.bench import bench_document, bench_filename, peaks_dict, save_bench
+
+    from ._util import interpret_mode, triton_status
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results", help="folder for the bench JSON file")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds, also on a CPU via the interpreter)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes (seconds, also on a CPU via the interpreter: set TRITON_INTERPRET=1)")
     p.add_argument("--copy-gbps", type=float, default=None,
                    help="copy bandwidth to compare with (GB/s); default: measured (llmlab.peaks)")
     p.add_argument("--ops", default="all", help="all, or a comma list of elementwise, attention, matmul")
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    ok, why = triton_status()
+    if not ok:
+        if device == "cpu" and not interpret_mode():
+            why = ("no CUDA GPU here and TRITON_INTERPRET is not set: run the kernels in Triton's CPU interpreter "
+                   "with `TRITON_INTERPRET=1 python -m llmlab.kernels.bench_kernels --smoke` (slow, fp32, the times "
+                   "say nothing about speed)")
+        print(f"bench_kernels: error: {why}", file=sys.stderr)
+        return 2
     rows = run(device, a.smoke, a.ops)
     if a.copy_gbps is not None:
         peaks = {"copy_GBps": a.copy_gbps, "bf16_TFLOPs": 0.0, "note": "copy_GBps given on the command line"}
@@ -207,22 +243,17 @@ def main(argv=None) -> None:
     for r in rows:
         r["bw_fraction"] = r["GBps"] / peaks["copy_GBps"] if peaks["copy_GBps"] else None
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    notes = ["kernel micro-benchmarks (llmlab.kernels.bench_kernels); bw_fraction = GBps / peaks.copy_GBps, bytes "
-             "= inputs read once + outputs written once; speedup_vs_bf16 = dense x @ W.T time / kernel time",
-             "time_ms: GPU time per call from CUDA-graph replay (as inside a captured decode step), over distinct "
-             "buffers adding up to >= 4x the L2 cache; time_ms_eager: the same call launched from Python "
-             "(triton.testing.do_bench), host launch cost included"]
-    if a.smoke:
-        notes.append("smoke run: tiny sizes, numbers meaningless")
-    doc = bench_document(rows, device=name, peaks=peaks, notes=notes)
+    doc = bench_document(rows, device=name, peaks=peaks, notes=notes_for(device, a.smoke))
     path = save_bench(doc, f"{a.out}/{bench_filename(name, 'kernels', 'micro')}")
     for r in rows:
         eager = f" (eager {r['time_ms_eager'] * 1e3:6.1f})" if r.get("time_ms_eager") else ""
         print(f"{r['workload']:17s} {r['step']:8s} {str(r['shape']):24s} {r['time_ms'] * 1e3:9.1f} us{eager} "
               f"{r['GBps']:8.1f} GB/s  bw_fraction {r['bw_fraction'] or 0:.2f}"
-              + (f"  x{r['speedup_vs_bf16']:.2f} vs bf16" if r.get("speedup_vs_bf16") else ""))
+              + (f"  x{r['speedup_vs_bf16']:.2f} vs {'bf16' if device == 'cuda' else 'fp32'}"
+                 if r.get("speedup_vs_bf16") else ""))
     print("wrote", path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

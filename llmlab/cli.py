@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -14,6 +15,31 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
     return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also catches NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
+    return value
+
+
+def _writable_folder(out: str) -> None:
+    """Create the folder `out` and write a scratch file in it, so that a bad --out fails before any work is done.
+
+    Raises:
+        ValueError: `out` is a file, or the folder cannot be created or written to (the message says why).
+    """
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for the JSON files")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be written to ({e.strerror or e}); give a writable folder for the "
+                         f"JSON files") from None
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -74,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-save", action="store_true", help="print the table only")
     b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
     b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs per row, median reported (default 3)")
-    b.add_argument("--time-budget", type=float, default=None, metavar="S",
-                   help="skip rows that would start after S seconds (per workload)")
+    b.add_argument("--time-budget", type=_seconds, default=None, metavar="S",
+                   help="skip rows that would start after S seconds (per workload; S >= 0)")
     b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
     b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
                    help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")
@@ -101,11 +127,11 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    out = None if args.no_save else (args.out or DEFAULT_OUT)
+    if out is not None:
+        _writable_folder(out)  # before the model loads and the first row runs
     llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    out = None if args.no_save else (args.out or DEFAULT_OUT)
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise ValueError(f"--out {out} is a file; give a folder for the JSON files")
     ran = 0
     for name in names:
         try:

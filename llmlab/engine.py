@@ -19,7 +19,7 @@ import torch
 from .checkpoint import load_model, load_tokenizer, resolve
 from .config import ModelConfig
 from .fast_generate import decode_mode, generate_fast
-from .generate import Generation, generate
+from .generate import Generation, check_flags, generate
 from .model import Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -149,7 +149,7 @@ class LLM:
     # -- generation -------------------------------------------------------------------------------------
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | list[list[int]] | torch.Tensor,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -172,14 +172,20 @@ class LLM:
         `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
         Raises ValueError for an empty prompt, one longer than the context, or bad
-        sampling settings (and for the fast switches without the KV cache); the model is untouched by a failed call.
+        sampling settings (and for the fast switches without the KV cache, cuda_graphs on a CPU model); TypeError
+        for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that
+        is not an int, an on/off argument that is not a bool); the model is untouched by a failed call.
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache.
         """
-        if isinstance(prompt, str):
-            ids = self.encode(prompt)  # the tokenizer's post-processor adds BOS where the model expects one
-        else:
-            ids = list(prompt)
+        check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a model on a CUDA GPU (this one is on {self.device.type}); "
+                             f"turn it off")
+        # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
+        # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
+        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         if self.random_weights and isinstance(prompt, str):
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

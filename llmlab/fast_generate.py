@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from .cuda_graphs import MODES, GraphDecoder, runner_for
-from .generate import Generation, _sync, prepare_prompt, to_device
+from .generate import Generation, _sync, check_flags, make_generator, prepare_prompt, to_device
 from .sampling import check_sampling_args, sample
 from .timing import StepTimer
 
@@ -104,9 +104,11 @@ def generate_fast(
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
             sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, a runner too small.
-            All checked on the host before anything is launched.
+            TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type), gpu_sampling / pin_memory not
+            a bool. All checked on the host before anything is launched.
     """
     check_sampling_args(temperature, top_k, top_p)
+    check_flags(gpu_sampling=gpu_sampling, pin_memory=pin_memory)
     if runner is not None:
         mode = runner.mode
     if mode not in MODES:
@@ -120,7 +122,7 @@ def generate_fast(
     ids = prepare_prompt(model, prompt_ids, max_new_tokens)
     B, T = ids.shape
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    generator = make_generator(seed, device)
 
     if runner is None:
         runner = runner_for(model, mode, B, T + max_new_tokens, max_batch)  # may capture / compile (once)

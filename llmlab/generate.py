@@ -13,6 +13,7 @@ sample), TPOT (mean time per output token after the first) and tokens/s.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from typing import Callable
@@ -80,15 +81,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_max_new_tokens(max_new_tokens) -> None:
+    """Raise TypeError for a max_new_tokens that is not a whole number (2.5, '8', None), ValueError below 1."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens={max_new_tokens!r}: max_new_tokens must be a positive int (the number of "
+                        f"new tokens to generate), e.g. 64")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: max_new_tokens must be a positive int; ask for at least "
+                         f"1 new token")
+
+
+def check_flags(**flags) -> None:
+    """Raise TypeError for an on/off argument that is not a bool (use_cache='false' would count as on)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r}: this argument is on or off; give True or False")
+
+
+def make_generator(seed, device: torch.device) -> torch.Generator | None:
+    """The sampler's generator on `device`, seeded with `seed`; None for seed=None.
+
+    Raises TypeError for a seed that is not an int (torch would say "manual_seed expected a long")."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed={seed!r}: the seed must be an int (or None for an unseeded run)")
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
 def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int) -> None:
-    """Raise ValueError naming the numbers when the prompt (plus what is to be generated) exceeds the context."""
+    """Raise ValueError naming the numbers when the prompt (plus what is to be generated) exceeds the context, and
+    TypeError / ValueError for a max_new_tokens that is not a positive int (`check_max_new_tokens`)."""
     if prompt_len == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: ask for at least 1 new token")
+    check_max_new_tokens(max_new_tokens)
     if prompt_len > context_len:
         raise ValueError(f"the prompt has {prompt_len} tokens, longer than the model's context of {context_len} "
                          f"tokens; shorten the prompt")
+    if prompt_len == context_len:
+        raise ValueError(f"the prompt has {prompt_len} tokens and already fills the model's context of "
+                         f"{context_len} tokens, leaving no room for a new token; shorten the prompt")
     if prompt_len + max_new_tokens > context_len:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
                          f"{prompt_len + max_new_tokens} exceeds the model's context of {context_len} tokens; "
@@ -117,11 +149,26 @@ def to_device(ids: torch.Tensor, device: torch.device, pin_memory: bool = False)
 def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch.Tensor:
     """Prompt ids as a (B, T) int64 CPU tensor, checked against the model's context and vocabulary.
 
-    Raises ValueError (see `check_lengths`, `check_token_ids`) before any work is done.
+    Raises TypeError for something that is not token ids (None, float or bool ids — they are not truncated — or
+    rows of unequal length), ValueError for a prompt that is not 1-D or 2-D (see also `check_lengths`,
+    `check_token_ids`), all before any work is done.
     """
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+    what = ("token ids: a list of ints, a list of equal-length lists of ints (a batch), or an integer tensor of "
+            "shape (T,) or (B, T)")
+    if prompt_ids is None or isinstance(prompt_ids, (str, bytes)):
+        raise TypeError(f"the prompt is {prompt_ids!r}; give {what}")
+    try:
+        ids = torch.as_tensor(prompt_ids)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"the prompt is not {what} ({e})") from None
+    if ids.numel() and (ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex()):
+        raise TypeError(f"the prompt holds {str(ids.dtype).removeprefix('torch.')} values (e.g. "
+                        f"{ids.flatten()[0].item()!r}), not token ids; give {what}")
     if ids.dim() == 1:
         ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"the prompt has shape {tuple(ids.shape)}; give {what}")
+    ids = ids.to(torch.long)
     check_lengths(ids.shape[1], max_new_tokens, model.config.max_seq_len)
     check_token_ids(ids, model.config.vocab_size)
     return ids
@@ -163,15 +210,18 @@ def generate(
 
     Raises:
         ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
-            vocabulary, bad sampling settings. Checked before any work, so the model is untouched.
+            vocabulary, max_new_tokens < 1, bad sampling settings. TypeError: prompt ids that are not ints (or
+            None), a max_new_tokens or seed that is not an int, use_cache / pin_memory not a bool. Checked before
+            any work, so the model is untouched.
     """
     check_sampling_args(temperature, top_k, top_p)
+    check_flags(use_cache=use_cache, pin_memory=pin_memory)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     ids = prepare_prompt(model, prompt_ids, max_new_tokens)
     B, T = ids.shape
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    generator = make_generator(seed, device)
 
     ids = to_device(ids, device, pin_memory)
     make_cache = cache_factory or KVCache

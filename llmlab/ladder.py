@@ -175,15 +175,19 @@ def check_step(llm, step: LadderStep, settings: dict[str, Any]) -> tuple[bool, s
     return True, ""
 
 
-def available_steps(llm, names: list[str] | None = None) -> tuple[list[ResolvedStep], list[tuple[LadderStep, str]]]:
+def available_steps(llm, names: list[str] | str | None = None
+                    ) -> tuple[list[ResolvedStep], list[tuple[LadderStep, str]]]:
     """Resolve the ladder for `llm`: (runnable steps with their accumulated settings, [(skipped step, reason)]).
 
-    names: the rungs wanted (None or ["all"]: every rung). Rungs below a wanted one still accumulate into it, so
-    `names=["+cuda_graphs"]` runs CUDA graphs with the KV cache and GPU sampling that sit below it.
+    names: the rungs wanted (None, "all" or ["all"]: every rung); one name may be given as a string ("eager" is
+    ["eager"]). Rungs below a wanted one still accumulate into it, so `names=["+cuda_graphs"]` runs CUDA graphs
+    with the KV cache and GPU sampling that sit below it.
 
     Raises:
         ValueError: a name that is not a rung (the message lists them).
     """
+    if isinstance(names, str):
+        names = [names]  # list("eager") would be the names "e", "a", "g", ...
     wanted = None if names is None or list(names) == ["all"] else list(names)
     if wanted is not None:
         for n in wanted:

@@ -205,6 +205,26 @@ def test_list_bench_skips_invalid_files(tmp_path):
     assert list_bench(tmp_path, device_contains="h200") and not list_bench(tmp_path, device_contains="A100")
 
 
+def test_latest_ladder_skips_partial_and_cpu_runs(tmp_path):
+    """Labs replay the newest FULL ladder of a workload: a later run of two rungs only, or a CPU run, is skipped."""
+    peaks = {"copy_GBps": 4277.0, "bf16_TFLOPs": 804.0}
+
+    def doc(device, date, steps, workload="chat", model="llama-3.2-1b"):
+        rows = [result_row(workload=workload, model=model, step=s, batch_size=1, weights="bf16", tokens_per_s=1.0)
+                for s in steps]
+        d = bench_document(rows, device=device, peaks=peaks)
+        d["date"], d["workload"], d["model"] = date, {"name": workload}, {"id": model}
+        return d
+
+    save_bench(doc("NVIDIA H200", "2026-01-01T00:00:00Z", ["eager", "+cuda_graphs"]), tmp_path / "full.json")
+    save_bench(doc("NVIDIA H200", "2026-01-02T00:00:00Z", ["+cuda_graphs", "+triton_kernels"]), tmp_path / "p.json")
+    save_bench(doc("cpu", "2026-01-03T00:00:00Z", ["eager"]), tmp_path / "cpu.json")
+    save_bench(doc("NVIDIA H200", "2026-01-04T00:00:00Z", ["eager"], model="other"), tmp_path / "o.json")
+    assert bench.latest_ladder("chat", "llama-3.2-1b", tmp_path)["path"].endswith("full.json")
+    assert bench.latest_ladder("chat", None, tmp_path)["path"].endswith("o.json")
+    assert bench.latest_ladder("long", None, tmp_path) is None
+
+
 def test_cli_errors(capsys):
     assert main(["bench", "--workload", "nope", "--no-save"]) == 2
     assert "unknown workload 'nope'; known workloads: chat, batch, long" in capsys.readouterr().err
@@ -215,6 +235,32 @@ def test_cli_errors(capsys):
     assert "unknown ladder step 'warp'" in capsys.readouterr().err
     assert main(["bench", "--workload", "long", "--no-save", "--device", "cpu"]) == 2
     assert "needs a context of 8192 tokens but pydoc-llama has 1024: it does not fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", ["-1", "nan"])
+def test_cli_rejects_a_negative_time_budget(budget, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--time-budget", budget, "--no-save"])
+    assert e.value.code == 2 and f"{budget} is not a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_cli_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
+    """An --out that cannot be written is found before the model loads and the first row runs."""
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(bench, "load_bench_model", no_load)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["bench", "--out", str(blocker / "sub"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'sub'} cannot be written to" in err and "writable folder" in err
+    assert main(["bench", "--out", str(blocker), "--device", "cpu"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    new = tmp_path / "new" / "folder"
+    with pytest.raises(AssertionError, match="before --out was checked"):  # a good --out passes, and is created
+        main(["bench", "--out", str(new), "--device", "cpu"])
+    assert new.is_dir() and not list(new.iterdir())
 
 
 def test_cli_bench_prints_the_table(tmp_path, capsys):

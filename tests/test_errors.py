@@ -19,7 +19,7 @@ from llmlab.checkpoint import load_model, load_tokenizer
 from llmlab.cli import main
 from llmlab.config import PRESETS, ModelConfig
 from llmlab.engine import LLM, pick_device, pick_dtype
-from llmlab.generate import generate
+from llmlab.generate import check_lengths, generate
 from llmlab.kv_cache import KVCache
 from tiny_models import model_folder
 
@@ -279,6 +279,85 @@ def test_empty_prompt(good, prompt):
 def test_no_new_tokens(good):
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         good[1].generate(PROMPT, max_new_tokens=0)
+    still_works(good)
+
+
+@pytest.mark.parametrize("max_new_tokens", [2.5, "8", None, True])
+def test_max_new_tokens_must_be_a_positive_int(good, max_new_tokens):
+    llm = good[1]
+    for call in (lambda: llm.generate(PROMPT, max_new_tokens=max_new_tokens),
+                 lambda: llm.generate(PROMPT, max_new_tokens=max_new_tokens, gpu_sampling=True),
+                 lambda: generate(llm.model, [1, 2, 3], max_new_tokens=max_new_tokens),
+                 lambda: check_lengths(3, max_new_tokens, 256)):
+        with pytest.raises(TypeError, match="max_new_tokens must be a positive int"):
+            call()
+    for bad in (0, -1):  # the right type, the wrong value: ValueError, as before
+        with pytest.raises(ValueError, match=f"max_new_tokens={bad}: max_new_tokens must be a positive int"):
+            llm.generate(PROMPT, max_new_tokens=bad)
+    still_works(good)
+
+
+def test_prompt_that_fills_the_context_says_so(good):
+    """Not "lower max_new_tokens to at most 0": 0 is itself refused."""
+    llm = good[1]
+    for kw in ({}, {"gpu_sampling": True}):
+        with pytest.raises(ValueError) as e:
+            llm.generate([1] * 256, max_new_tokens=1, **kw)
+        msg = str(e.value)
+        assert "256 tokens and already fills the model's context of 256 tokens" in msg and "at most 0" not in msg
+    still_works(good)
+
+
+@pytest.mark.parametrize("seed", ["abc", 1.5, True])
+def test_seed_must_be_an_int(good, seed):
+    for kw in ({}, {"gpu_sampling": True}):
+        with pytest.raises(TypeError, match=r"seed=.*: the seed must be an int"):
+            good[1].generate(PROMPT, temperature=1.0, seed=seed, **kw)
+    still_works(good)
+
+
+@pytest.mark.parametrize("prompt", [None, [1.5, 2.0], [1.0, 2.0], torch.tensor([1.5, 2.0]), [True, False],
+                                    [[1, 2], [3]], ["a", "b"]],
+                         ids=["None", "floats", "whole-floats", "float-tensor", "bools", "ragged", "strings"])
+def test_prompt_that_is_not_token_ids(good, prompt):
+    """Float ids are refused, not truncated to ints; None and ragged rows get the same message, not torch's."""
+    with pytest.raises(TypeError, match="give token ids|not token ids"):
+        good[1].generate(prompt)
+    with pytest.raises(TypeError, match="give token ids|not token ids"):
+        generate(good[1].model, prompt)
+    still_works(good)
+
+
+def test_tensor_prompts(good):
+    """A 2-D tensor is a batch, like a list of equal-length lists; other shapes are refused by name."""
+    llm = good[1]
+    rows = [[5, 6, 7], [8, 9, 10]]
+    got = llm.generate(torch.tensor(rows), max_new_tokens=4, stop_at_eos=False).token_ids
+    assert len(got) == 2 and got == llm.generate(rows, max_new_tokens=4, stop_at_eos=False).token_ids
+    assert llm.generate(torch.tensor(rows[0]), max_new_tokens=4, stop_at_eos=False).token_ids == [got[0]]
+    for bad in (torch.ones(1, 1, 3, dtype=torch.long), torch.tensor(5)):
+        with pytest.raises(ValueError, match=r"the prompt has shape \("):
+            llm.generate(bad)
+    still_works(good)
+
+
+@pytest.mark.parametrize("flag", ["use_cache", "stop_at_eos", "cuda_graphs", "torch_compile", "gpu_sampling",
+                                  "pin_memory"])
+def test_on_off_arguments_must_be_bools(good, flag):
+    """use_cache='false' is truthy: it would run with the cache on. Refused like the switches refuse it."""
+    with pytest.raises(TypeError, match=f"{flag}='false': this argument is on or off; give True or False"):
+        good[1].generate(PROMPT, **{flag: "false"})
+    if flag in ("use_cache", "pin_memory"):
+        with pytest.raises(TypeError, match=f"{flag}=1: "):
+            generate(good[1].model, [1, 2, 3], **{flag: 1})
+    still_works(good)
+
+
+def test_cuda_graphs_on_a_cpu_model_names_the_keyword(good):
+    for kw in ({}, {"torch_compile": True}):
+        with pytest.raises(ValueError) as e:
+            good[1].generate(PROMPT, cuda_graphs=True, **kw)
+        assert str(e.value) == "cuda_graphs=True needs a model on a CUDA GPU (this one is on cpu); turn it off"
     still_works(good)
 
 

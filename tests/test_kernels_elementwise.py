@@ -184,3 +184,39 @@ def test_rope_rejects_bad_inputs():
         rope_(q, k, cos[:2], sin[:2])
     with pytest.raises(ValueError, match="match q"):
         rope_(q, torch.randn(1, 1, 4, 8, device=DEV), cos, sin)
+
+
+# -- TRITON_INTERPRET set only after triton was imported -----------------------------------------------------------
+
+def test_interpreter_turned_on_after_triton_was_imported_is_named(monkeypatch):
+    """Simulated (the test process imported triton under the interpreter): the kernel call raises the restart
+    advice instead of triton's "0 active drivers" RuntimeError; triton_status says the same."""
+    from llmlab.kernels import _util
+
+    if interpret_mode():
+        assert not _util.triton_imported_without_interpreter()  # conftest.py set it before triton was imported
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_util, "triton_imported_without_interpreter", lambda: True)
+    with pytest.raises(ValueError, match="rmsnorm: TRITON_INTERPRET must be set before triton is imported: .*restart"):
+        rmsnorm(torch.ones(2, 8), torch.ones(8))
+    if not torch.cuda.is_available():
+        ok, why = _util.triton_status()
+        assert not ok and why == _util.INTERPRET_TOO_LATE
+
+
+def test_interpreter_turned_on_after_the_kernels_were_imported_in_a_real_process():
+    """The notebook case, for real: import a kernel, then set TRITON_INTERPRET=1, then call it on CPU tensors."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, torch\n"
+            "from llmlab.kernels.rmsnorm import rmsnorm\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"
+            "try:\n"
+            "    rmsnorm(torch.ones(2, 8), torch.ones(8))\n"
+            "except ValueError as e:\n"
+            "    print('ValueError:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ValueError: rmsnorm: TRITON_INTERPRET must be set before triton is imported" in proc.stdout, proc.stderr

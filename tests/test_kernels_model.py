@@ -207,3 +207,25 @@ def test_graph_replayed_triton_decode_equals_eager_decode(batch):
         patch_model.disable(model)
     assert got.token_ids == ref.token_ids
     assert len(set(ref.token_ids[0])) >= 3  # the check is not vacuous: the decode does not repeat one token
+
+
+def test_kernel_bench_notes_say_what_was_measured_on_this_device():
+    """On a CPU the file must not claim CUDA-graph GPU times, nor a bf16 dense baseline."""
+    from llmlab.kernels.bench_kernels import notes_for
+
+    cpu, gpu = " ".join(notes_for("cpu", smoke=True)), " ".join(notes_for("cuda", smoke=False))
+    assert "wall-clock" in cpu and "interpreter" in cpu and "CUDA-graph" not in cpu
+    assert "dense baseline of speedup_vs_bf16 is fp32" in cpu and "meaningless" in cpu
+    assert "CUDA-graph replay" in gpu and "wall-clock" not in gpu and "meaningless" not in gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without a CUDA GPU")
+def test_kernel_bench_without_the_interpreter_says_what_to_set(tmp_path, monkeypatch, capsys):
+    from llmlab.kernels import bench_kernels
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert bench_kernels.main(["--smoke", "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("bench_kernels: error: ") and "TRITON_INTERPRET=1" in err
+    assert not list(tmp_path.iterdir())

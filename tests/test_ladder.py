@@ -122,3 +122,12 @@ def test_tour_climbs_the_ladder(llm, tmp_path):
     assert [r["setting"] for r in rows] == ["no KV cache", "KV cache"]
     skipped_lines = [line for line in lines if "skipped:" in line]
     assert len(skipped_lines) == len(step_names()) - 2
+
+
+def test_one_rung_may_be_named_by_a_string(llm):
+    """available_steps(llm, "eager") is ["eager"], not the letters e, a, g, ..."""
+    runnable, skipped = available_steps(llm, "eager")
+    assert [r.name for r in runnable] == ["eager"] and not skipped
+    assert available_steps(llm, "all") == available_steps(llm)
+    with pytest.raises(ValueError, match="unknown ladder step 'eagre'"):
+        available_steps(llm, "eagre")
