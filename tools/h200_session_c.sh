@@ -9,30 +9,8 @@
 # Every step runs under `timeout`; the whole script ends within DEADLINE_S (default 540 s). Everything printed
 # goes to $OUT/session.log; results are packed in $OUT/results.tar.gz.
 set -uo pipefail
-OUT=${OUT:-/tmp/llmlab-out}; mkdir -p "$OUT/r"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD
-export LLMLAB_PEAKS_CACHE=/tmp/llmlab-peaks.json
 DEADLINE_S=${DEADLINE_S:-540}
-START=$SECONDS
-LOG="$OUT/session.log"
-PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs --durations=5"
-left() { echo $((DEADLINE_S - (SECONDS - START))); }
-step() {  # step NAME MAX_SECONDS COMMAND...
-  local name=$1 max=$2 remaining
-  shift 2
-  remaining=$(left)
-  ((remaining < 20)) && { echo "### $name: SKIPPED (${remaining}s left)" | tee -a "$LOG"; return 0; }
-  ((max > remaining)) && max=$remaining
-  echo "### $name (at $((SECONDS - START))s, limit ${max}s)" | tee -a "$LOG"
-  timeout --kill-after=5 "$max" "$@" 2>&1 | grep -v '^USDT' | tee -a "$LOG"
-  echo "### $name: exit ${PIPESTATUS[0]} at $((SECONDS - START))s" | tee -a "$LOG"
-}
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
-  echo "commit: ${LLMLAB_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
-} 2>&1 | tee -a "$LOG"
-python3 -c "import llmlab.kernels" 2>/dev/null || ln -sfn ../kernels llmlab/kernels
+source "$(dirname "$0")/h200_lib.sh"
 
 step kernel_tests 170 $PYTEST tests/test_kernels_*.py
 step kernel_bench 80 python3 -m llmlab.kernels.bench_kernels --out "$OUT/r"
@@ -49,6 +27,4 @@ for name, settings in (('cuda_graphs', {'cuda_graphs': True}), ('triton', {'cuda
     print(name, {k: s[k] for k in ('kernels_per_token', 'launches_per_token', 'gpu_busy_fraction')})
     print(format_summary(s))
 "
-echo "### done in $((SECONDS - START))s" | tee -a "$LOG"
-tar -czf "$OUT/results.tar.gz" -C "$OUT" r && rm -rf "$OUT/r"
-ls -la "$OUT"
+finish

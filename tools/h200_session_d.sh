@@ -6,30 +6,8 @@
 #   4. kernels per token: CUDA graphs vs CUDA graphs + Triton kernels (profile)     -> session.log
 # Every step runs under `timeout`; the script ends within DEADLINE_S (default 560 s).
 set -uo pipefail
-OUT=${OUT:-/tmp/llmlab-out}; mkdir -p "$OUT/r"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD
-export LLMLAB_PEAKS_CACHE=/tmp/llmlab-peaks.json
 DEADLINE_S=${DEADLINE_S:-560}
-START=$SECONDS
-LOG="$OUT/session.log"
-PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs --durations=5"
-left() { echo $((DEADLINE_S - (SECONDS - START))); }
-step() {  # step NAME MAX_SECONDS COMMAND...
-  local name=$1 max=$2 remaining
-  shift 2
-  remaining=$(left)
-  ((remaining < 20)) && { echo "### $name: SKIPPED (${remaining}s left)" | tee -a "$LOG"; return 0; }
-  ((max > remaining)) && max=$remaining
-  echo "### $name (at $((SECONDS - START))s, limit ${max}s)" | tee -a "$LOG"
-  timeout --kill-after=5 "$max" "$@" 2>&1 | grep -v '^USDT' | tee -a "$LOG"
-  echo "### $name: exit ${PIPESTATUS[0]} at $((SECONDS - START))s" | tee -a "$LOG"
-}
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
-  echo "commit: ${LLMLAB_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
-} 2>&1 | tee -a "$LOG"
-python3 -c "import llmlab.kernels" 2>/dev/null || ln -sfn ../kernels llmlab/kernels
+source "$(dirname "$0")/h200_lib.sh"
 
 step gpu_tests 150 $PYTEST -x tests/test_kernels_*.py tests/test_cuda_graphs.py -k "not compile"
 step kernel_bench 150 python3 -m llmlab.kernels.bench_kernels --out "$OUT/r"
@@ -44,6 +22,4 @@ for name, settings in (('cuda_graphs', {'cuda_graphs': True}), ('triton', {'cuda
     print(name, {k: s[k] for k in ('kernels_per_token', 'launches_per_token', 'gpu_busy_fraction')})
     print(format_summary(s))
 "
-echo "### done in $((SECONDS - START))s" | tee -a "$LOG"
-tar -czf "$OUT/results.tar.gz" -C "$OUT" r && rm -rf "$OUT/r"
-ls -la "$OUT"
+finish

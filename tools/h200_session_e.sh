@@ -8,30 +8,8 @@
 #   3. batch (64 prompts) and long (8K context) on llama-3.2-1b, every fast rung + peers       -> *_batch_*, *_long_*
 #   4. kernel micro-benchmarks                                                                 -> *_kernels_micro_*.json
 set -uo pipefail
-OUT=${OUT:-/tmp/llmlab-out}; mkdir -p "$OUT/r"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD
-export LLMLAB_PEAKS_CACHE=/tmp/llmlab-peaks.json
 DEADLINE_S=${DEADLINE_S:-560}
-START=$SECONDS
-LOG="$OUT/session.log"
-PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs --durations=5"
-left() { echo $((DEADLINE_S - (SECONDS - START))); }
-step() {  # step NAME MAX_SECONDS COMMAND...
-  local name=$1 max=$2 remaining
-  shift 2
-  remaining=$(left)
-  ((remaining < 20)) && { echo "### $name: SKIPPED (${remaining}s left)" | tee -a "$LOG"; return 0; }
-  ((max > remaining)) && max=$remaining
-  echo "### $name (at $((SECONDS - START))s, limit ${max}s)" | tee -a "$LOG"
-  timeout --kill-after=5 "$max" "$@" 2>&1 | grep -v '^USDT' | tee -a "$LOG"
-  echo "### $name: exit ${PIPESTATUS[0]} at $((SECONDS - START))s" | tee -a "$LOG"
-}
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
-  echo "commit: ${LLMLAB_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
-} 2>&1 | tee -a "$LOG"
-python3 -c "import llmlab.kernels" 2>/dev/null || ln -sfn ../kernels llmlab/kernels
+source "$(dirname "$0")/h200_lib.sh"
 
 step gpu_tests 170 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_kernels_*.py tests/test_paged_kernel_cache.py \
   tests/test_cuda_graphs.py tests/test_gpu.py -k "not compile"
@@ -42,6 +20,4 @@ step batch_1b 110 python3 -m llmlab.cli bench --out "$OUT/r" --workload batch --
 step long_1b 100 python3 -m llmlab.cli bench --out "$OUT/r" --workload long --model llama-3.2-1b --steps "$FAST" \
   --peers --repeats 1 --time-budget 85
 step kernel_bench 60 python3 -m llmlab.kernels.bench_kernels --out "$OUT/r"
-echo "### done in $((SECONDS - START))s" | tee -a "$LOG"
-tar -czf "$OUT/results.tar.gz" -C "$OUT" r && rm -rf "$OUT/r"
-ls -la "$OUT"
+finish
