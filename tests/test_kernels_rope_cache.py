@@ -44,6 +44,17 @@ def test_fused_rope_and_cache_write_equals_the_unfused_ops(B, H, Hkv, hd, S, dty
     assert int(torch.isnan(k_cache).logical_not().sum()) == B * Hkv * hd  # one slot per (row, KV head)
 
 
+@pytest.mark.parametrize("B", [1, 7, 17])  # the grid: one program per (row, head)
+@pytest.mark.parametrize("hd", [2, 14, 34, 998])  # the tiled dimension: hd / 2 lanes, padded to a power of 2
+def test_sizes_in_the_tiled_dimensions(B, hd):
+    case = _case(B, 2, 1, hd, 3, torch.float32, seed=B + hd)
+    ref = [t.clone() for t in case]
+    rope_and_cache_(*case, n_heads=2)
+    rope_and_cache_reference(*ref, n_heads=2)
+    for got, want in zip(case, ref):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_rejects_shapes_that_do_not_fit():
     qkv, cos, sin, pos, k_cache, v_cache = _case(2, 4, 2, 16, 8, torch.float32)
     with pytest.raises(ValueError, match="q heads"):
