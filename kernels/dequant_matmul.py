@@ -317,6 +317,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
                          f"{scales.device})")
     N, K = w_q.shape
     _check_x("int8_matmul", x, K)
+    scales = scales.contiguous()  # the kernels read scales[n] at offset n
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 1:  # batch-1 decode: the CUDA-core GEMV

@@ -8,9 +8,9 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   residual add before it (`h = h + attn` then `norm(h)`; the MLP's output is added by the next block's first norm,
   or by the final norm): no separate add kernels;
 * q, k, v projections: ONE matmul over the three weights concatenated (and gate/up likewise): fewer, larger GEMVs,
-  which use the memory bus better than three small ones. The concatenated copies are made on first use and
-  rebuilt if a weight is replaced or changed in place; they cost extra memory (the q/k/v and gate/up weights once
-  more) until `disable`;
+  which use the memory bus better than three small ones. On first use the weights are moved into one tensor and
+  each layer's parameter becomes a view of its rows (no extra memory; in-place edits of a weight reach the fused
+  tensor); a weight replaced or moved afterwards makes it rebuild;
 * RoPE: q and k rotated in place by one launch (they sit side by side in the fused projection's output); in a
   decode step on a static cache (CUDA graphs) the same launch also writes K and V into the cache;
 * SwiGLU: silu(gate) * up in one kernel, reading the two halves of the fused output;
@@ -81,18 +81,31 @@ _FUSED = {"_llmlab_fused_qkv": ("q_proj", "k_proj", "v_proj"), "_llmlab_fused_ga
 def _fused_linear(owner: torch.nn.Module, attr: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """(weight, bias, split sizes) of owner's Linear layers `_FUSED[attr]` concatenated along the outputs.
 
-    Built on first use and kept in `owner.__dict__[attr]` (not a parameter: not saved, not moved by `.to()`),
-    rebuilt when any of the layers' weights was replaced, moved or modified in place (address or version changed).
+    On first use the layers' weights (and biases) are copied into one tensor and each layer's parameter is made a
+    VIEW of its rows: no second copy, and whatever writes a weight in place — `w.mul_()`, `w.data.copy_()`,
+    `load_state_dict` — writes the fused tensor too. Kept in `owner.__dict__[attr]` (not a parameter: not saved,
+    not moved by `.to()`); rebuilt when a parameter no longer lives there (replaced, or moved by `.to()`).
     """
     linears = [getattr(owner, name) for name in _FUSED[attr]]
-    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
     cached = owner.__dict__.get(attr)
-    if cached is None or cached[0] != key:
+    if cached is not None and all(lin.weight.data_ptr() == ptr for lin, ptr in zip(linears, cached[0])) and \
+            all(lin.weight.dtype == cached[1].dtype for lin in linears) and \
+            (cached[2] is None or all(lin.bias.data_ptr() == ptr for lin, ptr in zip(linears, cached[3]))):
+        return cached[1], cached[2], cached[4]
+    with torch.no_grad():
         weight = torch.cat([lin.weight.detach() for lin in linears])
         bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
-        cached = owner.__dict__[attr] = (key, weight, bias, [lin.out_features for lin in linears])
-    return cached[1], cached[2], cached[3]
+        start = 0
+        for lin in linears:  # each layer's weight becomes a view of its rows of the fused tensor
+            rows = slice(start, start + lin.out_features)
+            lin.weight.data = weight[rows]
+            if bias is not None:
+                lin.bias.data = bias[rows]
+            start += lin.out_features
+    w_ptrs = [lin.weight.data_ptr() for lin in linears]
+    b_ptrs = [lin.bias.data_ptr() for lin in linears] if bias is not None else None
+    owner.__dict__[attr] = (w_ptrs, weight, bias, b_ptrs, [lin.out_features for lin in linears])
+    return weight, bias, [lin.out_features for lin in linears]
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,11 +120,11 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     """(B,) int64: how many slots of a static cache each row attends to (its position + 1). Computed once per
     forward pass — every layer gets the same `positions` tensor — and kept on the cache."""
     cached = getattr(kv_cache, "_llmlab_lens", None)
-    if cached is not None and cached[0] is positions:
-        return cached[1]
+    if cached is not None and cached[0] is positions and cached[1] == positions._version:
+        return cached[2]  # the same tensor, unchanged since (a loop that updates it in place bumps its version)
     pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)
     lens = pos + 1
-    kv_cache._llmlab_lens = (positions, lens)
+    kv_cache._llmlab_lens = (positions, positions._version, lens)
     return lens
 
 

@@ -179,7 +179,10 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
         if model.config.tie_embeddings and name == "lm_head.weight":
             continue
         t = t.detach().to("cpu")
-        state["model." + name if name != "lm_head.weight" else name] = (t.to(dtype) if dtype else t).contiguous()
+        t = (t.to(dtype) if dtype else t).contiguous()
+        if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()  # a view into a larger tensor (the Triton switch fuses q/k/v): safetensors wants its own
+        state["model." + name if name != "lm_head.weight" else name] = t
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     hf = model.config.to_hf_config()
     hf["torch_dtype"] = str(dtype or next(model.parameters()).dtype).removeprefix("torch.")

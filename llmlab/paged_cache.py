@@ -178,11 +178,21 @@ class PagedKVCache:
                              f"{layer} with no matching layer-0 write since the last reset")
 
     def _check_room(self, B: int, start: int, end: int) -> None:
-        """OutOfBlocks unless the free list holds every new block rows 0..B-1 need to reach `end` tokens."""
+        """Before anything is reserved: ValueError if a row would get a gap (start past its tokens) or keep stale
+        tokens (end before its last reserved token); OutOfBlocks unless the free list holds every new block the rows
+        need to reach `end`."""
         from .block_manager import OutOfBlocks
 
+        for b in range(B):
+            have = self.blocks.length(b) if b in self.blocks.tables else 0
+            if start > have:
+                raise ValueError(f"row {b} holds {have} tokens; a write at position {start} would leave a gap")
+            if end < have:  # the kernel path attends to every stored token: tokens past `end` would be stale
+                raise ValueError(f"row {b} holds {have} tokens; a write ending at position {end - 1} would leave "
+                                 f"stale tokens after it: write up to the row's end (slots reserved ahead, as "
+                                 f"prefix reuse does, are fine), or reset() the cache to start again")
         bs = self.block_size
-        need = sum(-(-end // bs) - (len(self.blocks.block_table(b)) if b in self.blocks.tables else 0)
+        need = sum(max(0, -(-end // bs) - (len(self.blocks.block_table(b)) if b in self.blocks.tables else 0))
                    for b in range(B))
         if need > self.blocks.num_free:
             raise OutOfBlocks(need, self.blocks.num_free, bs, f"writing tokens {start}..{end - 1} of {B} rows")

@@ -154,3 +154,15 @@ def test_wrong_shapes_and_dtypes_are_clear_errors():
         int8_matmul(torch.randn(0, 32, device=DEV), w8, s8)
     with pytest.raises(TypeError, match="uint8"):
         int4_matmul(torch.randn(1, 32, device=DEV), w8[:, :16], torch.ones(8, 1, device=DEV))
+
+
+@pytest.mark.parametrize("M", [1, 3])
+def test_int8_strided_scales(M):
+    """Scales that are a strided view (every other element of a buffer) must be read by their values, not memory."""
+    w8, s8 = quantize_int8(_w(40, 64, seed=5))
+    buf = torch.zeros(80, device=DEV)
+    buf[::2] = s8
+    strided = buf[::2]
+    x = torch.randn(M, 64, device=DEV)
+    torch.testing.assert_close(int8_matmul(x, w8, strided), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                               **TOL[torch.float32])

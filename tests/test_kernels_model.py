@@ -171,21 +171,36 @@ def test_the_triton_rung_replaces_torch_compile_on_top_of_cuda_graphs():
 
 @torch.no_grad()
 def test_fused_projections_follow_weight_changes_and_are_dropped_by_disable():
-    """The concatenated q/k/v and gate/up copies must never serve stale weights."""
+    """The fused q/k/v and gate/up weights must never serve stale values, however a weight is changed."""
+    import copy
+
     model = tiny_model(seed=4).to(DEV)
+    twin = copy.deepcopy(model)  # stays on the PyTorch path; gets the same edits
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(1)).to(DEV)
+
+    def edit(m, how):
+        attn, mlp = m.layers[0].self_attn, m.layers[0].mlp
+        if how == "data":  # in place through .data: neither the address nor the version changes
+            attn.v_proj.weight.data.mul_(-1.0)
+            mlp.gate_proj.weight.data.add_(0.1)
+        elif how == "inplace":
+            attn.k_proj.weight.mul_(3.0)
+        else:  # replaced: a new tensor
+            mlp.up_proj.weight = torch.nn.Parameter(mlp.up_proj.weight * 0.5)
+
     patch_model.enable(model)
     try:
         model(ids)
         attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
         assert "_llmlab_fused_qkv" in attn.__dict__ and "_llmlab_fused_gate_up" in mlp.__dict__
-        attn.k_proj.weight.mul_(3.0)  # in place: same address, new version
-        mlp.up_proj.weight = torch.nn.Parameter(mlp.up_proj.weight * 0.5)  # replaced: new address
-        got = model(ids)
+        for how in ("data", "inplace", "replaced"):
+            edit(model, how)
+            edit(twin, how)
+            torch.testing.assert_close(model(ids), twin(ids), atol=1e-4, rtol=1e-4, msg=f"after a {how} edit")
     finally:
         patch_model.disable(model)
     assert "_llmlab_fused_qkv" not in attn.__dict__ and "_llmlab_fused_gate_up" not in mlp.__dict__
-    torch.testing.assert_close(got, model(ids), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model(ids), twin(ids), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -229,3 +244,49 @@ def test_kernel_bench_without_the_interpreter_says_what_to_set(tmp_path, monkeyp
     assert out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith("bench_kernels: error: ") and "TRITON_INTERPRET=1" in err
     assert not list(tmp_path.iterdir())
+
+
+@torch.no_grad()
+def test_a_positions_tensor_updated_in_place_gives_fresh_lengths():
+    """A decode loop may keep one positions tensor and add 1 to it each step: the per-step lengths must follow."""
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=6).to(DEV)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3)).to(DEV)
+
+    def run():
+        cache = StaticKVCache(model.config, 2, 32, torch.float32, DEV)
+        model(ids, kv_cache=cache)
+        P = torch.tensor([[12], [12]], device=DEV)
+        outs = []
+        for step in range(3):
+            outs.append(model(ids[:, step:step + 1], positions=P, kv_cache=cache))
+            P += 1
+        return outs
+
+    ref = run()
+    patch_model.enable(model)
+    try:
+        got = run()
+    finally:
+        patch_model.disable(model)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_a_patched_model_saves_and_loads_like_the_original(tmp_path):
+    """The fused projections make q/k/v (gate/up) views of one tensor: saving must still write separate weights."""
+    from llmlab.checkpoint import load_model, save_model
+
+    model = tiny_model(seed=7).to(DEV)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4)).to(DEV)
+    ref = model(ids)
+    patch_model.enable(model)
+    try:
+        model(ids)  # builds the fused tensors
+        save_model(model, tmp_path)
+    finally:
+        patch_model.disable(model)
+    loaded = load_model(tmp_path, device=DEV, dtype=torch.float32)
+    torch.testing.assert_close(loaded(ids), ref, atol=1e-5, rtol=1e-5)

@@ -177,3 +177,16 @@ def test_a_refused_write_changes_nothing_and_the_cache_stays_usable():
     cache.reset()
     with pytest.raises(ValueError, match="write layer 0"):  # reset forgets the last step's slots
         cache.write(1, torch.arange(3), k3, k3)
+
+
+def test_a_write_that_would_leave_stale_tokens_is_refused():
+    """Writing position 5 of a 12-token row would leave tokens 6..11 for the paged kernel to read: refused, and the
+    row is left as it was."""
+    cfg = tiny_config()
+    cache = PagedKVCache(cfg, 1, 64, torch.float32, "cpu", block_size=4)
+    k = torch.randn(1, cfg.n_kv_heads, 12, cfg.head_dim)
+    for layer in range(cfg.n_layers):
+        cache.update(layer, torch.arange(12), k, k)
+    with pytest.raises(ValueError, match="stale tokens"):
+        cache.update(0, torch.tensor([5]), k[:, :, :1], k[:, :, :1])
+    assert cache.blocks.length(0) == 12 and cache.length == 12
