@@ -70,13 +70,17 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     # meta-parameters
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
     split = tl.program_id(1)
-    seq_len = tl.load(lens_ptr + b)
+    if HAS_LENS:
+        seq_len = tl.load(lens_ptr + b)
+    else:  # every sequence attends to all S slots
+        seq_len = S
     # whole BLOCK_N tiles per split; with the rounding, the last splits may be empty (they weigh 0 in the merge)
     split_size = tl.cdiv(tl.cdiv(S, tl.num_programs(1)), BLOCK_N) * BLOCK_N
     start = split * split_size
@@ -162,22 +166,6 @@ def _default_splits(B: int, Hkv: int, S: int) -> int:
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, B * Hkv), triton.cdiv(S, 32), 256))
 
 
-_LENS: dict = {}
-
-
-def _full_lens(B: int, S: int, device: torch.device) -> torch.Tensor:
-    """A (B,) int32 tensor of S, made once per (B, S, device) and reused: no fill kernel in every call (or in
-    every captured decode step). Never written to."""
-    key = (B, S, str(device))
-    if key not in _LENS and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.full((B,), S, dtype=torch.int32, device=device)  # graph-pool memory: not kept past the graph
-    if key not in _LENS:
-        if len(_LENS) > 256:
-            _LENS.clear()
-        _LENS[key] = torch.full((B,), S, dtype=torch.int32, device=device)
-    return _LENS[key]
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -228,9 +216,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"decode_attention: {name}'s last dimension must be contiguous, strides {t.stride()}")
-    if seq_lens is None:
-        seq_lens = _full_lens(B, S, q.device)
-    else:
+    if seq_lens is not None:
         if seq_lens.shape != (B,) or seq_lens.device != q.device or seq_lens.is_floating_point():
             raise ValueError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}")
         capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -248,16 +234,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     o_part = torch.empty(B, H, splits, hd, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(B * Hkv, splits)](
-        q, k, v, seq_lens, o_part, lse,
+        q, k, v, q if seq_lens is None else seq_lens, o_part, lse,  # no lengths: q stands in, never read
         Hkv, n_rep, hd, S, triton.next_power_of_2(S), scale,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse.stride(0), lse.stride(1),
-        BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, IEEE=q.dtype == torch.float32,
+        HAS_LENS=seq_lens is not None, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, IEEE=q.dtype == torch.float32,
     )
-    out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
+    return merge_splits(o_part, lse, q.dtype).view(q_shape)
+
+
+def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Combine the splits' partial outputs (B, H, splits, hd) fp32 and log-sum-exps (B, H, splits) fp32 into the
+    attention output (B, H, hd) in `dtype` (one launch). Shared with the paged kernel (`paged_decode_attention`)."""
+    B, H, splits, hd = o_part.shape
+    out = torch.empty(B, H, hd, dtype=dtype, device=o_part.device)
     _decode_merge_kernel[(B * H,)](
         o_part, lse, out,
         H, hd, splits,
@@ -265,8 +258,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         out.stride(0), out.stride(1),
         BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(hd),
     )
-    return out.view(q_shape)
-
+    return out
 
 if __name__ == "__main__":
     from triton.testing import do_bench

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._util import check_tensors, interpret_mode
-from .decode_attention import _decode_merge_kernel, decode_attention_reference
+from .decode_attention import decode_attention_reference, merge_splits
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -186,15 +186,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         BLOCK_H=max(16, triton.next_power_of_2(n_rep)), BLOCK_D=BLOCK_D,
         BLOCK_N=max(16, triton.next_power_of_2(bs)), IEEE=q.dtype == torch.float32,
     )
-    out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
-    _decode_merge_kernel[(B * H,)](
-        o_part, lse, out,
-        H, hd, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(hd),
-    )
-    return out.view(q_shape)
+    return merge_splits(o_part, lse, q.dtype).view(q_shape)
 
 
 if __name__ == "__main__":
