@@ -1,6 +1,6 @@
 """The "Triton kernels" switch: run an `llmlab.model.Transformer` with the kernels of this folder.
 
-`enable(model)` gives every Block, RMSNorm, MLP and Attention module of the model a per-instance `forward` that
+`enable(model)` gives the model and each of its RMSNorm, MLP and Attention modules a per-instance `forward` that
 calls the Triton kernels; `disable(model)` deletes those attributes (and the fused weights below), so the classes'
 own PyTorch `forward` — the reference path — runs again. What changes, per layer of a decode step:
 
@@ -87,11 +87,10 @@ def _fused_linear(owner: torch.nn.Module, attr: str) -> tuple[torch.Tensor, torc
     not moved by `.to()`); rebuilt when a parameter no longer lives there (replaced, or moved by `.to()`).
     """
     linears = [getattr(owner, name) for name in _FUSED[attr]]
+    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     cached = owner.__dict__.get(attr)
-    if cached is not None and all(lin.weight.data_ptr() == ptr for lin, ptr in zip(linears, cached[0])) and \
-            all(lin.weight.dtype == cached[1].dtype for lin in linears) and \
-            (cached[2] is None or all(lin.bias.data_ptr() == ptr for lin, ptr in zip(linears, cached[3]))):
-        return cached[1], cached[2], cached[4]
+    if cached is not None and cached[0] == [p.data_ptr() for p in params]:  # still views of the fused tensors
+        return cached[1:]
     with torch.no_grad():
         weight = torch.cat([lin.weight.detach() for lin in linears])
         bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
@@ -102,10 +101,9 @@ def _fused_linear(owner: torch.nn.Module, attr: str) -> tuple[torch.Tensor, torc
             if bias is not None:
                 lin.bias.data = bias[rows]
             start += lin.out_features
-    w_ptrs = [lin.weight.data_ptr() for lin in linears]
-    b_ptrs = [lin.bias.data_ptr() for lin in linears] if bias is not None else None
-    owner.__dict__[attr] = (w_ptrs, weight, bias, b_ptrs, [lin.out_features for lin in linears])
-    return weight, bias, [lin.out_features for lin in linears]
+    sizes = [lin.out_features for lin in linears]
+    owner.__dict__[attr] = ([p.data_ptr() for p in params], weight, bias, sizes)
+    return weight, bias, sizes
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,16 +181,6 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
     return self.o_proj(y)
 
 
-def _block_forward(self, x, cos, sin, positions, kv_cache=None, mask=None):
-    """`llmlab.model.Block.forward` with the residual add fused into the second RMSNorm."""
-    norm2 = self.post_attention_layernorm
-    if not _kernel_ok(x) or norm2.weight.dtype != x.dtype:
-        return type(self).forward(self, x, cos, sin, positions, kv_cache, mask)
-    a = self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache, mask)
-    normed, h = _kernels().rmsnorm(a, norm2.weight, norm2.eps, residual=x)  # h = x + a; normed = norm(h)
-    return h + self.mlp(normed)
-
-
 def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_only=False):
     """`llmlab.model.Transformer.forward` with each residual add folded into the next RMSNorm.
 
@@ -228,9 +216,9 @@ def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_on
 
 
 def _targets():
-    from llmlab.model import MLP, Attention, Block, RMSNorm, Transformer
+    from llmlab.model import MLP, Attention, RMSNorm, Transformer
 
-    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward, Block: _block_forward,
+    return {RMSNorm: _rmsnorm_forward, MLP: _mlp_forward, Attention: _attention_forward,
             Transformer: _transformer_forward}
 
 
