@@ -26,7 +26,7 @@ from llmlab.generate import generate
 from llmlab.sampling import sample, sample_from_probs
 from llmlab.switches import apply_switches
 from llmlab.timing import StepTimer
-from tiny_models import prompt_ids, tiny_model
+from tiny_models import pad_row_logits, prompt_ids, tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -112,18 +112,7 @@ def test_padded_rows_never_change_real_rows(model, graphs64):
     prompts = prompt_ids(3, 9, seed=3).cuda()
 
     def run(pad_token: int, pad_pos: int, poison: bool) -> list[torch.Tensor]:
-        token = graphs64.prefill(prompts).argmax(-1)
-        graphs64.start(token, 9)
-        seen = []
-        for _ in range(16):
-            if poison:
-                for t in graphs64.cache.k + graphs64.cache.v:
-                    t[3].fill_(float("nan"))
-            graphs64.ids[3, 0], graphs64.pos[3] = pad_token, pad_pos
-            logits, token = graphs64.step()
-            seen.append(logits.clone())
-            graphs64.advance(token)
-        return seen
+        return pad_row_logits(graphs64, prompts, pad_token, pad_pos, poison)
 
     clean = run(0, 0, poison=False)
     dirty = run(201, 100, poison=True)

@@ -23,7 +23,7 @@ from llmlab.generate import generate
 from llmlab.sampling import sample_from_probs
 from llmlab.static_cache import StaticKVCache
 from llmlab.switches import apply_switches
-from tiny_models import prompt_ids, tiny_config, tiny_model
+from tiny_models import pad_row_logits, prompt_ids, tiny_config, tiny_model
 
 PROMPT = prompt_ids(1, 12, seed=11)[0].tolist()
 
@@ -147,18 +147,7 @@ def test_padded_rows_never_change_real_rows(model, runner64):
     prompts = prompt_ids(3, 9, seed=3)
 
     def run(pad_token: int, pad_pos: int, poison: bool) -> list[torch.Tensor]:
-        token = runner64.prefill(prompts).argmax(-1)
-        runner64.start(token, 9)
-        logits_seen = []
-        for _ in range(16):
-            if poison:
-                for t in runner64.cache.k + runner64.cache.v:
-                    t[3].fill_(float("nan"))
-            runner64.ids[3, 0], runner64.pos[3] = pad_token, pad_pos  # overwrite the pad row's inputs
-            logits, token = runner64.step()
-            logits_seen.append(logits.clone())
-            runner64.advance(token)
-        return logits_seen
+        return pad_row_logits(runner64, prompts, pad_token, pad_pos, poison)
 
     clean = run(0, 0, poison=False)
     dirty = run(123, 77, poison=True)

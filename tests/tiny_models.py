@@ -158,3 +158,21 @@ def model_folder(folder, seed: int = 0, tokenizer: bool = True, **overrides):
     if tokenizer:
         tiny_tokenizer(overrides["vocab_size"]).save(str(folder / "tokenizer.json"))
     return folder, model
+
+
+def pad_row_logits(runner, prompts, pad_token: int, pad_pos: int, poison: bool, steps: int = 16) -> list:
+    """Prefill `prompts` (3 real rows) on a `GraphDecoder` and decode `steps` steps in its bucket of 4, with the pad
+    row 3 fed `pad_token` at `pad_pos` and, if `poison`, NaN written into its cache row before every step.
+    Returns the logits of every step (cloned) — for checking that pad rows never change real rows."""
+    token = runner.prefill(prompts).argmax(-1)
+    runner.start(token, prompts.shape[1])
+    seen = []
+    for _ in range(steps):
+        if poison:
+            for t in runner.cache.k + runner.cache.v:
+                t[3].fill_(float("nan"))
+        runner.ids[3, 0], runner.pos[3] = pad_token, pad_pos  # overwrite the pad row's inputs
+        logits, token = runner.step()
+        seen.append(logits.clone())
+        runner.advance(token)
+    return seen
