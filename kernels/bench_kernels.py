@@ -89,11 +89,12 @@ def _copies(nbytes: int, device: str) -> int:
 
 
 def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
-    """The rows of the bench file. ops: "all", or a comma list of "elementwise", "attention", "matmul"."""
-    want = {"elementwise", "attention", "matmul"} if ops == "all" else set(ops.split(","))
+    """The rows of the bench file. ops: "all", or a comma list of "elementwise", "attention", "matmul", "gemv"."""
+    want = {"elementwise", "attention", "matmul", "gemv"} if ops == "all" else set(ops.split(","))
     from llmlab.bench import result_row
 
     from .decode_attention import decode_attention, decode_attention_reference
+    from .fused_gemv import fused_gemv, fused_gemv_reference
     from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul,
                                  int8_matmul, quantize_int4, quantize_int8)
     from .rmsnorm import rmsnorm, rmsnorm_reference
@@ -151,6 +152,18 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
             return (lambda: decode_attention(q, k, v)), (lambda: decode_attention_reference(q, k, v))
         add("decode_attention", [1, H, Hkv, S, hd], 2 * Hkv * S * hd * es, make_attn)
         rows[-2]["max_rel_err"] = _check(*make_attn())  # the autotuned kernel, against SDPA
+
+    # the batch-1 decode GEMVs of Llama-3.2-1B with their fused prologue/epilogue, against the unfused ops (cuBLAS)
+    gemvs = [(96, 64, "norm")] if smoke else [(3072, 2048, "norm"), (2048, 2048, "residual"),
+                                              (16384, 2048, "norm"), (2048, 8192, "swiglu+residual")]
+    for Ng, Kg, fusion in gemvs if "gemv" in want else ():
+        def make_gemv(Ng=Ng, Kg=Kg, fusion=fusion):
+            w, x = rand(Ng, Kg) * Kg ** -0.5, rand(1, 2 * Kg if "swiglu" in fusion else Kg)
+            kw = dict(norm_weight=rand(Kg) if fusion == "norm" else None, swiglu="swiglu" in fusion,
+                      residual=rand(1, Ng) if "residual" in fusion else None)
+            return (lambda: fused_gemv(x, w, **kw)), (lambda: fused_gemv_reference(x, w, **kw))
+        add("fused_gemv", [1, Ng, Kg], Ng * Kg * es, make_gemv, fusion=fusion)
+        rows[-2]["max_rel_err"] = _check(*make_gemv())
 
     # weight-only matmuls at decode (M = 1..16): Llama-3.1-8B's layer shapes (N, K), group size 128
     shapes = [(96, 128)] if smoke else [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
@@ -224,7 +237,7 @@ def main(argv=None) -> int:
                    help="tiny sizes (seconds, also on a CPU via the interpreter: set TRITON_INTERPRET=1)")
     p.add_argument("--copy-gbps", type=float, default=None,
                    help="copy bandwidth to compare with (GB/s); default: measured (llmlab.peaks)")
-    p.add_argument("--ops", default="all", help="all, or a comma list of elementwise, attention, matmul")
+    p.add_argument("--ops", default="all", help="all, or a comma list of elementwise, attention, matmul, gemv")
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ok, why = triton_status()

@@ -16,9 +16,11 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
 * SwiGLU: silu(gate) * up in one kernel, reading the two halves of the fused output;
 * decode attention (one new token, a KV cache): the flash-decoding kernel, over only the filled part of a static
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
-  method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly.
+  method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
+* a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
+  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer.
 
-What stays in PyTorch: the matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
+What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
 interpreter) falls back to the PyTorch path with one warning saying why.
 """
@@ -59,14 +61,15 @@ def _kernel_ok(x: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=None)
 def _kernels():
     # imported on first use so that `import llmlab.kernels.patch_model` needs no triton
-    from . import decode_attention, rmsnorm, rope, rope_cache, swiglu
+    from . import decode_attention, fused_gemv, rmsnorm, rope, rope_cache, swiglu
 
     # the wrappers read shapes and device properties in Python: keep torch.compile from tracing into them
     disable = torch.compiler.disable
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
-                                 decode_attention=disable(decode_attention.decode_attention))
+                                 decode_attention=disable(decode_attention.decode_attention),
+                                 fused_gemv=disable(fused_gemv.fused_gemv))
 
 
 def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +129,19 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     return lens
 
 
+def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache) -> torch.Tensor:
+    """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
+    attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd)."""
+    K = _kernels()
+    B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
+    k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
+    pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
+    c, s = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
+    K.rope_and_cache_(qkv, c, s, pos, k_all, v_all, n_heads=H)
+    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=_decode_lens(kv_cache, positions, B),
+                              check_lens=False)  # (B, H, hd)
+
+
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
     """`llmlab.model.Attention.forward` with fused q/k/v, RoPE in place and, for one new token, flash-decoding
     attention (contiguous, static or paged cache)."""
@@ -140,13 +156,7 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
     weight, bias, _ = _fused_linear(self, "_llmlab_fused_qkv")
     qkv = F.linear(x, weight, bias).view(B, T, H + 2 * Hkv, hd)  # one GEMV for q, k and v
     if T == 1 and mask is not None and self.sliding_window is None and isinstance(kv_cache, StaticKVCache):
-        # a decode step on a static cache: RoPE and the K/V write in one launch, then attention over the filled slots
-        k_all, v_all = kv_cache.k[self.layer_idx][:B], kv_cache.v[self.layer_idx][:B]  # (B, Hkv, S, hd) views
-        pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
-        c, s = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
-        K.rope_and_cache_(qkv[:, 0], c, s, pos, k_all, v_all, n_heads=H)
-        y = K.decode_attention(qkv[:, 0, :H], k_all, v_all, seq_lens=_decode_lens(kv_cache, positions, B),
-                               check_lens=False)  # (B, H, hd)
+        y = _static_decode_attention(self, qkv[:, 0], cos, sin, positions, kv_cache)  # (B, H, hd)
         return self.o_proj(y.reshape(B, 1, H * hd))
     qk = qkv[:, :, :H + Hkv].transpose(1, 2)  # (B, H + Hkv, T, hd): q's heads, then k's
     K.rope_one(qk, cos.contiguous(), sin.contiguous())  # q and k rotated in place, one launch
@@ -196,8 +206,11 @@ def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_on
     rms = _kernels().rmsnorm
     h = self.embed_tokens(input_ids)  # (B, T, D): the residual stream
     cos, sin = self.rope(positions, h.dtype)
+    static = hasattr(kv_cache, "attention_mask")  # a static cache (`llmlab.static_cache.StaticKVCache`)
+    if B * T == 1 and static and _one_token_fusable(self, h):  # its kernels read the length, not a mask
+        return _one_token_decode(self, h, cos, sin, positions, kv_cache)
     mask = None
-    if hasattr(kv_cache, "attention_mask"):  # a static cache: one mask for all layers (as Transformer.forward)
+    if static:  # one mask for all layers (as Transformer.forward)
         mask = kv_cache.attention_mask(positions, self.config.sliding_window)
     m = None  # the previous block's MLP output, not yet added to h
     for layer in self.layers:
@@ -213,6 +226,34 @@ def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_on
         h, m = h[:, -1:], m[:, -1:]
     normed, _ = rms(m, self.norm.weight, self.norm.eps, residual=h)
     return self.lm_head(normed)  # (B, T, V)
+
+
+def _one_token_fusable(model, h: torch.Tensor) -> bool:
+    """Can `_one_token_decode` run this model? Llama-shaped layers only: no biases, no sliding window, one dtype."""
+    cfg = model.config
+    if cfg.attention_bias or cfg.o_proj_bias or cfg.sliding_window is not None:
+        return False
+    return all(p.dtype == h.dtype for p in model.layers.parameters())
+
+
+def _one_token_decode(model, h, cos, sin, positions, kv_cache) -> torch.Tensor:
+    """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
+
+    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE + K/V cache write; attention (split and
+    merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV + residual add.
+    h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    K = _kernels()
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+        w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
+        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), cos, sin, positions, kv_cache)
+        h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
+        w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
+        gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]
+        h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h)  # h + down(silu(gate) * up)
+    return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
 
 def _targets():

@@ -94,6 +94,49 @@ def test_patched_model_matches_with_a_static_cache(monkeypatch):
     assert len(calls) == 3 * model.config.n_layers  # every decode step of every layer took the fused path
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["llama", "qkv-bias"])
+def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(monkeypatch, overrides):
+    """Batch 1, one token, static cache (the CUDA-graph decode at batch 1): four fused GEMVs per layer and no
+    separate RMSNorm/SwiGLU launches except the final norm — and the same logits as the PyTorch path. A model the
+    fused step does not cover (biases) takes the per-module path and matches too."""
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=4, **overrides).to(DEV)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4)).to(DEV)
+
+    def run():
+        cache = StaticKVCache(model.config, 1, 24, torch.float32, DEV)
+        outs = [model(ids, kv_cache=cache)]
+        nxt = outs[-1][:, -1:].argmax(-1)
+        for step in range(4):
+            outs.append(model(nxt, positions=torch.tensor([[6 + step]], device=DEV), kv_cache=cache))
+            nxt = outs[-1][:, -1:].argmax(-1)
+        return outs
+
+    ref = run()
+    calls = {}
+    ns = patch_model._kernels()
+    for name in ("fused_gemv", "rmsnorm", "swiglu"):
+        def counted(*a, _f=getattr(ns, name), _n=name, **kw):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(ns, name, counted)
+    patch_model.enable(model)
+    try:
+        got = run()
+    finally:
+        patch_model.disable(model)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    L = model.config.n_layers
+    prefill = {"rmsnorm": 2 * L + 1, "swiglu": L}  # the prompt takes the per-module path
+    if overrides:  # not fusable: every decode step runs the per-module kernels too
+        assert calls == {"rmsnorm": 5 * (2 * L + 1), "swiglu": 5 * L}
+    else:
+        assert calls == {"fused_gemv": 4 * 4 * L, "rmsnorm": prefill["rmsnorm"] + 4, "swiglu": prefill["swiglu"]}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for tensors the interpreter cannot take")
 @torch.no_grad()
 def test_unsupported_dtype_falls_back_to_pytorch_with_one_warning():

@@ -1,0 +1,184 @@
+"""One decode-step GEMV (y = W x, one token) that also does the small op before it and the add after it.
+
+At batch 1 a decode step is ~10 kernels per layer, and on a 1B model most of them are tiny: an RMSNorm over 2048
+numbers, SwiGLU over 8192, a residual add. Each costs a launch, a fill and a drain of the GPU (a few microseconds in a
+CUDA graph) for almost no bytes. They can ride along with the GEMV that reads their output, because a GEMV reads
+its whole input vector anyway (every output row needs all of x):
+
+* RMSNorm prologue: each program first sums x^2 over the row (x is K numbers, read from L2 — nothing next to the
+  N x K weights it streams), then multiplies x by rstd and the norm weight as it goes;
+* SwiGLU prologue: x is the gate/up projection's output [gate | up] (2K numbers), and the program computes
+  silu(gate) * up as it reads them;
+* residual epilogue: y = residual + W x, the residual stream's add done on the way out.
+
+A Llama layer's decode step then has four GEMVs (norm + qkv, o + add, norm + gate/up, swiglu + down + add) instead
+of four GEMVs and five small kernels. Every rounding to the activation dtype that the unfused modules do is done here
+at the same place, so the result equals the unfused ops' up to the order of the GEMV's additions.
+(The fusion of pointwise ops into the adjacent matmul is what compilers like TorchInductor and TensorRT do;
+"Flash-Decoding" and the Hazy Research "megakernel" post, https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles,
+explain why a 1B model at batch 1 is dominated by such small kernels.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._util import autotune_configs, check_tensors
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
+
+
+def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                         eps: float = 1e-5, swiglu: bool = False,
+                         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The unfused ops, as `llmlab.model` runs them: [RMSNorm or SwiGLU] -> F.linear -> [+ residual].
+
+    Bytes (bf16, 1B model's down projection, K = 8192): eager reads gate and up and writes the product (3 x 16 KB),
+    the GEMV reads W (33.5 MB), the add reads two rows and writes one — four launches; fused: one launch, the same
+    33.5 MB. The saving is launches and fill/drain time, not bytes.
+    """
+    if swiglu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    elif norm_weight is not None:
+        from llmlab.model import RMSNorm
+
+        norm = RMSNorm(x.shape[-1], eps).to(device=x.device, dtype=norm_weight.dtype)
+        with torch.no_grad():
+            norm.weight.copy_(norm_weight)
+        x = norm(x)
+    y = F.linear(x, weight)
+    return y if residual is None else residual + y
+
+
+# Autotuned per shape and fusion: (BLOCK_N output rows per program, BLOCK_K inputs per step, warps, stages). A GEMV
+# runs at the speed of the bytes in flight: small BLOCK_N gives more programs for the 132 SMs when N is only 2048;
+# a long BLOCK_K gives each program more bytes per step. One config in the interpreter (`autotune_configs`).
+_SHAPES = [(2, 1024, 4, 2), (4, 256, 2, 3), (4, 512, 4, 3), (4, 1024, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3),
+           (8, 1024, 8, 2), (16, 256, 4, 3), (16, 512, 8, 3), (16, 128, 4, 4), (32, 256, 8, 3), (32, 128, 4, 4)]
+CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+                            for n, k, w, st in _SHAPES],
+                           default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}))
+
+
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"])
+@triton.jit
+def _fused_gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr,
+    # sizes
+    N, K, eps,
+    # strides (elements)
+    stride_wn,
+    # meta-parameters
+    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    dt = x_ptr.dtype.element_ty  # the activation dtype: where the unfused ops round, we round
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rk = tl.arange(0, BLOCK_K)
+
+    if PROLOGUE == 1:  # RMSNorm: the row's mean square first (every program does it: x is small and in L2)
+        sq = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xk = tl.load(x_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+            sq += xk * xk
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+
+    # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        k_mask = kk < K
+        if PROLOGUE == 2:  # SwiGLU: x holds [gate | up]; silu rounded as F.silu, the product as the unfused op
+            g = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + K + kk, mask=k_mask, other=0.0).to(tl.float32)
+            xk = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+        else:
+            xk = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            if PROLOGUE == 1:  # as llmlab.model.RMSNorm: weight * (x * rstd).to(dtype), rounded to the dtype
+                nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+                xk = ((xk * rstd).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                    other=0.0)  # (BLOCK_N, BLOCK_K): the bytes this kernel exists to move
+        acc += w.to(tl.float32) * xk[None, :]
+    y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32
+    if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
+        r = tl.load(res_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        y = y.to(dt).to(tl.float32) + r
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
+               swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """y = [residual +] weight @ prologue(x) for ONE token, in one launch.
+
+    Args:
+        x: (..., K_in) holding one row (numel == K_in), fp32 / fp16 / bf16 (fp32 in the CPU interpreter),
+            contiguous. K_in = K, or 2K with `swiglu` ([gate | up], as the fused gate/up projection writes it).
+        weight: (N, K) same dtype, last dimension contiguous (a row-slice view of a bigger weight is fine).
+        norm_weight: (K,) RMSNorm weight: x is normalized first (`llmlab.model.RMSNorm`, eps `eps`).
+        swiglu: x is [gate | up]: silu(gate) * up is the GEMV's input. Not together with norm_weight.
+        residual: (..., N) one row, same dtype: added to the output.
+
+    Returns:
+        (..., N): x's leading dimensions with the last one N, in x's dtype.
+
+    Raises:
+        ValueError: more than one row, shapes that do not fit, both prologues, a non-contiguous x or weight rows.
+        TypeError: unsupported or mismatched dtypes (see `check_tensors`).
+    """
+    tensors = {"x": x, "weight": weight}
+    if norm_weight is not None:
+        tensors["norm_weight"] = norm_weight
+    if residual is not None:
+        tensors["residual"] = residual
+    check_tensors("fused_gemv", DTYPES, **tensors)
+    if len({t.dtype for t in tensors.values()}) != 1:
+        raise TypeError("fused_gemv: x, weight, norm_weight and residual must share one dtype, got " +
+                        ", ".join(f"{n} {t.dtype}" for n, t in tensors.items()))
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        raise ValueError(f"fused_gemv: weight must be (N, K) with contiguous rows, got {tuple(weight.shape)} "
+                         f"strides {weight.stride()}")
+    N, K = weight.shape
+    k_in = 2 * K if swiglu else K
+    if x.shape[-1] != k_in or x.numel() != k_in or not x.is_contiguous():
+        raise ValueError(f"fused_gemv: x must be one contiguous row of {k_in} numbers "
+                         f"({'[gate | up], 2K' if swiglu else 'K'} for weight {tuple(weight.shape)}), got "
+                         f"{tuple(x.shape)}; for several rows use F.linear")
+    if swiglu and norm_weight is not None:
+        raise ValueError("fused_gemv: choose one prologue, RMSNorm (norm_weight) or swiglu")
+    if norm_weight is not None and norm_weight.shape != (K,):
+        raise ValueError(f"fused_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
+    if residual is not None and (residual.numel() != N or not residual.is_contiguous()):
+        raise ValueError(f"fused_gemv: residual must be one contiguous row of {N}, got {tuple(residual.shape)}")
+    y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
+    _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
+        N, K, float(eps),
+        weight.stride(0),
+        PROLOGUE=prologue, HAS_RES=residual is not None,
+    )
+    return y
+
+
+if __name__ == "__main__":
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    for N, K, kind in [(3072, 2048, "norm"), (2048, 2048, "res"), (16384, 2048, "norm"), (2048, 8192, "swiglu")]:
+        w = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
+        x = torch.randn(1, 2 * K if kind == "swiglu" else K, device="cuda", dtype=dt)
+        nw = torch.ones(K, device="cuda", dtype=dt) if kind == "norm" else None
+        res = torch.randn(1, N, device="cuda", dtype=dt) if kind in ("res", "swiglu") else None
+        args = dict(norm_weight=nw, swiglu=kind == "swiglu", residual=res)
+        ms_f = do_bench(lambda: fused_gemv(x, w, **args))
+        ms_r = do_bench(lambda: fused_gemv_reference(x, w, **args))
+        print(f"{N}x{K} {kind:6s}: fused {ms_f * 1e3:6.1f} us ({w.numel() * 2 / ms_f / 1e6:6.0f} GB/s)  "
+              f"unfused {ms_r * 1e3:6.1f} us")

@@ -1,0 +1,99 @@
+"""The one-token GEMV with a fused RMSNorm / SwiGLU prologue and residual epilogue (kernels/fused_gemv.py) against
+the unfused PyTorch ops.
+
+On a CPU the kernel runs in Triton's interpreter in fp32 (fp16 too: numpy has it); bf16 is `gpu`-marked. Sizes
+{1, 7, 17, 999, 1001, 4095} run in both dimensions it tiles (N: output rows per program, K: inputs per step); the
+weight rows are views into a wider buffer full of huge values, so a masked lane that read past K would show.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmlab.kernels._util import interpret_mode
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels.fused_gemv import _fused_gemv_kernel, fused_gemv, fused_gemv_reference  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SIZES = [1, 7, 17, 999, 1001, 4095]
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=1e-2),
+       torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
+FUSIONS = ["plain", "norm", "residual", "norm+residual", "swiglu+residual"]
+
+
+def _case(N, K, fusion, dtype, seed=0):
+    """(x, weight, kwargs): the weight a (N, K) view of a (N, K + 37) buffer whose extra columns are 1e4."""
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.full((N, K + 37), 1e4)
+    buf[:, :K] = torch.randn(N, K, generator=g) / K ** 0.5
+    w = buf.to(DEV, dtype)[:, :K]
+    x = torch.randn(1, 2 * K if "swiglu" in fusion else K, generator=g).to(DEV, dtype)
+    kw = {}
+    if "norm" in fusion:
+        kw["norm_weight"] = (1 + 0.1 * torch.randn(K, generator=g)).to(DEV, dtype)
+    if "residual" in fusion:
+        kw["residual"] = torch.randn(1, N, generator=g).to(DEV, dtype)
+    kw["swiglu"] = "swiglu" in fusion
+    return x, w, kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("size", SIZES)
+def test_fused_gemv_matches_the_unfused_ops(size, fusion, dtype):
+    for N, K in ((size, 64), (48, size)):  # the size in the N tiling, then in the K tiling
+        x, w, kw = _case(N, K, fusion, dtype, seed=size)
+        got = fused_gemv(x, w, **kw)
+        assert got.shape == (1, N) and got.dtype == dtype
+        torch.testing.assert_close(got, fused_gemv_reference(x, w, **kw), **TOL[dtype])
+
+
+@pytest.mark.parametrize("block_n, block_k", [(2, 1024), (4, 512), (32, 128)])
+def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k):
+    """The interpreter runs one config; the GPU may choose any: run some others through the kernel directly."""
+    import triton
+
+    N, K = 37, 999
+    x, w, kw = _case(N, K, "norm+residual", torch.float32, seed=3)
+    y = torch.full((1, N), float("nan"), device=DEV)
+    _fused_gemv_kernel.fn[(triton.cdiv(N, block_n),)](
+        x, w, kw["norm_weight"], kw["residual"], y, N, K, 1e-5, w.stride(0),
+        PROLOGUE=1, HAS_RES=True, BLOCK_N=block_n, BLOCK_K=block_k)
+    torch.testing.assert_close(y, fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
+
+
+def test_fp16_norm_prologue_with_large_inputs_stays_finite():
+    """x around +-1000: x^2 overflows fp16 (max 65504) unless the sum of squares is done in fp32."""
+    x, w, kw = _case(64, 4095, "norm", torch.float16, seed=5)
+    x = (x.float() * 1000).to(torch.float16)
+    got = fused_gemv(x, w, **kw)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, fused_gemv_reference(x, w, **kw), **TOL[torch.float16])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w: dict(x=torch.zeros(2, 64, device=DEV), weight=w), "one contiguous row"),
+    (lambda x, w: dict(x=x[:, :32], weight=w), "one contiguous row of 64"),
+    (lambda x, w: dict(x=x, weight=w, swiglu=True), "2K"),
+    (lambda x, w: dict(x=x, weight=w, norm_weight=torch.ones(63, device=DEV)), "norm_weight must be (64,)"),
+    (lambda x, w: dict(x=x, weight=w, residual=torch.zeros(1, 5, device=DEV)), "residual must be one contiguous"),
+    (lambda x, w: dict(x=torch.zeros(1, 128, device=DEV), weight=w, swiglu=True,
+                       norm_weight=torch.ones(64, device=DEV)), "choose one prologue"),
+    (lambda x, w: dict(x=x, weight=w.t()), "contiguous rows"),
+])
+def test_bad_input_names_the_problem(bad, message):
+    x, w = torch.randn(1, 64, device=DEV), torch.randn(64, 64, device=DEV)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        fused_gemv(**bad(x, w))
+
+
+def test_mixed_dtypes_are_refused():
+    x, w = torch.randn(1, 64, device=DEV), torch.randn(16, 64, device=DEV, dtype=torch.float16)
+    with pytest.raises(TypeError, match="share one dtype"):
+        fused_gemv(x, w)
