@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from .sampling import argmax_rows
 from .static_cache import StaticKVCache
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -55,7 +56,7 @@ def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions:
     the greedy tokens (b,) int64. Writes each row's K/V at its position. Nothing in it reads a value on the host,
     so it can be captured in a CUDA graph or compiled with fullgraph=True."""
     logits = model(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
-    return logits, logits.argmax(dim=-1)
+    return logits, argmax_rows(logits)
 
 
 def weights_fingerprint(model) -> tuple:

@@ -9,6 +9,27 @@ https://arxiv.org/abs/1904.09751). Everything stays on the logits' device: no ho
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+ARGMAX_CHUNK = 1024  # keys per first-stage slice of `argmax_rows`
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B,) int64: the index of each row's first maximum, as `x.argmax(dim=-1)`, in two stages.
+
+    PyTorch reduces a row into one value with ONE thread block when there are few rows: the greedy token of a
+    128K-vocabulary model at batch 1 took 37 us on an H200 (a 1B model's whole decode step is ~1 ms). Here the row
+    is cut into slices of ARGMAX_CHUNK (padded with -inf), each slice's max is found in parallel, then the best
+    slice: ~5 small kernels of a few microseconds. Ties go to the lowest index, as in torch.argmax.
+    """
+    B, V = x.shape
+    if V <= ARGMAX_CHUNK:
+        return x.argmax(dim=-1)
+    n = -(-V // ARGMAX_CHUNK)
+    slices = F.pad(x, (0, n * ARGMAX_CHUNK - V), value=float("-inf")).view(B, n, ARGMAX_CHUNK)
+    best, where = slices.max(dim=-1)  # (B, n): each slice's max and its first position
+    s = best.argmax(dim=-1, keepdim=True)  # (B, 1): the first slice holding the row's max
+    return (s * ARGMAX_CHUNK + where.gather(-1, s))[:, 0]
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -45,7 +66,7 @@ def sample(
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, int(top_k), dim=-1).values[:, -1:]  # (B, 1) the k-th largest score
@@ -71,4 +92,4 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
     PyTorch's aten/src/ATen/native/Distributions.cpp.
     """
     q = torch.empty_like(probs).exponential_(1, generator=generator)  # (B, V)
-    return (probs / q).argmax(dim=-1)
+    return argmax_rows(probs / q)

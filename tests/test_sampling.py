@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from llmlab.sampling import check_sampling_args, sample
+from llmlab.sampling import ARGMAX_CHUNK, argmax_rows, check_sampling_args, sample
 
 N = 20000  # draws per distribution; the frequency tolerance below is > 5 standard errors at this N
 
@@ -46,6 +46,18 @@ def test_greedy_is_argmax_per_row():
     out = sample(logits)
     assert out.dtype == torch.int64 and out.shape == (7,)
     assert torch.equal(out, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("V", [1, 7, ARGMAX_CHUNK - 1, ARGMAX_CHUNK, ARGMAX_CHUNK + 1, 5000, 128256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_two_stage_argmax_equals_torch_argmax(V, dtype):
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(5, V, generator=g).to(dtype)
+    x[1] = 0.0  # a row of ties: the first index wins
+    x[2, V // 3] = x[2, -1] = 100.0  # the max twice, in different slices
+    x[3] = float("-inf")  # nothing finite: index 0, as torch.argmax
+    x[4, -1] = 50.0  # the max in the padded last slice
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
 
 
 def test_plain_sampling_follows_the_distribution():
