@@ -129,15 +129,17 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     return lens
 
 
-def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache) -> torch.Tensor:
+def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None) -> torch.Tensor:
     """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
-    attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd)."""
+    attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd). The angles come as
+    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute."""
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
     pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
-    c, s = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
-    K.rope_and_cache_(qkv, c, s, pos, k_all, v_all, n_heads=H)
+    if inv_freq is None:
+        cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
+    K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
     return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=_decode_lens(kv_cache, positions, B),
                               check_lens=False)  # (B, H, hd)
 
@@ -205,10 +207,10 @@ def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_on
         positions = torch.arange(T, device=input_ids.device)
     rms = _kernels().rmsnorm
     h = self.embed_tokens(input_ids)  # (B, T, D): the residual stream
-    cos, sin = self.rope(positions, h.dtype)
     static = hasattr(kv_cache, "attention_mask")  # a static cache (`llmlab.static_cache.StaticKVCache`)
-    if B * T == 1 and static and _one_token_fusable(self, h):  # its kernels read the length, not a mask
-        return _one_token_decode(self, h, cos, sin, positions, kv_cache)
+    if B * T == 1 and static and _one_token_fusable(self, h):  # no mask, no cos/sin: its kernels need neither
+        return _one_token_decode(self, h, positions, kv_cache)
+    cos, sin = self.rope(positions, h.dtype)
     mask = None
     if static:  # one mask for all layers (as Transformer.forward)
         mask = kv_cache.attention_mask(positions, self.config.sliding_window)
@@ -236,19 +238,21 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
     return all(p.dtype == h.dtype for p in model.layers.parameters())
 
 
-def _one_token_decode(model, h, cos, sin, positions, kv_cache) -> torch.Tensor:
+def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
-    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE + K/V cache write; attention (split and
-    merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV + residual add.
-    h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
+    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
+    residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
+    inv_freq = model.rope.inv_freq  # (hd/2,) fp32
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
         qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
-        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), cos, sin, positions, kv_cache)
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+                                     inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
         gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]

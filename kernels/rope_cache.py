@@ -10,6 +10,9 @@ heads 0..H-1 are q, then Hkv heads of k, then Hkv heads of v. One program handle
 
 RoPE pairing as `llmlab.model.apply_rope` ("rotate half"; see `rope.py`), computed in fp32 and rounded once to the
 cache dtype. The cache layout is `llmlab.static_cache.StaticKVCache`'s: (B, Hkv, S, hd) per layer.
+
+The angles come either as cos/sin rows (`llmlab.model.RotaryEmbedding`'s output) or are computed in the kernel from
+the positions and the inverse frequencies (`inv_freq=`): the ~7 small kernels that build cos/sin each step go away.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def _rope_cache_kernel(
     stride_xb, stride_xh, stride_cb, stride_pb,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     # meta-parameters
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_FREQ: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // HEADS
@@ -62,8 +65,13 @@ def _rope_cache_kernel(
     x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0)
     pos = tl.load(pos_ptr + b * stride_pb)
     if h < H + HKV:  # q or k: rotate
-        c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
+        if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
+            ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
+            c = tl.cos(ang).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
+            s = tl.sin(ang).to(x1.dtype).to(tl.float32)
+        else:
+            c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
         x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
         y1 = x1f * c - x2f * s
         y2 = x2f * c + x1f * s
@@ -80,14 +88,18 @@ def _rope_cache_kernel(
         tl.store(dst + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                    k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int) -> None:
+def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, positions: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int,
+                    inv_freq: torch.Tensor | None = None) -> None:
     """Rotate q in place and write rotated k and v into the cache, for one new token per row (one launch).
 
     Args:
         qkv: (B, H + 2 * Hkv, hd) one token's fused projection per row (q heads, k heads, v heads); last dimension
             contiguous. q is rotated in place.
-        cos, sin: (B, hd) or (B, 1, hd) angles of each row's position (only [..., :hd/2] is read).
+        cos, sin: (B, hd) or (B, 1, hd) angles of each row's position (only [..., :hd/2] is read); or None with
+            `inv_freq`.
+        inv_freq: instead of cos/sin: (hd/2,) fp32 inverse frequencies (`RotaryEmbedding.inv_freq`); the kernel
+            computes angle = position * inv_freq, and cos/sin rounded to qkv's dtype, as `RotaryEmbedding` does.
         positions: (B,) int64/int32 on the device: the cache slot of each row's token, each < S (not checked on the
             device: the caller checks lengths on the host, as `llmlab.cuda_graphs` does).
         k_cache, v_cache: (B, Hkv, S, hd) one layer of a static cache (rows 0..B-1), last dimension contiguous.
@@ -97,7 +109,15 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
         ValueError: shapes that do not fit together, odd hd, non-contiguous last dimensions.
         TypeError: unsupported dtypes (see `check_tensors`).
     """
-    check_tensors("rope_and_cache_", DTYPES, qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache)
+    if (inv_freq is None) == (cos is None or sin is None):
+        raise ValueError("rope_and_cache_: give the angles either as cos and sin, or as inv_freq (not both)")
+    if inv_freq is not None:
+        check_tensors("rope_and_cache_", DTYPES, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
+        if inv_freq.dtype != torch.float32 or inv_freq.device != qkv.device or inv_freq.dim() != 1:
+            raise ValueError(f"rope_and_cache_: inv_freq must be a (hd/2,) fp32 tensor on {qkv.device}, got "
+                             f"{tuple(inv_freq.shape)} {inv_freq.dtype} on {inv_freq.device}")
+    else:
+        check_tensors("rope_and_cache_", DTYPES, qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache)
     if qkv.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"rope_and_cache_: qkv must be (B, H + 2*Hkv, hd) and the caches (B, Hkv, S, hd), got "
                          f"{tuple(qkv.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -106,22 +126,29 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
     if heads != n_heads + 2 * Hkv or k_cache.shape[0] != B or k_cache.shape[3] != hd or hd % 2:
         raise ValueError(f"rope_and_cache_: qkv {tuple(qkv.shape)} does not hold {n_heads} q heads + 2 x {Hkv} "
                          f"k/v heads of the cache {tuple(k_cache.shape)} (and hd must be even)")
-    cos2, sin2 = cos.reshape(B, -1), sin.reshape(B, -1)
-    if cos2.shape[1] != hd or sin2.shape != cos2.shape or positions.shape != (B,):
-        raise ValueError(f"rope_and_cache_: cos/sin must be (B, hd) = ({B}, {hd}) and positions ({B},), got "
-                         f"{tuple(cos.shape)}, {tuple(sin.shape)}, {tuple(positions.shape)}")
-    if cos2.stride() != sin2.stride():
-        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
+    if positions.shape != (B,):
+        raise ValueError(f"rope_and_cache_: positions must be ({B},), got {tuple(positions.shape)}")
+    if inv_freq is not None:
+        if inv_freq.shape != (hd // 2,):
+            raise ValueError(f"rope_and_cache_: inv_freq must be (hd/2,) = ({hd // 2},), got {tuple(inv_freq.shape)}")
+        cos2 = sin2 = inv_freq.contiguous()  # the kernel reads inv_freq where it would read cos (FROM_FREQ)
+    else:
+        cos2, sin2 = cos.reshape(B, -1), sin.reshape(B, -1)
+        if cos2.shape[1] != hd or sin2.shape != cos2.shape:
+            raise ValueError(f"rope_and_cache_: cos/sin must be (B, hd) = ({B}, {hd}), got {tuple(cos.shape)}, "
+                             f"{tuple(sin.shape)}")
+        if cos2.stride() != sin2.stride():
+            cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     for name, t in (("qkv", qkv), ("cos", cos2), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"rope_and_cache_: {name}'s last dimension must be contiguous, strides {t.stride()}")
     _rope_cache_kernel[(B * heads,)](
         qkv, cos2, sin2, positions, k_cache, v_cache,
         n_heads, Hkv, heads,
-        qkv.stride(0), qkv.stride(1), cos2.stride(0), positions.stride(0),
+        qkv.stride(0), qkv.stride(1), 0 if inv_freq is not None else cos2.stride(0), positions.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HALF=hd // 2, BLOCK_HALF=triton.next_power_of_2(hd // 2),
+        HALF=hd // 2, BLOCK_HALF=triton.next_power_of_2(hd // 2), FROM_FREQ=inv_freq is not None,
     )
 
 

@@ -61,3 +61,39 @@ def test_rejects_shapes_that_do_not_fit():
         rope_and_cache_(qkv, cos, sin, pos, k_cache, v_cache, n_heads=3)
     with pytest.raises(ValueError, match="positions"):
         rope_and_cache_(qkv, cos, sin, pos[:1], k_cache, v_cache, n_heads=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
+def test_angles_from_inv_freq_equal_the_cos_sin_rows(dtype):
+    """inv_freq= (angles computed in the kernel) gives what RotaryEmbedding's cos/sin rows give."""
+    from llmlab.model import RotaryEmbedding
+    from tiny_models import tiny_model
+
+    cfg = tiny_model(seed=0).config
+    rope = RotaryEmbedding(cfg).to(DEV)
+    hd, H, Hkv, B, S = cfg.head_dim, 4, 2, 3, 64
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(B, H + 2 * Hkv, hd, generator=g).to(DEV, dtype)
+    pos = torch.tensor([0, 17, 63], device=DEV)
+    cos, sin = rope(pos, dtype)  # (B, hd)
+    outs = []
+    for kw in (dict(cos=cos, sin=sin), dict(cos=None, sin=None, inv_freq=rope.inv_freq)):
+        x = qkv.clone()
+        kc, vc = (torch.zeros(B, Hkv, S, hd, device=DEV, dtype=dtype) for _ in range(2))
+        rope_and_cache_(x, kw.pop("cos"), kw.pop("sin"), pos, kc, vc, n_heads=H, **kw)
+        outs.append((x, kc, vc))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=1e-5)
+
+
+def test_angles_given_twice_or_not_at_all_are_refused():
+    qkv = torch.randn(1, 4, 8, device=DEV)
+    kc = torch.zeros(1, 1, 4, 8, device=DEV)
+    pos = torch.zeros(1, dtype=torch.long, device=DEV)
+    cs = torch.ones(1, 8, device=DEV)
+    with pytest.raises(ValueError, match="either as cos and sin, or as inv_freq"):
+        rope_and_cache_(qkv, None, None, pos, kc, kc.clone(), n_heads=2)
+    with pytest.raises(ValueError, match="either as cos and sin, or as inv_freq"):
+        rope_and_cache_(qkv, cs, cs, pos, kc, kc.clone(), n_heads=2, inv_freq=torch.ones(4, device=DEV))
+    with pytest.raises(ValueError, match=r"inv_freq must be \(hd/2,\) = \(4,\)"):
+        rope_and_cache_(qkv, None, None, pos, kc, kc.clone(), n_heads=2, inv_freq=torch.ones(3, device=DEV))
