@@ -4,11 +4,16 @@ At decode time each sequence has ONE new query token per head, but thousands of 
 (sequence, head) would leave most of a GPU's SMs idle at batch 1, so the sequence is split across programs
 (Dao et al., "Flash-Decoding for long-context inference", 2023, https://crfm.stanford.edu/2023/10/12/flashdecoding.html):
 
-    1. `_decode_split_kernel`, grid (B * Hkv, num_splits): each program reads the K/V of one KV head for one slice
-       of the sequence, ONCE, for all n_rep query heads that share it (GQA, Ainslie et al. 2023,
+    1. `_decode_split_kernel`, grid (B * Hkv, splits): each program reads the K/V of one KV head for one slice of
+       SPLIT_N keys, ONCE, for all n_rep query heads that share it (GQA, Ainslie et al. 2023,
        https://arxiv.org/abs/2305.13245), and writes a partial output normalized by its own softmax sum plus the
        log-sum-exp of its scores;
     2. `_decode_merge_kernel`, grid (B * H,): rescales the partials by exp(lse_s - max lse) and sums them.
+
+The split length SPLIT_N is autotuned with the tile (`SPLIT_CONFIGS`: longer splits pipeline their loads better,
+shorter ones make more programs), so the split count cdiv(S, SPLIT_N) is only known once the autotuner has picked
+a config; the wrapper reads it back (`best_config`) to tell the merge. When one split covers the whole cache, the
+split kernel writes the output itself and there is no merge: one launch.
 
 Cache layout: (B, Hkv, S, hd), as `llmlab.kv_cache.KVCache` (any strides with a contiguous last dimension, so the
 cache's `[:B, :, :end]` views go in without a copy).
@@ -47,32 +52,61 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.cat(outs)  # (B, H, hd)
 
 
-# Autotuned per (cache length bucket, head_dim): the K/V tile length and the pipelining. S_BUCKET (S rounded up to
-# a power of 2) is the key, so a cache that grows by one token per step is not re-tuned every step. One config in
-# the interpreter (see `autotune_configs`). The split count is not tuned: it sets the grid, chosen in the wrapper to fill the GPU.
-_ATTN_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
-                                  for n, w, st in ((32, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3),
-                                                   (128, 4, 2))],
-                                 default=triton.Config({"BLOCK_N": 32}))
+# ---------------------------------------------------------------------------------------------------------------
+# What the split kernel is tuned over. A config fixes the K/V tile (BLOCK_N keys per loop step, warps, pipeline
+# stages) AND the split length SPLIT_N (keys per program, a multiple of BLOCK_N), which sets the grid:
+# B * Hkv x cdiv(S, SPLIT_N) programs. The split length is a trade-off that depends on S, B * Hkv, head_dim and the
+# GPU, so it is measured rather than derived from the SM count:
+#   * short splits: many programs (every SM busy), but each runs only 1-2 tiles — no room for the loop's software
+#     pipelining to overlap one tile's loads with the previous tile's math — and the merge has more partials to read;
+#   * long splits: each program streams many tiles with several loads in flight, but too few programs leave SMs idle;
+#   * one split (SPLIT_N >= S): no merge at all — the split kernel writes the output itself, one launch instead of
+#     two. This is the short-context case (a chat turn of a few hundred tokens), where the launch is most of the time.
+# Each config is timed as split + merge (`_merge_during_tuning`), so the merge's cost is in the comparison.
+_TILES = ((32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3))  # (BLOCK_N, num_warps, num_stages)
+_SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
+SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s}, num_warps=w, num_stages=st)
+                 for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
+# the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
+# split into several programs and go through the merge
+_DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64})
+# an explicit num_splits: this tile, SPLIT_N = 0 (the kernel shares S out over the grid's programs), not tuned
+_NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, num_stages=3)
+
+# Programmatic dependent launch (Hopper and later): the merge is launched with launch_pdl, so the GPU may start it
+# while the split kernel still runs — the split kernel allows it at its very start (`gdc_launch_dependents`) — and
+# each merge program waits in `gdc_wait` until the split kernel has finished and its writes are visible. The gap
+# between the two launches (a large part of an 8 us op) mostly goes. Off by default: set True to measure it.
+USE_PDL = False
+
+MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
+MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
 
 
-@triton.autotune(configs=_ATTN_CONFIGS, key=["S_BUCKET", "HD", "N_REP"])
-@triton.jit
+@triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr,
-    # sizes
-    Hkv, N_REP, HD, S, S_BUCKET, scale,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr,
+    # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
+    Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
+    stride_outb, stride_outh,
     # meta-parameters
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
+    [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
+    (out_ptr, the output dtype); otherwise a partial output o (fp32, normalized by its own softmax sum) and the
+    log-sum-exp of its scores, for `_decode_merge_kernel`. SPLIT_N = 0: S shared out evenly over the grid's
+    programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty)."""
+    if PDL:  # the merge (launched with launch_pdl) may start now; it waits for this grid's end before reading
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
@@ -81,10 +115,12 @@ def _decode_split_kernel(
         seq_len = tl.load(lens_ptr + b)
     else:  # every sequence attends to all S slots
         seq_len = S
-    # whole BLOCK_N tiles per split; with the rounding, the last splits may be empty (they weigh 0 in the merge)
-    split_size = tl.cdiv(tl.cdiv(S, tl.num_programs(1)), BLOCK_N) * BLOCK_N
+    if SPLIT_N > 0:
+        split_size = SPLIT_N
+    else:
+        split_size = tl.cdiv(tl.cdiv(S, tl.num_programs(1)), BLOCK_N) * BLOCK_N
     start = split * split_size
-    end = tl.minimum(start + split_size, seq_len)
+    end = tl.minimum(start + split_size, seq_len)  # past a sequence's length: an empty split (weighs 0 in the merge)
 
     hi = tl.arange(0, BLOCK_H)
     heads = kvh * N_REP + hi  # the query heads that read this KV head
@@ -123,10 +159,15 @@ def _decode_split_kernel(
 
     has = l_i > 0  # an empty split (past this sequence's end) writes o = 0, lse = -inf: it weighs 0 in the merge
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], o,
-             mask=hmask[:, None] & dmask[None, :])
-    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+    out_mask = hmask[:, None] & dmask[None, :]
+    if tl.num_programs(1) == 1:  # the only split (never empty: seq_len >= 1): o IS the answer, no merge to come
+        tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], o,
+                 mask=out_mask)
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
 
 
 @triton.jit
@@ -135,40 +176,225 @@ def _decode_merge_kernel(
     o_ptr, lse_ptr, out_ptr,
     # sizes
     H, HD, num_splits,
-    # strides (elements)
+    # strides (elements); the split index of lse is contiguous
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     # meta-parameters
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Program b * H + h: out[b, h] = sum_s exp(lse_s) o_s / sum_s exp(lse_s), over the first num_splits splits,
+    BLOCK_S splits at a time with a running max (the same online rescaling as the split kernel's softmax), so any
+    split count fits in registers."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
-    s = tl.arange(0, BLOCK_S)
-    smask = s < num_splits
     d = tl.arange(0, BLOCK_D)
     dmask = d < HD
-    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=smask, other=float("-inf"))
-    w = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty, so the max is finite; -inf -> weight 0
-    o = tl.load(o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
-                mask=smask[:, None] & dmask[None, :], other=0.0)
-    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
-    tl.store(out_ptr + b * stride_outb + h * stride_outh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    lse_base = lse_ptr + b * stride_lb + h * stride_lh
+    if PDL:  # launched before the split kernel ended: wait until it has, and its partials are visible
+        tl.extra.cuda.gdc_wait()
+    m_i = tl.full([], float("-inf"), tl.float32)  # running max of the lse: finite after the first chunk
+    l_i = tl.zeros([], tl.float32)  # running sum of exp(lse - m_i)
+    acc = tl.zeros([BLOCK_D], tl.float32)  # running sum of exp(lse - m_i) * o
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < num_splits
+        lse = tl.load(lse_base + s, mask=smask, other=float("-inf"))
+        o = tl.load(o_base + s[:, None] * stride_os + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0)
+        m_new = tl.maximum(m_i, tl.max(lse, axis=0))  # split 0 is never empty, so this is finite
+        alpha = tl.exp(m_i - m_new)  # rescales the chunks summed so far (0 at the first chunk)
+        w = tl.exp(lse - m_new)  # an empty split (lse = -inf) weighs 0
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        l_i = l_i * alpha + tl.sum(w, axis=0)
+        m_i = m_new
+    tl.store(out_ptr + b * stride_outb + h * stride_outh + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-PROGRAMS_PER_SM = 4  # enough (sequence, KV head, split) programs in flight to keep every SM's loads going
+MERGE_TILE = 8192  # fp32 partials one merge program holds at a time (BLOCK_S x BLOCK_D): 64 registers a thread
 
 
-def _default_splits(B: int, Hkv: int, S: int) -> int:
-    """Splits along S so that B x Hkv x splits ~ PROGRAMS_PER_SM x SMs; at least 32 keys per split, at most 256."""
-    if interpret_mode() or not torch.cuda.is_available():
-        return min(4, triton.cdiv(S, 32))
-    sms = _sm_count(torch.cuda.current_device())
-    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, B * Hkv), triton.cdiv(S, 32), 256))
+def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch.Tensor) -> None:
+    """Merge the first `splits` partials of o_part (B, H, >= splits, hd) fp32 and lse (B, H, >= splits) fp32
+    (split index contiguous) into out (B, H, hd), any float dtype. One launch, B * H programs."""
+    B, H, _, hd = o_part.shape
+    BLOCK_D = triton.next_power_of_2(hd)
+    _decode_merge_kernel[(B * H,)](
+        o_part, lse, out,
+        H, hd, splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_S=min(triton.next_power_of_2(splits), max(1, MERGE_TILE // BLOCK_D)), BLOCK_D=BLOCK_D,
+        **_pdl_kwargs(out.device, launch=True),
+    )
+
+
+def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Combine the splits' partial outputs (B, H, splits, hd) fp32 and log-sum-exps (B, H, splits) fp32 into the
+    attention output (B, H, hd) in `dtype` (one launch). Shared with the paged kernel (`paged_decode_attention`)."""
+    B, H, splits, hd = o_part.shape
+    out = torch.empty(B, H, hd, dtype=dtype, device=o_part.device)
+    _merge_into(o_part, lse, splits, out)
+    return out
+
+
+FULL_SPLIT_BYTES = 256 * 1024  # with seq_lens: a split may be one program's K/V of up to this many bytes when full
+
+
+def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool, sms: int,
+                       key_bytes: int = 512) -> list:
+    """The configs worth timing for one tuning key (all of them when there is only one, as in the interpreter).
+
+    1. at most MAX_SPLITS splits and MAX_PROGRAMS_PER_SM programs per SM (or the longest splits, if none is left);
+    2. every split length >= S gives the same one-split launch: only the shortest of them is kept;
+    3. with seq_lens (a static cache: S is its capacity, the filled lengths sit on the device), the tuner sees the
+       lengths of the call that tunes — a warm-up, often short — but a CUDA graph replays the same grid at every
+       later length: keep only split lengths that still give each SM a program when the cache is full, or whose
+       program reads at most FULL_SPLIT_BYTES of K/V when full (key_bytes = 2 x hd x element size per key; e.g. a
+       1024-slot cache of a 1B model, hd 64 in bf16: one split of 256 KB per KV head, no merge) — or the shortest.
+    """
+    configs = list(configs)
+    if len(configs) <= 1:
+        return configs
+
+    def splits(c):
+        return triton.cdiv(s_bucket, c.kwargs["SPLIT_N"])
+
+    def shortest(cs):
+        n = min(c.kwargs["SPLIT_N"] for c in cs)
+        return [c for c in cs if c.kwargs["SPLIT_N"] == n]
+
+    keep = [c for c in configs
+            if splits(c) <= MAX_SPLITS and bhkv_bucket * splits(c) <= MAX_PROGRAMS_PER_SM * sms]
+    if not keep:
+        longest = max(c.kwargs["SPLIT_N"] for c in configs)
+        keep = [c for c in configs if c.kwargs["SPLIT_N"] == longest]
+    one_split = [c for c in keep if splits(c) == 1]
+    if one_split:
+        keep = [c for c in keep if c.kwargs["SPLIT_N"] <= shortest(one_split)[0].kwargs["SPLIT_N"]]
+    if has_lens:
+        keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
+                or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
+    return keep
+
+
+def _prune(configs, nargs, **kwargs) -> list:
+    """The autotuner's early_config_prune: `_candidate_configs` for this call's key."""
+    return _candidate_configs(configs, nargs["S_BUCKET"], nargs["BHKV_BUCKET"], kwargs["HAS_LENS"],
+                              _num_sms(nargs["q_ptr"].device), _key_bytes(nargs["k_ptr"], nargs["HD"]))
+
+
+def _key_bytes(k: torch.Tensor, hd: int) -> int:
+    """Bytes of K and V per cached key of one KV head."""
+    return 2 * hd * k.element_size()
+
+
+def _merge_during_tuning(nargs: dict, exception) -> None:
+    """The autotuner's post_hook, which Triton runs after each timed launch while it compares configs (not on
+    ordinary calls): merge the partials too, so each config is timed as the whole op. Otherwise short splits
+    would win on the split kernel alone and pay, uncounted, in the merge."""
+    if exception is None:
+        splits = triton.cdiv(nargs["S"], nargs["SPLIT_N"])
+        if splits > 1:
+            _merge_into(nargs["o_ptr"], nargs["lse_ptr"], splits, nargs["out_ptr"])
+
+
+def autotuned_split_kernel(configs: list, **autotune_kwargs):
+    """`_decode_split_kernel` under `triton.autotune` over `configs` (each sets BLOCK_N and SPLIT_N), keyed by
+    what moves the best split length: the cache length and B * Hkv (power-of-2 buckets, so a cache growing by a
+    token a step or a batch growing by a row does not re-tune every time), head_dim, n_rep and whether seq_lens
+    are given (plus the tensors' dtypes, which Triton adds). The key is tuned on its first call — in a CUDA-graph
+    run that is the warm-up, before capture. `autotune_kwargs` go to `triton.autotune` (the tests pass do_bench)."""
+    return triton.autotune(configs=configs, key=["S_BUCKET", "BHKV_BUCKET", "HD", "N_REP", "HAS_LENS"],
+                           prune_configs_by={"early_config_prune": _prune}, post_hook=_merge_during_tuning,
+                           **autotune_kwargs)(_decode_split_kernel)
+
+
+_decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG))
+
+
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 4 elsewhere (the interpreter, where it only steers `_candidate_configs`)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol: sm_90 and later
+
+
+def _pdl_kwargs(device: torch.device, launch: bool = False) -> dict:
+    """The kernels' PDL meta-parameter (and, for the merge, `launch_pdl`): on with `USE_PDL` on a GPU that has it."""
+    on = (USE_PDL and device.type == "cuda" and not interpret_mode()
+          and _has_pdl(device.index if device.index is not None else torch.cuda.current_device()))
+    return {"PDL": on, **({"launch_pdl": True} if on and launch else {})}
+
+
+@functools.lru_cache(maxsize=None)
+def _shortest_split(kernel, s_bucket: int, bhkv_bucket: int, has_lens: bool, sms: int, key_bytes: int) -> int:
+    """The shortest SPLIT_N the autotuned `kernel` may pick for this key: it sizes the scratch buffers."""
+    return min(c.kwargs["SPLIT_N"]
+               for c in _candidate_configs(kernel.configs, s_bucket, bhkv_bucket, has_lens, sms, key_bytes))
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
+            num_splits: int | None = None, config: triton.Config | None = None) -> torch.Tensor:
+    """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
+
+    q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
+    Neither num_splits nor config: the autotuned kernel (`_decode_split_tuned`). Otherwise the plain jit kernel
+    with `config` (default `_NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
+    if num_splits is given, SPLIT_N = 0: S shared out over that many programs per (sequence, KV head).
+    """
+    B, H, hd = q.shape
+    _, Hkv, S, _ = k.shape
+    n_rep = H // Hkv
+    has_lens = seq_lens is not None
+    tuned = num_splits is None and config is None
+    s_bucket, bhkv_bucket = triton.next_power_of_2(S), triton.next_power_of_2(B * Hkv)
+    if tuned:
+        kernel, meta = _decode_split_tuned, {}
+        # scratch for the most splits any candidate config makes; the grid follows the config the tuner picks
+        max_splits = triton.cdiv(S, _shortest_split(kernel, s_bucket, bhkv_bucket, has_lens, _num_sms(q.device),
+                                                    _key_bytes(k, hd)))
+        grid = lambda META: (B * Hkv, triton.cdiv(S, META["SPLIT_N"]))  # noqa: E731
+    else:
+        kernel = _decode_split_kernel
+        meta = (_NUM_SPLITS_CONFIG if config is None else config).all_kwargs()
+        if num_splits is not None:
+            max_splits = max(1, min(num_splits, S))
+            meta["SPLIT_N"] = 0
+        else:
+            max_splits = triton.cdiv(S, meta["SPLIT_N"])
+        grid = (B * Hkv, max_splits)
+
+    out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
+    o_part = torch.empty(B, H, max_splits, hd, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, max_splits, dtype=torch.float32, device=q.device)
+    kernel[grid](
+        q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
+        Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device), **meta,
+    )
+    # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
+    # (Triton 3.x `Autotuner.run`), host state only — nothing is read back from the GPU
+    splits = triton.cdiv(S, kernel.best_config.kwargs["SPLIT_N"]) if tuned else max_splits
+    if splits > 1:  # one split: the split kernel already wrote `out`
+        _merge_into(o_part, lse, splits, out)
+    return out
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
@@ -182,7 +408,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         seq_lens: optional (B,) int tensor on q's device: sequence b attends to k[b, :, :seq_lens[b]]; each in
             1..S. Default: all S tokens.
         scale: softmax scale, default 1/sqrt(hd) (as SDPA).
-        num_splits: programs per (sequence, KV head) along S; default fills the GPU.
+        num_splits: programs per (sequence, KV head) along S (S shared out in whole tiles; the last may be
+            empty). Default: the autotuned split length (`SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
 
@@ -226,49 +453,21 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             seq_lens = seq_lens.to(torch.int32)
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    BLOCK_D = max(16, triton.next_power_of_2(hd))
-    n_rep = H // Hkv
-    BLOCK_H = max(16, triton.next_power_of_2(n_rep))  # tl.dot needs >= 16 rows; the padding rows are masked
-    splits = max(1, min(num_splits or _default_splits(B, Hkv, S), S))
+    return _decode(q, k, v, seq_lens, scale, num_splits or None).view(q_shape)
 
-    o_part = torch.empty(B, H, splits, hd, dtype=torch.float32, device=q.device)
-    lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(B * Hkv, splits)](
-        q, k, v, q if seq_lens is None else seq_lens, o_part, lse,  # no lengths: q stands in, never read
-        Hkv, n_rep, hd, S, triton.next_power_of_2(S), scale,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse.stride(0), lse.stride(1),
-        HAS_LENS=seq_lens is not None, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, IEEE=q.dtype == torch.float32,
-    )
-    return merge_splits(o_part, lse, q.dtype).view(q_shape)
-
-
-def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Combine the splits' partial outputs (B, H, splits, hd) fp32 and log-sum-exps (B, H, splits) fp32 into the
-    attention output (B, H, hd) in `dtype` (one launch). Shared with the paged kernel (`paged_decode_attention`)."""
-    B, H, splits, hd = o_part.shape
-    out = torch.empty(B, H, hd, dtype=dtype, device=o_part.device)
-    _decode_merge_kernel[(B * H,)](
-        o_part, lse, out,
-        H, hd, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(hd),
-    )
-    return out
 
 if __name__ == "__main__":
-    from triton.testing import do_bench
+    from triton.testing import do_bench_cudagraph
 
     B, H, Hkv, hd = 1, 32, 8, 128
-    for S in (512, 4096, 32768):
+    for S in (256, 8192, 16384, 32768):
         q = torch.randn(B, H, hd, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, Hkv, S, hd, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         nbytes = 2 * k.numel() * k.element_size()
-        ms_t = do_bench(lambda: decode_attention(q, k, v))
-        ms_p = do_bench(lambda: decode_attention_reference(q, k, v))
-        print(f"S={S:6d}: triton {nbytes / ms_t / 1e6:7.1f} GB/s   SDPA+repeat_kv {nbytes / ms_p / 1e6:7.1f} GB/s")
+        decode_attention(q, k, v)  # tunes this key (outside the graph)
+        config = _decode_split_tuned.best_config
+        ms_t = do_bench_cudagraph(lambda: decode_attention(q, k, v))
+        ms_p = do_bench_cudagraph(lambda: decode_attention_reference(q, k, v))
+        print(f"S={S:6d}: triton {nbytes / ms_t / 1e6:7.1f} GB/s ({config})   "
+              f"SDPA+repeat_kv {nbytes / ms_p / 1e6:7.1f} GB/s")

@@ -15,6 +15,9 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available() and not interpret_mode():
     pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 
+import triton  # noqa: E402
+
+from llmlab.kernels import decode_attention as da  # noqa: E402
 from llmlab.kernels.decode_attention import decode_attention, decode_attention_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,6 +85,164 @@ def test_softmax_weights_sum_to_one_at_long_context(dtype):
     v = torch.ones_like(k)
     out = decode_attention(q, k, v, num_splits=4).float()
     assert torch.allclose(out, torch.ones_like(out), atol=1e-3)
+
+
+def _count_merges(monkeypatch) -> list:
+    """Record the split count of every merge launch (`_merge_into`), tuning's included."""
+    calls = []
+    real = da._merge_into
+
+    def counting(o_part, lse, splits, out):
+        calls.append(splits)
+        real(o_part, lse, splits, out)
+    monkeypatch.setattr(da, "_merge_into", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_one_split_writes_the_output_directly_without_a_merge(dtype, monkeypatch):
+    # a cache no longer than one split (here the interpreter's one config, SPLIT_N = 64, also on a GPU), or
+    # num_splits=1: the split kernel writes the final output in q's dtype, and no merge is launched
+    monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel([da._DEFAULT_CONFIG]))
+    merges = _count_merges(monkeypatch)
+    q, k, v = _qkv(3, 6, 2, 64, 24, dtype, seed=1)
+    lens = torch.tensor([64, 1, 37], device=DEV)
+    tol = TOL[dtype]
+    for out, ref in ((decode_attention(q, k, v), decode_attention_reference(q, k, v)),
+                     (decode_attention(q, k, v, seq_lens=lens), decode_attention_reference(q, k, v, lens)),
+                     (decode_attention(q, k, v, num_splits=1), decode_attention_reference(q, k, v))):
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref.float(), **tol)
+    assert merges == []
+    q, k, v = _qkv(1, 2, 1, 65, 16, dtype, seed=2)  # one key more: two splits, one merge
+    torch.testing.assert_close(decode_attention(q, k, v).float(), decode_attention_reference(q, k, v).float(), **tol)
+    assert merges == [2]
+
+
+@pytest.mark.parametrize("num_splits", [2, 7, 9, 40])
+def test_split_counts_whose_last_splits_are_empty(num_splits):
+    # S = 300 shared out in whole 32-key tiles: 9 splits get 64 keys each (5 non-empty, 4 empty), 40 get 32 (10
+    # non-empty, 30 empty); per-row lengths empty more of them
+    q, k, v = _qkv(3, 4, 2, 300, 16, seed=num_splits)
+    lens = torch.tensor([300, 33, 1], device=DEV)
+    torch.testing.assert_close(decode_attention(q, k, v, num_splits=num_splits), decode_attention_reference(q, k, v),
+                               **TOL[torch.float32])
+    torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, num_splits=num_splits),
+                               decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("config", da.SPLIT_CONFIGS, ids=lambda c: "N{BLOCK_N}-S{SPLIT_N}".format(**c.kwargs) +
+                         f"-w{c.num_warps}-st{c.num_stages}")
+def test_every_config_the_gpu_autotuner_may_choose(config):
+    # run through the plain kernel with the config, as the GPU autotuner would pick it: S = 700 gives 11, 6, 3, 2
+    # and 1 splits (the last: the direct-output path); the lengths leave trailing splits empty
+    q, k, v = _qkv(3, 6, 2, 700, 24, seed=config.kwargs["SPLIT_N"] + config.kwargs["BLOCK_N"])
+    lens = torch.tensor([700, 1, 333], device=DEV)
+    scale = 24 ** -0.5
+    torch.testing.assert_close(da._decode(q, k, v, None, scale, config=config), decode_attention_reference(q, k, v),
+                               **TOL[torch.float32])
+    torch.testing.assert_close(da._decode(q, k, v, lens, scale, config=config),
+                               decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
+
+
+def test_merge_over_many_splits_in_chunks():
+    # hd = 128: the merge takes 64 splits at a time (MERGE_TILE); 200 splits = 4 chunks with a running max, empty
+    # splits (lse = -inf) in several chunks, one chunk wholly empty, the largest lse in a late chunk
+    g = torch.Generator().manual_seed(3)
+    B, H, splits, hd = 2, 3, 200, 128
+    o = torch.randn(B, H, splits, hd, generator=g)
+    lse = torch.randn(B, H, splits, generator=g) * 3
+    lse[:, :, 5:9] = lse[:, :, 64:128] = lse[:, :, 190:] = float("-inf")
+    lse[0, 1, 150] = 30.0
+    o, lse = o.to(DEV), lse.to(DEV)
+    w = torch.softmax(lse, dim=-1)  # exp(lse_s) / sum_s exp(lse_s)
+    expected = (w[..., None] * o).sum(dim=2)
+    torch.testing.assert_close(da.merge_splits(o, lse, torch.float32), expected, **TOL[torch.float32])
+    part = torch.empty(B, H, hd, device=DEV)  # the first 100 of them only (a scratch buffer larger than needed)
+    da._merge_into(o, lse, 100, part)
+    w = torch.softmax(lse[:, :, :100], dim=-1)
+    torch.testing.assert_close(part, (w[..., None] * o[:, :, :100]).sum(dim=2), **TOL[torch.float32])
+
+
+def test_candidate_configs_for_a_key():
+    def lens_of(cs):
+        return sorted({c.kwargs["SPLIT_N"] for c in cs})
+    cands = da._candidate_configs
+    # a chat-length cache: split lengths up to the first that covers it (one split, no merge), no longer
+    assert lens_of(cands(da.SPLIT_CONFIGS, 256, 8, False, 132)) == [64, 128, 256]
+    # 8K at batch 1: every split length is worth timing
+    assert lens_of(cands(da.SPLIT_CONFIGS, 8192, 8, False, 132)) == [64, 128, 256, 512, 1024, 2048]
+    # 32K: at most MAX_SPLITS splits
+    assert lens_of(cands(da.SPLIT_CONFIGS, 32768, 8, False, 132)) == [128, 256, 512, 1024, 2048]
+    # a static cache (seq_lens): only split lengths that fill the GPU if the cache were full, or whose program
+    # reads at most FULL_SPLIT_BYTES then (hd 128 in bf16: 512 bytes a key, so up to 512 keys)
+    assert lens_of(cands(da.SPLIT_CONFIGS, 4096, 8, True, 132, 512)) == [64, 128, 256, 512]
+    assert lens_of(cands(da.SPLIT_CONFIGS, 32768, 8, True, 132, 512)) == [128, 256, 512, 1024]
+    assert lens_of(cands(da.SPLIT_CONFIGS, 4096, 512, True, 132, 512)) == [1024, 2048]
+    # a 1B model's chat cache (1024 slots, hd 64 in bf16: 256 bytes a key): one split is allowed
+    assert lens_of(cands(da.SPLIT_CONFIGS, 1024, 8, True, 132, 256)) == [64, 128, 256, 512, 1024]
+    # nothing within the caps: the longest splits
+    assert lens_of(cands(da.SPLIT_CONFIGS, 1 << 20, 512, False, 132)) == [2048]
+    # one config (the interpreter): no pruning
+    assert cands([da._DEFAULT_CONFIG], 8192, 8, True, 132) == [da._DEFAULT_CONFIG]
+
+
+def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
+    # Two configs, tuned by a fake timer: the key of a 300-token cache picks SPLIT_N = 64 (5 splits), that of a
+    # 600-token cache SPLIT_N = 128 (5 splits of 128, not 10 of 64). Calls alternate between the keys: each
+    # merge must combine the split count of the config run for THAT call (the autotuner's best_config), and while
+    # tuning, each timed config is followed by its merge (the post_hook).
+    a = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64})
+    b = triton.Config({"BLOCK_N": 64, "SPLIT_N": 128})
+    timings = []
+
+    def fake_bench(kernel_call, quantiles):
+        kernel_call()
+        t = timings.pop(0)
+        return [t, t, t]
+    tuner = da.autotuned_split_kernel([a, b], do_bench=fake_bench)
+    monkeypatch.setattr(da, "_decode_split_tuned", tuner)
+    monkeypatch.setattr(da, "_num_sms", lambda device: 4)  # the same pruning on a GPU: both configs timed per key
+    merges = _count_merges(monkeypatch)
+    short, long = _qkv(1, 4, 2, 300, 16, seed=4), _qkv(1, 4, 2, 600, 16, seed=5)
+    lens = torch.tensor([450], device=DEV)
+
+    timings[:] = [1.0, 2.0]  # a wins
+    torch.testing.assert_close(decode_attention(*short), decode_attention_reference(*short), **TOL[torch.float32])
+    assert merges == [5, 3, 5]  # tuning a (5 splits), tuning b (3), then the call with a
+    timings[:] = [2.0, 1.0]  # b wins
+    torch.testing.assert_close(decode_attention(*long), decode_attention_reference(*long), **TOL[torch.float32])
+    timings[:] = [1.0, 2.0]  # with lengths: another key, a wins
+    torch.testing.assert_close(decode_attention(*long, seq_lens=lens), decode_attention_reference(*long, lens),
+                               **TOL[torch.float32])
+    merges.clear()
+    for _ in range(2):  # tuned keys now: no timing, alternating configs
+        torch.testing.assert_close(decode_attention(*short), decode_attention_reference(*short), **TOL[torch.float32])
+        torch.testing.assert_close(decode_attention(*long), decode_attention_reference(*long), **TOL[torch.float32])
+        torch.testing.assert_close(decode_attention(*long, seq_lens=lens), decode_attention_reference(*long, lens),
+                                   **TOL[torch.float32])
+    assert timings == [] and merges == [5, 5, 10] * 2
+    assert sorted(c.kwargs["SPLIT_N"] for c in tuner.cache.values()) == [64, 64, 128]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_cuda_graph_replay_with_and_without_pdl(pdl, monkeypatch):
+    # tuned in the warm-up call, then captured; replays read the new q/k/v and lengths. With PDL (sm_90+) the merge
+    # is launched early and waits on the split kernel (griddepcontrol)
+    monkeypatch.setattr(da, "USE_PDL", pdl)
+    for S, lens in ((48, None), (3000, None), (3000, [3000, 17])):
+        q, k, v = _qkv(2, 32, 8, S, 128, torch.bfloat16, seed=S)
+        seq_lens = None if lens is None else torch.tensor(lens, device=DEV)
+        decode_attention(q, k, v, seq_lens=seq_lens, check_lens=False)  # warm-up: tunes this key
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = decode_attention(q, k, v, seq_lens=seq_lens, check_lens=False)
+        for seed in (1, 2):
+            q2, k2, v2 = _qkv(2, 32, 8, S, 128, torch.bfloat16, seed=S + seed)
+            q.copy_(q2), k.copy_(k2), v.copy_(v2)
+            graph.replay()
+            torch.testing.assert_close(out, decode_attention_reference(q, k, v, seq_lens), **TOL[torch.bfloat16])
 
 
 def test_rejects_bad_inputs():
