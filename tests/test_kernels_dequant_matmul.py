@@ -166,3 +166,143 @@ def test_int8_strided_scales(M):
     x = torch.randn(M, 64, device=DEV)
     torch.testing.assert_close(int8_matmul(x, w8, strided), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
+
+
+# -- the M = 1 GEMVs: 32-bit words, every config the GPU autotuner may pick ----------------------------------------
+# The interpreter runs only the default config through the wrappers, so these call the kernels' jit functions
+# (`.fn`) directly with other tile shapes: runs of 1, 2 or 4 words, K tiles smaller and larger than a group, K not
+# a multiple of the K tile, N not a multiple of BLOCK_N. (The interpreter ignores num_warps.)
+
+def _int4_gemv(x, packed, s4, BLOCK_N, WORDS, BLOCK_K, STAGES=1, num_warps=4):
+    import triton
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    words = dq._as_words(packed)
+    y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    dq._int4_gemv_kernel.fn[(triton.cdiv(N, BLOCK_N),)](
+        x, words, s4, y, N, K, x.stride(1), s4.stride(1), y.stride(1), dq.MAGIC_BITS, 16,
+        words.stride(0), s4.stride(0),
+        GROUP=K // s4.shape[1], BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, WORDS=WORDS, STAGES=STAGES, num_warps=num_warps)
+    return y
+
+
+def _int8_gemv(x, w8, s8, BLOCK_N, WORDS, BLOCK_K, STAGES=1, num_warps=4):
+    import triton
+    N, K = w8.shape
+    words = dq._as_words(w8)
+    y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    dq._int8_gemv_kernel.fn[(triton.cdiv(N, BLOCK_N),)](
+        x, words, s8, y, N, K, x.stride(1), y.stride(1), dq.MAGIC_BITS | 0x80, 16, words.stride(0),
+        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, WORDS=WORDS, STAGES=STAGES, num_warps=num_warps)
+    return y
+
+
+_TILES = [(16, 2, 2048, 1),  # the int4 default: one K tile holds all of K here
+          (8, 2, 256, 3),  # K tile 256: smaller than K; a multiple of the group, or inside one
+          (4, 4, 128, 1),  # runs of 4 words (32 int4 weights), K tile 128 < a group of 256
+          (32, 1, 64, 1),  # runs of 1 word, K tile 64: inside every group of 64..256
+          (16, 4, 1024, 2)]  # runs of 4 words, K tile 1024 > most K here
+
+
+@pytest.mark.parametrize("tile", _TILES)
+@pytest.mark.parametrize("G", [32, 64, 96, 128, 256])
+def test_int4_gemv_configs(G, tile):
+    N, K = 37, 7 * G  # N: not a multiple of BLOCK_N; K: 7 groups, a multiple of no K tile larger than a group
+    packed, s4 = quantize_int4(_w(N, K, seed=G), G)
+    x = torch.randn(1, K, device=DEV)
+    ref = dequant_matmul_reference(x, dequantize_int4(packed, s4))
+    torch.testing.assert_close(_int4_gemv(x, packed, s4, *tile), ref, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("tile", _TILES)
+@pytest.mark.parametrize("K", [16, 112, 1008])  # multiples of 16 (the wrapper's rule), not of the K tile
+def test_int8_gemv_configs(K, tile):
+    w8, s8 = quantize_int8(_w(37, K, seed=K))
+    x = torch.randn(1, K, device=DEV)
+    torch.testing.assert_close(_int8_gemv(x, w8, s8, *tile), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", dq._GEMV1_SHAPES)
+def test_every_autotune_config_compiles_and_matches(shape):
+    """Each (BLOCK_N, WORDS, num_warps, STAGES) of the autotune list, compiled for this GPU, in bf16 at a decode-like
+    shape (N not a multiple of BLOCK_N, K = 6144 not a multiple of the widest K tiles)."""
+    BLOCK_N, WORDS, warps, STAGES = shape
+    N, K = 1000, 6144
+    x = torch.randn(1, K, device=DEV).bfloat16()
+    packed, s4 = quantize_int4(_w(N, K, seed=1), 128)
+    y = _int4_gemv(x, packed, s4, BLOCK_N, WORDS, 8 * WORDS * 32 * warps, STAGES, num_warps=warps)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.bfloat16])
+    w8, s8 = quantize_int8(_w(N, K, seed=2))
+    y = _int8_gemv(x, w8, s8, BLOCK_N, WORDS, 4 * WORDS * 32 * warps, STAGES, num_warps=warps)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int8(w8, s8)), **TOL[torch.bfloat16])
+
+
+def test_gemv_unpacks_every_code_at_every_position():
+    """All 16 nibble codes at all 8 places of a word, all 256 int8 values (-128 too, which quantize_int8 never makes)
+    at all 4 places: a one-hot x picks out single weights, so y must equal them exactly."""
+    K = 256
+    codes = torch.arange(16 * K // 2, dtype=torch.int64).view(16, K // 2)
+    packed = ((codes * 7) % 256).to(torch.uint8).to(DEV)  # every byte, hence every (low, high) nibble pair
+    s4 = torch.ones(16, K // 32, device=DEV)
+    w8 = (torch.arange(16 * K, dtype=torch.int64).view(16, K) % 256 - 128).to(torch.int8).to(DEV)
+    s8 = torch.ones(16, device=DEV)
+    for k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 255]:
+        x = torch.zeros(1, K, device=DEV)
+        x[0, k] = 1.0
+        assert torch.equal(int4_matmul(x, packed, s4)[0], dequantize_int4(packed, s4)[:, k])
+        assert torch.equal(int8_matmul(x, w8, s8)[0], w8[:, k].float())
+        for tile in [(8, 4, 256), (16, 1, 64)]:
+            assert torch.equal(_int4_gemv(x, packed, s4, *tile)[0], dequantize_int4(packed, s4)[:, k])
+            assert torch.equal(_int8_gemv(x, w8, s8, *tile)[0], w8[:, k].float())
+
+
+def test_gemv_masked_x_tail_and_strided_x():
+    # x views into wider buffers: a NaN tail past K (the last K tile must not read it) and a stride of 2
+    for K in (80, 96):
+        buf = torch.full((1, 2 * K + 64), float("nan"), device=DEV)
+        x = buf[:, :K]
+        x.copy_(torch.randn(1, K))
+        xs = buf[:, ::2][:, :K]
+        xs.copy_(torch.randn(1, K))
+        w8, s8 = quantize_int8(_w(9, K, seed=K))
+        for xx in (x, xs):
+            y = int8_matmul(xx, w8, s8)
+            assert torch.isfinite(y).all()
+            torch.testing.assert_close(y, dequant_matmul_reference(xx, dequantize_int8(w8, s8)), **TOL[torch.float32])
+        if K % 32 == 0:
+            packed, s4 = quantize_int4(_w(9, K, seed=K), 32)
+            for xx in (x, xs):
+                y = int4_matmul(xx, packed, s4)
+                assert torch.isfinite(y).all()
+                torch.testing.assert_close(y, dequant_matmul_reference(xx, dequantize_int4(packed, s4)),
+                                           **TOL[torch.float32])
+
+
+def test_weights_that_cannot_be_read_as_words_fall_back():
+    """The GEMV reads W as int32 words; where a view cannot (a row start not 4-byte aligned, K not a multiple of 4)
+    or int8's K is not a multiple of 16, M = 1 takes the M <= 16 kernel, with the same answer."""
+    packed, s4 = quantize_int4(_w(10, 128, seed=3), 32)
+    buf = torch.zeros(10, 64 + 1, dtype=torch.uint8, device=DEV)
+    shifted = buf[:, 1:]  # storage offset 1, row stride 65: no int32 view
+    shifted.copy_(packed)
+    assert dq._as_words(shifted) is None and dq._as_words(packed) is not None
+    x = torch.randn(1, 128, device=DEV)
+    torch.testing.assert_close(int4_matmul(x, shifted, s4), int4_matmul(x, packed, s4), **TOL[torch.float32])
+    for K in (126, 120):  # 126: no int32 view; 120: a view, but not a multiple of 16
+        w8, s8 = quantize_int8(_w(10, K, seed=4))
+        assert (dq._as_words(w8) is None) == (K == 126)
+        x = torch.randn(1, K, device=DEV)
+        torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                                   **TOL[torch.float32])
+
+
+def test_gemv1_prune_keeps_runs_inside_groups_and_tiles_within_k():
+    import triton
+    cfg = lambda bk, words: triton.Config({"BLOCK_N": 16, "BLOCK_K": bk, "WORDS": words, "STAGES": 1})  # noqa: E731
+    configs = [cfg(4096, 4), cfg(2048, 2), cfg(1024, 4), cfg(256, 1)]
+    kept = dq._gemv1_prune(configs, {"K": 2048}, GROUP=128)
+    assert [c.kwargs["BLOCK_K"] for c in kept] == [2048, 1024, 256]
+    kept = dq._gemv1_prune(configs, {"K": 4096}, GROUP=16)  # runs of 4 words (32 weights) straddle groups of 16
+    assert [c.kwargs["WORDS"] for c in kept] == [2, 1]
+    assert dq._gemv1_prune(configs, {"K": 128}) == [configs[0]]  # int8 (no GROUP); all too wide: keep one
