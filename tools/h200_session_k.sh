@@ -25,6 +25,7 @@ keys = ('kernels_per_token', 'step_ms', 'gpu_busy_ms_per_token', 'gpu_idle_ms_pe
 for name in ('fused', 'per_module'):
     if name == 'per_module':
         patch_model._one_token_fusable = lambda model, h: False
+        llm.model.__dict__.pop('_llmlab_runners', None)  # recapture: the cached graphs hold the fused step
     s = profile_decode(llm, n_steps=8, settings={'cuda_graphs': True, 'triton_kernels': True},
                        trace_path='$OUT/r/profile_llama-3.2-1b_triton.json.gz' if name == 'fused' else None)
     print('###', name, {k: s[k] for k in keys})
