@@ -104,7 +104,9 @@ def _decode_split_kernel(
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
     (out_ptr, the output dtype); otherwise a partial output o (fp32, normalized by its own softmax sum) and the
     log-sum-exp of its scores, for `_decode_merge_kernel`. SPLIT_N = 0: S shared out evenly over the grid's
-    programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty)."""
+    programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty). With lengths
+    (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
+    the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split."""
     if PDL:  # the merge (launched with launch_pdl) may start now; it waits for this grid's end before reading
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -115,7 +117,9 @@ def _decode_split_kernel(
         seq_len = tl.load(lens_ptr + b)
     else:  # every sequence attends to all S slots
         seq_len = S
-    if SPLIT_N > 0:
+    if HAS_LENS:  # a static cache: the FILLED length shared out over the grid's splits, at any length
+        split_size = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(1)), BLOCK_N) * BLOCK_N
+    elif SPLIT_N > 0:
         split_size = SPLIT_N
     else:
         split_size = tl.cdiv(tl.cdiv(S, tl.num_programs(1)), BLOCK_N) * BLOCK_N
@@ -343,6 +347,13 @@ def _shortest_split(kernel, s_bucket: int, bhkv_bucket: int, has_lens: bool, sms
                for c in _candidate_configs(kernel.configs, s_bucket, bhkv_bucket, has_lens, sms, key_bytes))
 
 
+# Keys (with lengths) already tuned on a full cache. The autotuner times its configs on the call that first meets a
+# key; in a CUDA-graph run that is the warm-up, whose lengths are 1 — where one split always wins — while the graph
+# then replays that choice at every length up to the cache's capacity. So the first call with lengths runs once with
+# every row full (lengths = S), the worst case, and the autotuner tunes on that.
+_TUNED_AT_CAPACITY: set = set()
+
+
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
             num_splits: int | None = None, config: triton.Config | None = None) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
@@ -358,6 +369,11 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     has_lens = seq_lens is not None
     tuned = num_splits is None and config is None
     s_bucket, bhkv_bucket = triton.next_power_of_2(S), triton.next_power_of_2(B * Hkv)
+    if tuned and has_lens and len(_decode_split_tuned.configs) > 1:
+        key = (s_bucket, bhkv_bucket, hd, n_rep, q.dtype, q.device)
+        if key not in _TUNED_AT_CAPACITY:  # first call for this key: tune it on a FULL cache (see above)
+            _TUNED_AT_CAPACITY.add(key)
+            _decode(q, k, v, torch.full_like(seq_lens, S), scale)
     if tuned:
         kernel, meta = _decode_split_tuned, {}
         # scratch for the most splits any candidate config makes; the grid follows the config the tuner picks

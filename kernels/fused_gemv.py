@@ -5,15 +5,18 @@ numbers, SwiGLU over 8192, a residual add. Each costs a launch, a fill and a dra
 CUDA graph) for almost no bytes. They can ride along with the GEMV that reads their output, because a GEMV reads
 its whole input vector anyway (every output row needs all of x):
 
-* RMSNorm prologue: each program first sums x^2 over the row (x is K numbers, read from L2 — nothing next to the
-  N x K weights it streams), then multiplies x by rstd and the norm weight as it goes;
+* RMSNorm prologue: norm(x) = x * rstd * nw with rstd = 1/sqrt(mean(x^2) + eps) one number per row, so
+  W norm(x) = rstd * W (x * nw): each program multiplies x by the norm weight as it streams W, sums x^2 on the same
+  pass (x is K numbers, read from L2 — nothing next to the N x K weights) and scales its outputs at the end;
 * SwiGLU prologue: x is the gate/up projection's output [gate | up] (2K numbers), and the program computes
   silu(gate) * up as it reads them;
 * residual epilogue: y = residual + W x, the residual stream's add done on the way out.
 
 A Llama layer's decode step then has four GEMVs (norm + qkv, o + add, norm + gate/up, swiglu + down + add) instead
-of four GEMVs and five small kernels. Every rounding to the activation dtype that the unfused modules do is done here
-at the same place, so the result equals the unfused ops' up to the order of the GEMV's additions.
+of four GEMVs and five small kernels. The SwiGLU and residual roundings to the activation dtype are done where the
+unfused ops do them; the normalized x is not rounded (the one-pass form above), so in bf16 the result differs from
+the unfused ops' by about one bf16 rounding of x (relative 2^-8 per element, averaging out over K); in fp32 they
+agree to the order of the additions.
 (The fusion of pointwise ops into the adjacent matmul is what compilers like TorchInductor and TensorRT do;
 "Flash-Decoding" and the Hazy Research "megakernel" post, https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles,
 explain why a 1B model at batch 1 is dominated by such small kernels.)
@@ -44,25 +47,25 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
     if swiglu:
         gate, up = x.chunk(2, dim=-1)
         x = F.silu(gate) * up
-    elif norm_weight is not None:
-        from llmlab.model import RMSNorm
-
-        norm = RMSNorm(x.shape[-1], eps).to(device=x.device, dtype=norm_weight.dtype)
-        with torch.no_grad():
-            norm.weight.copy_(norm_weight)
-        x = norm(x)
+    elif norm_weight is not None:  # as llmlab.model.RMSNorm.forward
+        x32 = x.float()
+        x = norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     y = F.linear(x, weight)
     return y if residual is None else residual + y
 
 
-# Autotuned per shape and fusion: (BLOCK_N output rows per program, BLOCK_K inputs per step, warps, stages). A GEMV
-# runs at the speed of the bytes in flight: small BLOCK_N gives more programs for the 132 SMs when N is only 2048;
-# a long BLOCK_K gives each program more bytes per step. One config in the interpreter (`autotune_configs`).
-_SHAPES = [(2, 1024, 4, 2), (4, 256, 2, 3), (4, 512, 4, 3), (4, 1024, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3),
-           (8, 1024, 8, 2), (16, 256, 4, 3), (16, 512, 8, 3), (16, 128, 4, 4), (32, 256, 8, 3), (32, 128, 4, 4)]
-CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+# Autotuned per shape and fusion: (BLOCK_N output rows per program, BLOCK_K inputs per step, warps, STAGES). A GEMV
+# runs at the speed of the bytes in flight. Measured on the H200 (call K): with the loop's loads issued one step
+# at a time, each step waited a full memory latency, and the 1B model's GEMVs reached 51-74% of the copy
+# bandwidth. STAGES > 1 pipelines the loop (`tl.range(num_stages=...)`: later steps' tiles are requested while
+# this one is summed); small BLOCK_N gives more programs for the 132 SMs when N is only 2048. One config in the
+# interpreter (`autotune_configs`).
+_SHAPES = [(2, 1024, 4, 3), (4, 512, 4, 3), (4, 1024, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 3),
+           (2, 2048, 8, 2), (4, 2048, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 1), (4, 512, 4, 1),
+           (8, 512, 4, 2), (4, 1024, 4, 4)]
+CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
                             for n, k, w, st in _SHAPES],
-                           default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}))
+                           default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
 
 
 @triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"])
@@ -76,37 +79,34 @@ def _fused_gemv_kernel(
     stride_wn,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     dt = x_ptr.dtype.element_ty  # the activation dtype: where the unfused ops round, we round
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
 
-    if PROLOGUE == 1:  # RMSNorm: the row's mean square first (every program does it: x is small and in L2)
-        sq = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xk = tl.load(x_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
-            sq += xk * xk
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-
     # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    sq = tl.zeros([BLOCK_K], tl.float32)  # RMSNorm: the row's sum of squares, gathered on the same pass
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < K
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                    other=0.0)  # (BLOCK_N, BLOCK_K): the bytes this kernel exists to move
         if PROLOGUE == 2:  # SwiGLU: x holds [gate | up]; silu rounded as F.silu, the product as the unfused op
             g = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
             u = tl.load(x_ptr + K + kk, mask=k_mask, other=0.0).to(tl.float32)
             xk = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
         else:
             xk = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            if PROLOGUE == 1:  # as llmlab.model.RMSNorm: weight * (x * rstd).to(dtype), rounded to the dtype
-                nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-                xk = ((xk * rstd).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                    other=0.0)  # (BLOCK_N, BLOCK_K): the bytes this kernel exists to move
+            if PROLOGUE == 1:  # RMSNorm: W (x * nw), times rstd = 1/sqrt(mean(x^2) + eps) after the loop
+                sq += xk * xk
+                xk = xk * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32
+    if PROLOGUE == 1:  # one pass: x is not normalized (nor rounded) before the products, the row sum is scaled
+        y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
         r = tl.load(res_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
         y = y.to(dt).to(tl.float32) + r

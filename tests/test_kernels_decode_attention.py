@@ -260,3 +260,36 @@ def test_rejects_bad_inputs():
         decode_attention(q.double().half() if DEV == "cuda" else q, k.to(torch.float16), v)
     with pytest.raises(ValueError, match="empty"):
         decode_attention(q, k[:, :, :0], v[:, :, :0])
+
+
+def test_a_key_with_lengths_is_tuned_on_a_full_cache_first(monkeypatch):
+    """The first call with lengths for a key runs once with every row full (the worst case a CUDA graph replays),
+    so the autotuner does not tune on a warm-up's 1-token rows; later calls of that key go straight through."""
+    a, b = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64}), triton.Config({"BLOCK_N": 32, "SPLIT_N": 128})
+    monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel(
+        [a, b], do_bench=lambda call, quantiles: (call(), [1.0] * 3)[1]))
+    monkeypatch.setattr(da, "_TUNED_AT_CAPACITY", set())
+    seen = []
+    real = da._decode
+
+    def spy(q, k, v, seq_lens, *args, **kw):
+        seen.append(None if seq_lens is None else seq_lens.tolist())
+        return real(q, k, v, seq_lens, *args, **kw)
+    monkeypatch.setattr(da, "_decode", spy)
+    q, k, v = _qkv(2, 4, 2, 300, 16, seed=6)
+    lens = torch.tensor([1, 1], device=DEV)
+    for _ in range(2):
+        torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens),
+                                   decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
+    assert seen == [[1, 1], [300, 300], [1, 1]]  # call, its tuning run on a full cache; the second call: none
+
+
+@pytest.mark.parametrize("S, lens", [(300, [1, 37, 300]), (1000, [999, 64, 65])])
+def test_with_lengths_each_rows_length_is_shared_over_the_splits(S, lens):
+    """With lengths, split s of a row covers a share of ITS filled length (not of S): any split count, any row."""
+    q, k, v = _qkv(3, 4, 2, S, 16, seed=S)
+    seq_lens = torch.tensor(lens, device=DEV)
+    want = decode_attention_reference(q, k, v, seq_lens)
+    for splits in (1, 2, 5, 16):
+        torch.testing.assert_close(decode_attention(q, k, v, seq_lens=seq_lens, num_splits=splits), want,
+                                   **TOL[torch.float32])

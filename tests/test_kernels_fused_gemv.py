@@ -54,8 +54,8 @@ def test_fused_gemv_matches_the_unfused_ops(size, fusion, dtype):
         torch.testing.assert_close(got, fused_gemv_reference(x, w, **kw), **TOL[dtype])
 
 
-@pytest.mark.parametrize("block_n, block_k", [(2, 1024), (4, 512), (32, 128)])
-def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k):
+@pytest.mark.parametrize("block_n, block_k, stages", [(2, 1024, 3), (4, 512, 1), (32, 128, 2)])
+def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k, stages):
     """The interpreter runs one config; the GPU may choose any: run some others through the kernel directly."""
     import triton
 
@@ -64,7 +64,7 @@ def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k):
     y = torch.full((1, N), float("nan"), device=DEV)
     _fused_gemv_kernel.fn[(triton.cdiv(N, block_n),)](
         x, w, kw["norm_weight"], kw["residual"], y, N, K, 1e-5, w.stride(0),
-        PROLOGUE=1, HAS_RES=True, BLOCK_N=block_n, BLOCK_K=block_k)
+        PROLOGUE=1, HAS_RES=True, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages)
     torch.testing.assert_close(y, fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
 
 
