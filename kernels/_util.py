@@ -7,6 +7,7 @@ interpreter has no bf16 arithmetic, so on a CPU the kernels accept fp32 (and fp1
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -89,3 +90,32 @@ def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Ten
         if any(t.dtype == torch.bfloat16 for t in tensors.values()):
             raise TypeError(f"{op}: the Triton interpreter (CPU) has no bf16 arithmetic; use fp32 on a CPU")
     return device
+
+
+# Programmatic dependent launch (PDL, Hopper and later; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html
+# #programmatic-dependent-launch-and-synchronization): a kernel launched with `launch_pdl=True` may start while the
+# kernel before it is still finishing, once every program of that one has run `gdc_launch_dependents()`. Its
+# programs then sit on the SMs as the previous kernel drains, do what depends on nothing before (load weights), and
+# wait in `gdc_wait()` until the previous kernel has completed and its writes are visible. The gap between two
+# kernels — launch, fill, drain, ~1-3 us each, a hundred times per decode step of a 1B model — mostly overlaps.
+# The rule every PDL kernel here follows: read nothing but constant weights, and write nothing, before `gdc_wait()`.
+PDL_ENV = "LLMLAB_PDL"  # "0" switches it off (to measure with and without)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol: sm_90 and later
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """True where the kernels launch with PDL: a CUDA device of compute capability >= 9.0, not the interpreter,
+    and LLMLAB_PDL is not "0" (read at each call)."""
+    if device.type != "cuda" or interpret_mode() or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return _sm90(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_kwargs(device: torch.device) -> dict:
+    """A PDL-aware kernel's `PDL` meta-parameter and the `launch_pdl` launch option, for a launch on `device`."""
+    on = pdl_enabled(device)
+    return {"PDL": on, **({"launch_pdl": True} if on else {})}

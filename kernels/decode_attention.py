@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, interpret_mode
+from ._util import autotune_configs, check_tensors, interpret_mode, pdl_enabled
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -73,11 +73,12 @@ _DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64})
 # an explicit num_splits: this tile, SPLIT_N = 0 (the kernel shares S out over the grid's programs), not tuned
 _NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, num_stages=3)
 
-# Programmatic dependent launch (Hopper and later): the merge is launched with launch_pdl, so the GPU may start it
-# while the split kernel still runs — the split kernel allows it at its very start (`gdc_launch_dependents`) — and
-# each merge program waits in `gdc_wait` until the split kernel has finished and its writes are visible. The gap
-# between the two launches (a large part of an 8 us op) mostly goes. Off by default: set True to measure it.
-USE_PDL = False
+# Programmatic dependent launch (`pdl_enabled` in _util.py): the split kernel and the merge are launched with
+# launch_pdl, so the GPU may start each while the kernel before it still runs — the split kernel allows it at its
+# very start (`gdc_launch_dependents`) — and each program waits in `gdc_wait` until the previous kernel has finished
+# and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
+# LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
+USE_PDL = None
 
 MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
 MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
@@ -107,8 +108,9 @@ def _decode_split_kernel(
     programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty). With lengths
     (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
     the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split."""
-    if PDL:  # the merge (launched with launch_pdl) may start now; it waits for this grid's end before reading
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
+        tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
@@ -228,7 +230,7 @@ def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_S=min(triton.next_power_of_2(splits), max(1, MERGE_TILE // BLOCK_D)), BLOCK_D=BLOCK_D,
-        **_pdl_kwargs(out.device, launch=True),
+        **_pdl_kwargs(out.device),
     )
 
 
@@ -333,11 +335,13 @@ def _has_pdl(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol: sm_90 and later
 
 
-def _pdl_kwargs(device: torch.device, launch: bool = False) -> dict:
-    """The kernels' PDL meta-parameter (and, for the merge, `launch_pdl`): on with `USE_PDL` on a GPU that has it."""
-    on = (USE_PDL and device.type == "cuda" and not interpret_mode()
-          and _has_pdl(device.index if device.index is not None else torch.cuda.current_device()))
-    return {"PDL": on, **({"launch_pdl": True} if on and launch else {})}
+def _pdl_kwargs(device: torch.device) -> dict:
+    """The kernels' PDL meta-parameter and `launch_pdl`: `pdl_enabled`, or as `USE_PDL` forces it (on a GPU that
+    has it)."""
+    on = pdl_enabled(device) if USE_PDL is None else (USE_PDL and device.type == "cuda" and not interpret_mode()
+                                                       and _has_pdl(device.index if device.index is not None
+                                                                    else torch.cuda.current_device()))
+    return {"PDL": on, **({"launch_pdl": True} if on else {})}
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors
+from ._util import autotune_configs, check_tensors, pdl_kwargs
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -68,6 +68,23 @@ CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES":
                            default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
 
 
+@triton.jit
+def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
+    """The GEMV's input at positions kk (BLOCK_K,), fp32, after the prologue; and x^2 there (RMSNorm's sum)."""
+    dt = x_ptr.dtype.element_ty  # the activation dtype: where the unfused ops round, we round
+    if PROLOGUE == 2:  # SwiGLU: x holds [gate | up]; silu rounded as F.silu, the product as the unfused op
+        g = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + K + kk, mask=k_mask, other=0.0).to(tl.float32)
+        xk = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+        sq = tl.zeros_like(xk)
+    else:
+        xk = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        sq = xk * xk
+        if PROLOGUE == 1:  # RMSNorm: W (x * nw), times rstd = 1/sqrt(mean(x^2) + eps) after the loop
+            xk = xk * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    return xk, sq
+
+
 @triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"])
 @triton.jit
 def _fused_gemv_kernel(
@@ -78,31 +95,30 @@ def _fused_gemv_kernel(
     # strides (elements)
     stride_wn,
     # meta-parameters
-    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    dt = x_ptr.dtype.element_ty  # the activation dtype: where the unfused ops round, we round
+    dt = x_ptr.dtype.element_ty
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rn[:, None] * stride_wn
 
+    if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
+        tl.extra.cuda.gdc_launch_dependents()
+    # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
+    w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    xk, sq = _x_tile(x_ptr, nw_ptr, rk, rk < K, K, PROLOGUE)
     # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    sq = tl.zeros([BLOCK_K], tl.float32)  # RMSNorm: the row's sum of squares, gathered on the same pass
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    acc = w.to(tl.float32) * xk[None, :]
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < K
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                    other=0.0)  # (BLOCK_N, BLOCK_K): the bytes this kernel exists to move
-        if PROLOGUE == 2:  # SwiGLU: x holds [gate | up]; silu rounded as F.silu, the product as the unfused op
-            g = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + K + kk, mask=k_mask, other=0.0).to(tl.float32)
-            xk = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
-        else:
-            xk = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            if PROLOGUE == 1:  # RMSNorm: W (x * nw), times rstd = 1/sqrt(mean(x^2) + eps) after the loop
-                sq += xk * xk
-                xk = xk * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # the bytes
+        xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)  # this kernel exists to move: W's
+        sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32
     if PROLOGUE == 1:  # one pass: x is not normalized (nor rounded) before the products, the row sum is scaled
@@ -162,7 +178,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
         N, K, float(eps),
         weight.stride(0),
-        PROLOGUE=prologue, HAS_RES=residual is not None,
+        PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
     )
     return y
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors
+from ._util import check_tensors, pdl_kwargs
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -53,8 +53,11 @@ def _rope_cache_kernel(
     stride_xb, stride_xh, stride_cb, stride_pb,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     # meta-parameters
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_FREQ: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_FREQ: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched early (`pdl_enabled` in _util.py): let the next kernel come, wait for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // HEADS
     h = pid % HEADS
@@ -149,6 +152,7 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HALF=hd // 2, BLOCK_HALF=triton.next_power_of_2(hd // 2), FROM_FREQ=inv_freq is not None,
+        **pdl_kwargs(qkv.device),
     )
 
 

@@ -64,7 +64,7 @@ def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k, stages):
     y = torch.full((1, N), float("nan"), device=DEV)
     _fused_gemv_kernel.fn[(triton.cdiv(N, block_n),)](
         x, w, kw["norm_weight"], kw["residual"], y, N, K, 1e-5, w.stride(0),
-        PROLOGUE=1, HAS_RES=True, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages)
+        PROLOGUE=1, HAS_RES=True, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages)
     torch.testing.assert_close(y, fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
 
 
