@@ -116,7 +116,7 @@ def _decode_split_kernel(
     kvh = pid % Hkv
     split = tl.program_id(1)
     if HAS_LENS:
-        seq_len = tl.load(lens_ptr + b)
+        seq_len = tl.minimum(tl.load(lens_ptr + b), S)  # never past the cache, whatever the lengths say
     else:  # every sequence attends to all S slots
         seq_len = S
     if HAS_LENS:  # a static cache: the FILLED length shared out over the grid's splits, at any length
@@ -376,8 +376,12 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     if tuned and has_lens and len(_decode_split_tuned.configs) > 1:
         key = (s_bucket, bhkv_bucket, hd, n_rep, q.dtype, q.device)
         if key not in _TUNED_AT_CAPACITY:  # first call for this key: tune it on a FULL cache (see above)
-            _TUNED_AT_CAPACITY.add(key)
-            _decode(q, k, v, torch.full_like(seq_lens, S), scale)
+            _TUNED_AT_CAPACITY.add(key)  # (first, so that the call below goes straight through)
+            try:
+                _decode(q, k, v, torch.full_like(seq_lens, S), scale)
+            except BaseException:
+                _TUNED_AT_CAPACITY.discard(key)  # not tuned: the next call tries again
+                raise
     if tuned:
         kernel, meta = _decode_split_tuned, {}
         # scratch for the most splits any candidate config makes; the grid follows the config the tuner picks
@@ -428,8 +432,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         seq_lens: optional (B,) int tensor on q's device: sequence b attends to k[b, :, :seq_lens[b]]; each in
             1..S. Default: all S tokens.
         scale: softmax scale, default 1/sqrt(hd) (as SDPA).
-        num_splits: programs per (sequence, KV head) along S (S shared out in whole tiles; the last may be
-            empty). Default: the autotuned split length (`SPLIT_CONFIGS`), one split when that covers S.
+        num_splits: programs per (sequence, KV head) along the sequence, an int >= 1: S shared out in whole
+            tiles (with seq_lens: each row's filled length); the last may be empty. Default (None): the autotuned
+            split length (`SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
 
@@ -471,6 +476,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             raise ValueError(f"decode_attention: seq_lens must lie in 1..{S}, got {seq_lens.tolist()}")
         if seq_lens.dtype not in (torch.int32, torch.int64):
             seq_lens = seq_lens.to(torch.int32)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"decode_attention: num_splits must be a whole number >= 1 (or None for the tuned "
+                         f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
     return _decode(q, k, v, seq_lens, scale, num_splits or None).view(q_shape)

@@ -162,16 +162,23 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
                          f"strides {weight.stride()}")
     N, K = weight.shape
     k_in = 2 * K if swiglu else K
-    if x.shape[-1] != k_in or x.numel() != k_in or not x.is_contiguous():
-        raise ValueError(f"fused_gemv: x must be one contiguous row of {k_in} numbers "
+    if x.dim() == 0 or x.shape[-1] != k_in or x.numel() != k_in:
+        raise ValueError(f"fused_gemv: x must be one row of {k_in} numbers "
                          f"({'[gate | up], 2K' if swiglu else 'K'} for weight {tuple(weight.shape)}), got "
                          f"{tuple(x.shape)}; for several rows use F.linear")
+    if not x.is_contiguous():
+        raise ValueError(f"fused_gemv: x is not contiguous (strides {x.stride()}); pass x.contiguous()")
     if swiglu and norm_weight is not None:
         raise ValueError("fused_gemv: choose one prologue, RMSNorm (norm_weight) or swiglu")
-    if norm_weight is not None and norm_weight.shape != (K,):
-        raise ValueError(f"fused_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
-    if residual is not None and (residual.numel() != N or not residual.is_contiguous()):
-        raise ValueError(f"fused_gemv: residual must be one contiguous row of {N}, got {tuple(residual.shape)}")
+    if norm_weight is not None:
+        if norm_weight.shape != (K,):
+            raise ValueError(f"fused_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
+        norm_weight = norm_weight.contiguous()  # the kernel reads it at offsets 0..K-1
+    if residual is not None and (residual.dim() == 0 or residual.shape[-1] != N or residual.numel() != N):
+        raise ValueError(f"fused_gemv: residual must be one row of {N}, got {tuple(residual.shape)}")
+    if residual is not None and not residual.is_contiguous():
+        raise ValueError(f"fused_gemv: residual is not contiguous (strides {residual.stride()}); pass "
+                         f"residual.contiguous()")
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](

@@ -119,11 +119,21 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     """(B,) int64: how many slots of a static cache each row attends to (its position + 1). Computed once per
-    forward pass — every layer gets the same `positions` tensor — and kept on the cache."""
+    forward pass — every layer gets the same `positions` tensor — and kept on the cache.
+
+    Raises ValueError (before anything is written) for a position outside the cache's slots, as the PyTorch path's
+    indexing does; the check reads the positions on the host, so it is skipped while a CUDA graph is captured (the
+    graph runner checks its positions on the host before each replay)."""
     cached = getattr(kv_cache, "_llmlab_lens", None)
     if cached is not None and cached[0] is positions and cached[1] == positions._version:
         return cached[2]  # the same tensor, unchanged since (a loop that updates it in place bumps its version)
     pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)
+    S = kv_cache.k[0].shape[2]
+    if not (pos.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0 or hi >= S:
+            raise ValueError(f"position {hi if hi >= S else lo} is outside the static KV cache's {S} slots "
+                             f"(0..{S - 1}): build the cache with a larger max_seq_len, or start a new sequence")
     lens = pos + 1
     kv_cache._llmlab_lens = (positions, positions._version, lens)
     return lens
@@ -137,11 +147,11 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
     pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
+    lens = _decode_lens(kv_cache, positions, B)  # first: it checks the positions before anything is written
     if inv_freq is None:
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
-    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=_decode_lens(kv_cache, positions, B),
-                              check_lens=False)  # (B, H, hd)
+    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False)  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -291,7 +301,8 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
         if type(module) in targets and "forward" in module.__dict__:
             del module.forward
         for attr in _FUSED:
-            module.__dict__.pop(attr, None)  # the concatenated weights: their memory is freed
+            module.__dict__.pop(attr, None)  # forget the fused tensor (the layers' weights stay views of it: the
+            # concatenated storage is the weights' own memory, nothing extra to free)
     return model
 
 

@@ -48,7 +48,7 @@ def _rope_cache_kernel(
     # pointers
     x_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr,
     # sizes
-    H, HKV, HEADS,
+    H, HKV, HEADS, S,
     # strides (elements)
     stride_xb, stride_xh, stride_cb, stride_pb,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
@@ -67,11 +67,18 @@ def _rope_cache_kernel(
     x1 = tl.load(x_row + i, mask=mask, other=0.0)
     x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0)
     pos = tl.load(pos_ptr + b * stride_pb)
+    slot = pos + 0 * i  # the position on every lane: a slot outside the cache is never written (nor q rotated;
+    mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
     if h < H + HKV:  # q or k: rotate
         if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
             ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
-            c = tl.cos(ang).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
-            s = tl.sin(ang).to(x1.dtype).to(tl.float32)
+            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
+            # and at position 100K the angle is ~1e5 rad
+            a64 = ang.to(tl.float64)
+            two_pi = tl.full((), 6.283185307179586, tl.float64)
+            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
+            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
+            s = tl.sin(red).to(x1.dtype).to(tl.float32)
         else:
             c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
             s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
@@ -112,8 +119,12 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
         ValueError: shapes that do not fit together, odd hd, non-contiguous last dimensions.
         TypeError: unsupported dtypes (see `check_tensors`).
     """
-    if (inv_freq is None) == (cos is None or sin is None):
+    if (cos is None) != (sin is None):
+        raise ValueError("rope_and_cache_: give both cos and sin (or neither, with inv_freq)")
+    if (inv_freq is None) == (cos is None):
         raise ValueError("rope_and_cache_: give the angles either as cos and sin, or as inv_freq (not both)")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"rope_and_cache_: positions must be int32 or int64 cache slots, got {positions.dtype}")
     if inv_freq is not None:
         check_tensors("rope_and_cache_", DTYPES, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
         if inv_freq.dtype != torch.float32 or inv_freq.device != qkv.device or inv_freq.dim() != 1:
@@ -147,7 +158,7 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
             raise ValueError(f"rope_and_cache_: {name}'s last dimension must be contiguous, strides {t.stride()}")
     _rope_cache_kernel[(B * heads,)](
         qkv, cos2, sin2, positions, k_cache, v_cache,
-        n_heads, Hkv, heads,
+        n_heads, Hkv, heads, k_cache.shape[2],
         qkv.stride(0), qkv.stride(1), 0 if inv_freq is not None else cos2.stride(0), positions.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -293,3 +293,10 @@ def test_with_lengths_each_rows_length_is_shared_over_the_splits(S, lens):
     for splits in (1, 2, 5, 16):
         torch.testing.assert_close(decode_attention(q, k, v, seq_lens=seq_lens, num_splits=splits), want,
                                    **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_num_splits_must_be_a_whole_number_from_one(bad):
+    q, k, v = _qkv(1, 4, 2, 40, 16)
+    with pytest.raises(ValueError, match="num_splits must be a whole number >= 1"):
+        decode_attention(q, k, v, num_splits=bad)

@@ -78,11 +78,13 @@ def test_fp16_norm_prologue_with_large_inputs_stays_finite():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (lambda x, w: dict(x=torch.zeros(2, 64, device=DEV), weight=w), "one contiguous row"),
-    (lambda x, w: dict(x=x[:, :32], weight=w), "one contiguous row of 64"),
+    (lambda x, w: dict(x=torch.zeros(2, 64, device=DEV), weight=w), "one row"),
+    (lambda x, w: dict(x=x[:, :32], weight=w), "one row of 64"),
+    (lambda x, w: dict(x=torch.randn(64, 2, device=DEV)[:, 0][None], weight=w), "not contiguous"),
+    (lambda x, w: dict(x=torch.tensor(1.0, device=DEV), weight=w), "one row of 64"),
     (lambda x, w: dict(x=x, weight=w, swiglu=True), "2K"),
     (lambda x, w: dict(x=x, weight=w, norm_weight=torch.ones(63, device=DEV)), "norm_weight must be (64,)"),
-    (lambda x, w: dict(x=x, weight=w, residual=torch.zeros(1, 5, device=DEV)), "residual must be one contiguous"),
+    (lambda x, w: dict(x=x, weight=w, residual=torch.zeros(1, 5, device=DEV)), "residual must be one row"),
     (lambda x, w: dict(x=torch.zeros(1, 128, device=DEV), weight=w, swiglu=True,
                        norm_weight=torch.ones(64, device=DEV)), "choose one prologue"),
     (lambda x, w: dict(x=x, weight=w.t()), "contiguous rows"),
@@ -97,3 +99,10 @@ def test_mixed_dtypes_are_refused():
     x, w = torch.randn(1, 64, device=DEV), torch.randn(16, 64, device=DEV, dtype=torch.float16)
     with pytest.raises(TypeError, match="share one dtype"):
         fused_gemv(x, w)
+
+
+def test_a_strided_norm_weight_is_read_correctly():
+    x, w, kw = _case(40, 30, "norm", torch.float32, seed=9)
+    nw = torch.randn(60, device=DEV)[::2]  # a view with stride 2
+    torch.testing.assert_close(fused_gemv(x, w, norm_weight=nw), fused_gemv_reference(x, w, norm_weight=nw),
+                               **TOL[torch.float32])

@@ -333,3 +333,26 @@ def test_a_patched_model_saves_and_loads_like_the_original(tmp_path):
         patch_model.disable(model)
     loaded = load_model(tmp_path, device=DEV, dtype=torch.float32)
     torch.testing.assert_close(loaded(ids), ref, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_position_outside_the_static_cache_is_refused_before_anything_is_written(batch):
+    """As the PyTorch path's indexing refuses it — and the cache is left as it was, still usable."""
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=3).to(DEV)
+    patch_model.enable(model)
+    try:
+        cache = StaticKVCache(model.config, batch, 8, torch.float32, DEV)
+        model(torch.randint(0, 256, (batch, 4), generator=torch.Generator().manual_seed(0)).to(DEV), kv_cache=cache)
+        before = [t.clone() for t in cache.k + cache.v]
+        tok = torch.full((batch, 1), 5, device=DEV)
+        for bad in (8, -1):
+            with pytest.raises(ValueError, match="outside the static KV cache's 8 slots"):
+                model(tok, positions=torch.full((batch, 1), bad, device=DEV), kv_cache=cache)
+            assert all(torch.equal(a, b) for a, b in zip(before, cache.k + cache.v))
+        out = model(tok, positions=torch.full((batch, 1), 4, device=DEV), kv_cache=cache)  # still usable
+        assert torch.isfinite(out).all()
+    finally:
+        patch_model.disable(model)

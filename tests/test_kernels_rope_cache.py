@@ -75,6 +75,8 @@ def test_angles_from_inv_freq_equal_the_cos_sin_rows(dtype):
     g = torch.Generator().manual_seed(7)
     qkv = torch.randn(B, H + 2 * Hkv, hd, generator=g).to(DEV, dtype)
     pos = torch.tensor([0, 17, 63], device=DEV)
+    if DEV == "cuda":  # far positions too (angles of ~1e5 rad): the GPU's fast sin/cos need the range reduction
+        S, pos = 131072, torch.tensor([0, 8191, 131071], device=DEV)
     cos, sin = rope(pos, dtype)  # (B, hd)
     outs = []
     for kw in (dict(cos=cos, sin=sin), dict(cos=None, sin=None, inv_freq=rope.inv_freq)):
@@ -95,5 +97,9 @@ def test_angles_given_twice_or_not_at_all_are_refused():
         rope_and_cache_(qkv, None, None, pos, kc, kc.clone(), n_heads=2)
     with pytest.raises(ValueError, match="either as cos and sin, or as inv_freq"):
         rope_and_cache_(qkv, cs, cs, pos, kc, kc.clone(), n_heads=2, inv_freq=torch.ones(4, device=DEV))
+    with pytest.raises(ValueError, match="give both cos and sin"):
+        rope_and_cache_(qkv, cs, None, pos, kc, kc.clone(), n_heads=2, inv_freq=torch.ones(4, device=DEV))
+    with pytest.raises(TypeError, match="positions must be int32 or int64"):
+        rope_and_cache_(qkv, cs, cs, pos.float(), kc, kc.clone(), n_heads=2)
     with pytest.raises(ValueError, match=r"inv_freq must be \(hd/2,\) = \(4,\)"):
         rope_and_cache_(qkv, None, None, pos, kc, kc.clone(), n_heads=2, inv_freq=torch.ones(3, device=DEV))

@@ -60,6 +60,13 @@ def test_two_stage_argmax_equals_torch_argmax(V, dtype):
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
 
 
+def test_two_stage_argmax_takes_other_shapes_and_integer_scores_as_torch_does():
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))  # 1-D: one index
+    xi = torch.randint(0, 9, (2, 5000), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(argmax_rows(xi), xi.argmax(dim=-1))  # integers: no -inf padding
+
+
 def test_plain_sampling_follows_the_distribution():
     check_support_and_freqs(draws(LOGITS, temperature=1.0), keep=list(range(6)))
 
