@@ -35,19 +35,34 @@ def _prefill_then_decode(model, ids, steps=3):
     return out
 
 
+def _count_calls(monkeypatch, names) -> dict:
+    """Count the calls of the switch's kernel wrappers `names` (patch_model._kernels()) into the returned dict."""
+    calls = {}
+    ns = patch_model._kernels()
+    for name in names:
+        def counted(*a, _f=getattr(ns, name), _n=name, **kw):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(ns, name, counted)
+    return calls
+
+
+def _run_patched(model, run):
+    """run() with the Triton switch on, then off again."""
+    patch_model.enable(model)
+    try:
+        return run()
+    finally:
+        patch_model.disable(model)
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["llama", "qkv-bias"])
 def test_patched_model_matches_pytorch_path_with_kv_cache(monkeypatch, overrides):
     model = tiny_model(seed=1, **overrides).to(DEV)
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEV)
     ref = _prefill_then_decode(model, ids)
-    calls = {}
-    ns = patch_model._kernels()
-    for name in ("rmsnorm", "swiglu", "rope_one", "decode_attention"):
-        def counted(*a, _f=getattr(ns, name), _n=name, **kw):
-            calls[_n] = calls.get(_n, 0) + 1
-            return _f(*a, **kw)
-        monkeypatch.setattr(ns, name, counted)
+    calls = _count_calls(monkeypatch, ("rmsnorm", "swiglu", "rope_one", "decode_attention"))
     patch_model.enable(model)
     assert patch_model.is_enabled(model)
     with warnings.catch_warnings():
@@ -115,18 +130,8 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
         return outs
 
     ref = run()
-    calls = {}
-    ns = patch_model._kernels()
-    for name in ("fused_gemv", "rmsnorm", "swiglu"):
-        def counted(*a, _f=getattr(ns, name), _n=name, **kw):
-            calls[_n] = calls.get(_n, 0) + 1
-            return _f(*a, **kw)
-        monkeypatch.setattr(ns, name, counted)
-    patch_model.enable(model)
-    try:
-        got = run()
-    finally:
-        patch_model.disable(model)
+    calls = _count_calls(monkeypatch, ("fused_gemv", "rmsnorm", "swiglu"))
+    got = _run_patched(model, run)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     L = model.config.n_layers
@@ -308,12 +313,7 @@ def test_a_positions_tensor_updated_in_place_gives_fresh_lengths():
         return outs
 
     ref = run()
-    patch_model.enable(model)
-    try:
-        got = run()
-    finally:
-        patch_model.disable(model)
-    for a, b in zip(got, ref):
+    for a, b in zip(_run_patched(model, run), ref):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
