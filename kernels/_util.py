@@ -107,12 +107,16 @@ def _sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol: sm_90 and later
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    """True where the kernels launch with PDL: a CUDA device of compute capability >= 9.0, not the interpreter,
-    and LLMLAB_PDL is not "0" (read at each call)."""
-    if device.type != "cuda" or interpret_mode() or os.environ.get(PDL_ENV, "1") == "0":
+def pdl_supported(device: torch.device) -> bool:
+    """True where PDL can run: a CUDA device of compute capability >= 9.0, not the interpreter."""
+    if device.type != "cuda" or interpret_mode():
         return False
     return _sm90(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """True where the kernels launch with PDL: `pdl_supported` and LLMLAB_PDL is not "0" (read at each call)."""
+    return os.environ.get(PDL_ENV, "1") != "0" and pdl_supported(device)
 
 
 def pdl_kwargs(device: torch.device) -> dict:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, interpret_mode, pdl_enabled
+from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -330,17 +330,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def _has_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol: sm_90 and later
-
-
 def _pdl_kwargs(device: torch.device) -> dict:
-    """The kernels' PDL meta-parameter and `launch_pdl`: `pdl_enabled`, or as `USE_PDL` forces it (on a GPU that
+    """The kernels' PDL meta-parameter and `launch_pdl`: `pdl_kwargs`, or as `USE_PDL` forces it (where the GPU
     has it)."""
-    on = pdl_enabled(device) if USE_PDL is None else (USE_PDL and device.type == "cuda" and not interpret_mode()
-                                                       and _has_pdl(device.index if device.index is not None
-                                                                    else torch.cuda.current_device()))
+    if USE_PDL is None:
+        return pdl_kwargs(device)
+    on = USE_PDL and pdl_supported(device)
     return {"PDL": on, **({"launch_pdl": True} if on else {})}
 
 

@@ -116,8 +116,8 @@ def _fused_gemv_kernel(
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < K
-        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # the bytes
-        xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)  # this kernel exists to move: W's
+        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # what it moves
+        xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)
         sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32

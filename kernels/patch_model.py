@@ -117,6 +117,11 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(_kernels().swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]))
 
 
+def _row_positions(positions: torch.Tensor, B: int) -> torch.Tensor:
+    """(B,) the cache slot of each row's (last) new token: positions is (B, T) with a static cache, else (T,)."""
+    return positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)
+
+
 def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     """(B,) int64: how many slots of a static cache each row attends to (its position + 1). Computed once per
     forward pass — every layer gets the same `positions` tensor — and kept on the cache.
@@ -127,7 +132,7 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     cached = getattr(kv_cache, "_llmlab_lens", None)
     if cached is not None and cached[0] is positions and cached[1] == positions._version:
         return cached[2]  # the same tensor, unchanged since (a loop that updates it in place bumps its version)
-    pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)
+    pos = _row_positions(positions, B)
     S = kv_cache.k[0].shape[2]
     if not (pos.is_cuda and torch.cuda.is_current_stream_capturing()):
         lo, hi = int(pos.min()), int(pos.max())
@@ -146,7 +151,7 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
-    pos = positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(B)  # (B,)
+    pos = _row_positions(positions, B)
     lens = _decode_lens(kv_cache, positions, B)  # first: it checks the positions before anything is written
     if inv_freq is None:
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
