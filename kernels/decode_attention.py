@@ -87,7 +87,7 @@ MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
     # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
     Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
@@ -100,6 +100,7 @@ def _decode_split_kernel(
     # meta-parameters
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -107,7 +108,9 @@ def _decode_split_kernel(
     log-sum-exp of its scores, for `_decode_merge_kernel`. SPLIT_N = 0: S shared out evenly over the grid's
     programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty). With lengths
     (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
-    the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split."""
+    the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split.
+    FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
+    so there is no merge kernel to launch."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         tl.extra.cuda.gdc_wait()
@@ -174,6 +177,48 @@ def _decode_split_kernel(
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], o,
                  mask=out_mask)
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+        if FUSED_MERGE:  # count this split done; the last one merges (memory order: see dequant_matmul's
+            tl.debug_barrier()  # `_split_k_store`, the same pattern)
+            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+            if done == tl.num_programs(1) - 1:
+                _merge_last(o_ptr + b * stride_ob, lse_ptr + b * stride_lb, out_ptr + b * stride_outb, kvh, N_REP,
+                            HD, tl.num_programs(1), stride_oh, stride_os, stride_lh, stride_outh,
+                            BLOCK_HM, BLOCK_S, BLOCK_D)
+                tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
+
+
+@triton.jit
+def _merge_last(o_base, lse_base, out_base, kvh, N_REP, HD, num_splits,
+                stride_oh, stride_os, stride_lh, stride_outh,
+                BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The merge of `_decode_merge_kernel` for the n_rep query heads of one KV head at once, run by the split
+    kernel's last program: (BLOCK_HM heads, BLOCK_S splits, BLOCK_D) tiles with a running max per head. Reads the
+    partials with .cg loads (L2: other SMs wrote them in this launch)."""
+    hm = tl.arange(0, BLOCK_HM)
+    heads = kvh * N_REP + hm
+    hmask = hm < N_REP
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HD
+    m_i = tl.full([BLOCK_HM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_HM], tl.float32)
+    acc = tl.zeros([BLOCK_HM, BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        sp = s0 + tl.arange(0, BLOCK_S)
+        hs_mask = hmask[:, None] & (sp < num_splits)[None, :]
+        lse = tl.load(lse_base + heads[:, None] * stride_lh + sp[None, :], mask=hs_mask, other=float("-inf"),
+                      cache_modifier=".cg")  # (BLOCK_HM, BLOCK_S)
+        o = tl.load(o_base + heads[:, None, None] * stride_oh + sp[None, :, None] * stride_os + d[None, None, :],
+                    mask=hs_mask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_i, tl.max(lse, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding heads (hm >= n_rep) stay all -inf
+        alpha = tl.exp(m_i - m_safe)  # 0 at the first chunk
+        w = tl.exp(lse - m_safe[:, None])  # an empty split (lse = -inf) weighs 0
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
+        l_i = l_i * alpha + tl.sum(w, axis=1)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_base + heads[:, None] * stride_outh + d[None, :], out.to(out_base.dtype.element_ty),
+             mask=hmask[:, None] & dmask[None, :])
 
 
 @triton.jit
@@ -217,6 +262,21 @@ def _decode_merge_kernel(
 
 
 MERGE_TILE = 8192  # fp32 partials one merge program holds at a time (BLOCK_S x BLOCK_D): 64 registers a thread
+FUSED_MERGE_TILE = 4096  # the same for the split kernel's own merge (BLOCK_HM x BLOCK_S x BLOCK_D)
+# The last split merges (True), or a merge kernel runs after the split kernel (False; the paged kernel always uses
+# the merge kernel). Module state so the benchmark can time both.
+FUSE_MERGE = True
+_counters: dict = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """(n,) int32 zeros: one "splits done" counter per (sequence, KV head) for the fused merge; each launch's last
+    split zeroes its own. Kept for the process's life per (device, n): a captured CUDA graph keeps their address.
+    Launches on one stream are ordered; two streams running decode attention of one size at once are not safe."""
+    key = (device, n)
+    if key not in _counters:
+        _counters[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _counters[key]
 
 
 def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch.Tensor) -> None:
@@ -298,7 +358,7 @@ def _merge_during_tuning(nargs: dict, exception) -> None:
     """The autotuner's post_hook, which Triton runs after each timed launch while it compares configs (not on
     ordinary calls): merge the partials too, so each config is timed as the whole op. Otherwise short splits
     would win on the split kernel alone and pay, uncounted, in the merge."""
-    if exception is None:
+    if exception is None and not nargs.get("FUSED_MERGE", False):
         splits = triton.cdiv(nargs["S"], nargs["SPLIT_N"])
         if splits > 1:
             _merge_into(nargs["o_ptr"], nargs["lse_ptr"], splits, nargs["out_ptr"])
@@ -396,8 +456,12 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
     o_part = torch.empty(B, H, max_splits, hd, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, max_splits, dtype=torch.float32, device=q.device)
+    fused = FUSE_MERGE
+    block_d = max(16, triton.next_power_of_2(hd))
+    block_hm = triton.next_power_of_2(n_rep)
     kernel[grid](
         q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
+        _split_counters(q.device, B * Hkv) if fused else lse,
         Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
@@ -406,12 +470,14 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device), **meta,
+        BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device), FUSED_MERGE=fused,
+        BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
+        **meta,
     )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
     # (Triton 3.x `Autotuner.run`), host state only — nothing is read back from the GPU
     splits = triton.cdiv(S, kernel.best_config.kwargs["SPLIT_N"]) if tuned else max_splits
-    if splits > 1:  # one split: the split kernel already wrote `out`
+    if splits > 1 and not fused:  # one split, or the fused merge: the split kernel already wrote `out`
         _merge_into(o_part, lse, splits, out)
     return out
 

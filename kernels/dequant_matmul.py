@@ -183,46 +183,103 @@ def _int4_matmul_kernel(
 
 # M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding. Here each program
 # owns BLOCK_N rows of W, reads them along K in their natural (contiguous) order, unpacks both nibbles, multiplies
-# by x and sums along K: a classic GEMV on the CUDA cores. Two habits keep the ALUs off the critical path:
+# by x and keeps the products in a (row, lane) accumulator that is summed once after the loop: a classic GEMV on
+# the CUDA cores. Habits that keep the ALUs off the critical path:
 #  * a nibble n becomes the float n - 8 without an int -> float conversion instruction (slow on the GPU): OR it
 #    into the mantissa of 2^23 (bits 0x4B000000), reinterpret the bits as fp32 — exactly 8388608 + n — and
 #    subtract 8388616;
 #  * the group scale multiplies a group's partial sum, not every weight: a K tile holds whole groups (BLOCK_K a
 #    multiple of GROUP: the tile is viewed as (BLOCK_N, groups, GROUP / 2 bytes) and summed per group) or lies in
 #    one group (BLOCK_K dividing GROUP: one scale per row for the tile).
-_GEMV1_SHAPES = [(8, 256, 2, 4), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3), (64, 256, 8, 3),
-                 (16, 128, 2, 4), (32, 128, 4, 4), (16, 1024, 8, 3)]  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
-GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
-                                  for n, k, w, st in _GEMV1_SHAPES],
-                                 default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 64}))
+# What limits an int4 GEMV is not arithmetic but latency: a row of the 8B model's up projection is only 2 KB of
+# int4, so a program that walks K alone makes a handful of dependent trips to memory and the SMs hold too few bytes
+# in flight (measured on the H200: ~34% of the copy bandwidth, call N). Two fixes, both autotuned:
+#  * the loop is software-pipelined (`tl.range(num_stages=STAGES)`: later tiles' loads are issued before this
+#    one is summed — a config's num_stages alone does not pipeline a loop without tl.dot);
+#  * split-K: SPLIT_K programs share a row block's K range (grid N/BLOCK_N x SPLIT_K), each writes its partial
+#    sums to a scratch buffer and counts itself done on an atomic counter; the LAST one to finish adds the partials
+#    in split order (so the result does not depend on timing) and writes y — one launch, no second "reduce"
+#    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
+#    https://arxiv.org/abs/2301.03598).
+_GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
+    (16, 256, 1, 4, 3), (8, 256, 1, 2, 4), (16, 512, 1, 8, 3), (16, 256, 2, 4, 3), (8, 512, 2, 4, 3),
+    (16, 256, 4, 4, 3), (32, 256, 4, 4, 3), (8, 256, 4, 2, 4), (16, 512, 4, 8, 2), (16, 128, 8, 4, 4),
+    (32, 128, 4, 4, 4), (64, 256, 4, 8, 3), (16, 1024, 2, 8, 2), (32, 512, 8, 8, 2)]
+MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
+GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
+                                                num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
+                                 # the interpreter's one config splits K, so the CPU tests run the split path
+                                 default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
 MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 in fp32 (a constexpr: kernels may read it)
 
 
 def _gemv1_prune(configs, named_args, **kwargs):
-    """Keep tiles that hold whole groups or lie inside one (see above); 32 always divides the group size."""
-    G = kwargs["GROUP"] if "GROUP" in kwargs else named_args["GROUP"]  # a constexpr arrives as a keyword
-    kept = [c for c in configs if c.kwargs["BLOCK_K"] % G == 0 or G % c.kwargs["BLOCK_K"] == 0]
-    return kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32})]
+    """int4: keep tiles that hold whole groups or lie inside one (see above); 32 always divides the group size.
+    Both: drop splits that would get no K tile (more splits than tiles), unless that drops every config."""
+    G = kwargs.get("GROUP", named_args.get("GROUP"))  # a constexpr arrives as a keyword; int8 has none
+    K = named_args["K"]
+    kept = [c for c in configs if G is None or c.kwargs["BLOCK_K"] % G == 0 or G % c.kwargs["BLOCK_K"] == 0]
+    kept = kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})]
+    return [c for c in kept if c.kwargs["SPLIT_K"] <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or kept[:1]
+
+
+@triton.jit
+def _split_k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_start, k_end) of this program's split: whole K tiles, as even as they come (the last may be short or
+    empty)."""
+    tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = tl.program_id(1) * tiles * BLOCK_K
+    return k_start, tl.minimum(k_start + tiles * BLOCK_K, K)
+
+
+@triton.jit
+def _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K: tl.constexpr):
+    """Write this program's (BLOCK_N,) fp32 sums y: straight to the output with one split; else as partial row
+    `split` of the scratch, then count this split done, and if it was the last of its row block, add the SPLIT_K
+    partials in split order and write the output, then zero the counter for the next launch.
+
+    Memory order: the barrier makes every thread's partial store come before the counter's update, which is an
+    acq_rel atomic (release: the stores are visible to whoever reads the count after it; acquire: the last program
+    sees the other splits' stores); the last program reads the partials with .cg loads (from L2, not a stale L1)."""
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        pid_n = tl.program_id(0)
+        tl.store(ws_ptr + tl.program_id(1) * stride_ws + rn, y, mask=n_mask)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")  # how many splits finished before this one
+        if done == SPLIT_K - 1:
+            total = tl.load(ws_ptr + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws_ptr + s * stride_ws + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + rn * stride_yn, total.to(y_ptr.dtype.element_ty), mask=n_mask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _gemv1_prune})
 @triton.jit
 def _int4_gemv_kernel(
-    # pointers
-    x_ptr, w_ptr, s_ptr, y_ptr,
+    # pointers (ws, cnt: the split-K scratch, see `_split_k_store`)
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
     # sizes
     N, K,
     # strides (elements)
-    stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_yn,
+    stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_yn, stride_ws,
     # meta-parameters
-    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_K // 2
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, HALF)
     n_mask = rn < N
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
+    if BLOCK_K >= GROUP:  # whole groups in a tile: the accumulator holds one partial sum per (row, group slot)
+        NG: tl.constexpr = BLOCK_K // GROUP
+        acc = tl.zeros([BLOCK_N, NG], tl.float32)
+    else:  # a tile inside one group: one per (row, byte lane), each scaled as it is added
+        acc = tl.zeros([BLOCK_N, HALF], tl.float32)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         j = k0 // 2 + rj  # byte index: weights 2j (low nibble) and 2j + 1 (high nibble)
         j_mask = j < K // 2
         p = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :] * stride_wk,
@@ -232,52 +289,68 @@ def _int4_gemv_kernel(
         x_even = tl.load(x_ptr + (2 * j) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)  # (HALF,); 0 past K
         x_odd = tl.load(x_ptr + (2 * j + 1) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)
         prod = lo * x_even[None, :] + hi * x_odd[None, :]  # (BLOCK_N, HALF)
-        if BLOCK_K >= GROUP:  # whole groups in the tile: a partial sum per group, then its scale
-            NG: tl.constexpr = BLOCK_K // GROUP
+        if BLOCK_K >= GROUP:
             part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)  # (BLOCK_N, NG)
             g = k0 // GROUP + tl.arange(0, NG)
             s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sg,
                         mask=n_mask[:, None] & (g[None, :] < K // GROUP), other=0.0).to(tl.float32)
-            acc += tl.sum(part * s, axis=1)
-        else:  # the tile lies inside one group
+            acc += part * s
+        else:
             s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
-            acc += tl.sum(prod, axis=1) * s
-    tl.store(y_ptr + rn * stride_yn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+            acc += prod * s[:, None]
+    _split_k_store(tl.sum(acc, axis=1), y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
-@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"])
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _gemv1_prune})
 @triton.jit
 def _int8_gemv_kernel(
-    # pointers
-    x_ptr, w_ptr, s_ptr, y_ptr,
+    # pointers (ws, cnt: the split-K scratch, see `_split_k_store`)
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
     # sizes
     N, K,
     # strides (elements)
-    stride_xk, stride_wn, stride_wk, stride_yn,
+    stride_xk, stride_wn, stride_wk, stride_yn, stride_ws,
     # meta-parameters
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     """M = 1: the int4 GEMV's scheme for int8 weights (w + 128 in 0..255 goes into the mantissa of 2^23; one scale
-    per output row, applied once after the K loop)."""
+    per output row, applied to each split's sums)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk,
                     mask=n_mask[:, None] & k_mask[None, :], other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
         wf = ((w + 128) | MAGIC).to(tl.float32, bitcast=True) - 8388736.0  # = w  (8388736 = 2^23 + 128)
         x = tl.load(x_ptr + kk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,); 0 past K
-        acc += tl.sum(wf * x[None, :], axis=1)
+        acc += wf * x[None, :]
     s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rn * stride_yn, (acc * s).to(y_ptr.dtype.element_ty), mask=n_mask)
+    _split_k_store(tl.sum(acc, axis=1) * s, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
 # -- the wrappers --------------------------------------------------------------------------------------------------
 
 _warned_large_m = False
+_split_scratch: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The M = 1 GEMVs' split-K scratch for outputs of size N on `device`: partial sums (MAX_SPLIT_K, N) fp32 and
+    one counter per row block (N,) int32, zero between launches (each launch's last split zeroes its counters).
+
+    Kept for the life of the process, one pair per (device, N) — a CUDA graph that captured a launch keeps using
+    these addresses, so they are never freed or replaced. Shared by every launch with that N: launches on one stream
+    (in order) are safe; two streams running GEMVs of one N at the same moment are not.
+    """
+    key = (device, N)
+    if key not in _split_scratch:
+        _split_scratch[key] = (torch.empty(MAX_SPLIT_K, N, dtype=torch.float32, device=device),
+                               torch.zeros(N, dtype=torch.int32, device=device))
+    return _split_scratch[key]
 
 
 def _check_x(op: str, x: torch.Tensor, K: int) -> None:
@@ -321,10 +394,11 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 1:  # batch-1 decode: the CUDA-core GEMV
-        _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-            x, w_q, scales, y,
+        ws, cnt = _scratch(x.device, N)
+        _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+            x, w_q, scales, y, ws, cnt,
             N, K,
-            x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1),
+            x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1), ws.stride(0),
         )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
@@ -373,10 +447,12 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
         raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     if M == 1 and G & (G - 1) == 0:  # batch-1 decode: the CUDA-core GEMV (its group view needs a power of 2)
-        _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-            x, packed, scales, y,
+        ws, cnt = _scratch(x.device, N)
+        _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+            x, packed, scales, y, ws, cnt,
             N, K,
             x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
+            ws.stride(0),
             GROUP=G,
         )
         return y

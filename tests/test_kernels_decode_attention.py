@@ -88,7 +88,9 @@ def test_softmax_weights_sum_to_one_at_long_context(dtype):
 
 
 def _count_merges(monkeypatch) -> list:
-    """Record the split count of every merge launch (`_merge_into`), tuning's included."""
+    """Record the split count of every merge launch (`_merge_into`), tuning's included; the split kernel's own
+    merge (FUSE_MERGE) is switched off so that every merge is a launch to count."""
+    monkeypatch.setattr(da, "FUSE_MERGE", False)
     calls = []
     real = da._merge_into
 
@@ -300,3 +302,28 @@ def test_num_splits_must_be_a_whole_number_from_one(bad):
     q, k, v = _qkv(1, 4, 2, 40, 16)
     with pytest.raises(ValueError, match="num_splits must be a whole number >= 1"):
         decode_attention(q, k, v, num_splits=bad)
+
+
+# -- the fused merge: the last split of each (sequence, KV head) merges, no merge kernel -----------------------------
+
+@pytest.mark.parametrize("num_splits", [2, 9, 40])  # 40 over hd 128, n_rep 4: five chunks of 8 splits
+def test_fused_merge_equals_reference_and_resets_its_counters(num_splits, monkeypatch):
+    assert da.FUSE_MERGE  # the default
+    merges = []
+    monkeypatch.setattr(da, "_merge_into", lambda *a: merges.append(a))  # must not be called
+    q, k, v = _qkv(2, 8, 2, 300, 128, torch.float32, seed=num_splits)
+    lens = torch.tensor([300, 45], device=DEV)  # row 1: most splits empty
+    for _ in range(2):  # twice: the second launch finds the counters the first one left
+        torch.testing.assert_close(decode_attention(q, k, v, num_splits=num_splits),
+                                   decode_attention_reference(q, k, v), **TOL[torch.float32])
+        torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, num_splits=num_splits),
+                                   decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
+    assert merges == []
+    assert int(da._split_counters(q.device, 2 * 2).abs().sum()) == 0
+
+
+def test_fused_and_kernel_merges_agree(monkeypatch):
+    q, k, v = _qkv(1, 6, 2, 200, 32, torch.float32, seed=3)  # n_rep 3: a padded head in the fused merge's tile
+    fused = decode_attention(q, k, v, num_splits=7)
+    monkeypatch.setattr(da, "FUSE_MERGE", False)
+    torch.testing.assert_close(fused, decode_attention(q, k, v, num_splits=7), atol=1e-5, rtol=1e-5)

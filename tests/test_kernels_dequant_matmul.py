@@ -166,3 +166,49 @@ def test_int8_strided_scales(M):
     x = torch.randn(M, 64, device=DEV)
     torch.testing.assert_close(int8_matmul(x, w8, strided), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
+
+
+# -- the M = 1 GEMVs' split-K path: every split count gives the same answer, and the counters are reset ---------
+
+def _gemv_raw(kernel, N, K, x, w, s, **meta):
+    """Launch the un-autotuned M = 1 kernel with one explicit config (the autotuner keeps one config on a CPU)."""
+    import triton
+    y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
+    ws, cnt = dq._scratch(x.device, N)
+    grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
+    if kernel is dq._int4_gemv_kernel:
+        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
+                        y.stride(1), ws.stride(0), GROUP=K // s.shape[1], **meta)
+    else:
+        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
+                        ws.stride(0), **meta)
+    assert int(cnt.abs().sum()) == 0, "the last split of each row block must zero its counter"
+    return y
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3, 8])  # 3 over 4 K tiles: uneven; 8 over 4: empty splits
+@pytest.mark.parametrize("N", [7, 33])
+def test_gemv_split_k_equals_reference(split_k, N):
+    K = 128
+    x = torch.randn(1, K, device=DEV)
+    w8, s8 = quantize_int8(_w(N, K, seed=N + split_k))
+    packed, s4 = quantize_int4(_w(N, K, seed=N), 32)
+    meta = dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k, STAGES=1)
+    for _ in range(2):  # twice: the second launch finds the counters the first one left
+        y8 = _gemv_raw(dq._int8_gemv_kernel, N, K, x, w8, s8, **meta)
+        torch.testing.assert_close(y8, dequant_matmul_reference(x, dequantize_int8(w8, s8)), **TOL[torch.float32])
+        y4 = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
+        torch.testing.assert_close(y4, dequant_matmul_reference(x, dequantize_int4(packed, s4)),
+                                   **TOL[torch.float32])
+
+
+def test_gemv_split_k_is_deterministic_and_tiles_holding_whole_groups_work():
+    # BLOCK_K = 64 over group 32: a tile holds two groups; the partials are added in split order, so repeated
+    # launches give identical bits
+    N, K = 20, 256
+    x = torch.randn(1, K, device=DEV)
+    packed, s4 = quantize_int4(_w(N, K, seed=5), 32)
+    meta = dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=4, STAGES=1)
+    y = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
+    assert torch.equal(y, _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta))

@@ -1,0 +1,93 @@
+"""Device experiment (call P): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages) timed by CUDA-graph
+replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention with the split kernel's
+own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes JSON to argv[1]."""
+
+import json
+import sys
+
+import torch
+import triton
+
+from llmlab.kernels import decode_attention as da
+from llmlab.kernels import dequant_matmul as dq
+from llmlab.kernels.bench_kernels import _graph_ms
+
+torch.manual_seed(0)
+dev = "cuda"
+out = {"gemv": [], "attention": []}
+COPIES = 8  # distinct weight sets per timing: >= 4x the 50 MB L2 at the int4 sizes
+
+
+def raw_launch(kernel, x, w, s, y, cfg, N, K, G=None):
+    ws, cnt = dq._scratch(x.device, N)
+    meta = dict(cfg.all_kwargs())
+    grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
+    if G is not None:
+        return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1),
+                                       s.stride(0), s.stride(1), y.stride(1), ws.stride(0), GROUP=G, **meta)
+    return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
+                                   ws.stride(0), **meta)
+
+
+for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
+    W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
+    dense = [W.clone() for _ in range(COPIES)]
+    t_bf16 = _graph_ms([lambda Wd=Wd: x @ Wd.T for Wd in dense])
+    del dense
+    for name, kernel, quant, deq, G in [("int4", dq._int4_gemv_kernel, lambda w: dq.quantize_int4(w, 128),
+                                         dq.dequantize_int4, 128),
+                                        ("int8", dq._int8_gemv_kernel, dq.quantize_int8, dq.dequantize_int8, None)]:
+        wq, sc = quant(W)
+        ref = dq.dequant_matmul_reference(x, deq(wq, sc)).float()
+        sets = [(wq.clone(), sc.clone()) for _ in range(COPIES)]
+        nbytes = wq.numel() * wq.element_size() + sc.numel() * 4
+        named = {"N": N, "K": K} | ({"GROUP": G} if G else {})
+        configs = dq._gemv1_prune(kernel.configs, named, **({"GROUP": G} if G else {}))
+        rows = []
+        for cfg in configs:
+            y = torch.empty(1, N, device=dev, dtype=torch.bfloat16)
+            try:
+                fn = raw_launch(kernel, x, wq, sc, y, cfg, N, K, G)
+                y.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                err = float((y.float() - ref).norm() / ref.norm())
+                fns = [raw_launch(kernel, x, a, b, torch.empty(1, N, device=dev, dtype=torch.bfloat16), cfg, N, K, G)
+                       for a, b in sets]
+                t = _graph_ms(fns)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name} {N}x{K} {cfg}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                continue
+            rows.append(dict(op=name, N=N, K=K, config=str(cfg), time_us=t * 1e3, GBps=nbytes / t / 1e6,
+                             speedup_vs_bf16=t_bf16 / t, rel_err=err))
+        rows.sort(key=lambda r: r["time_us"])
+        print(f"\n{name} {N}x{K}: bf16 cuBLAS {t_bf16 * 1e3:.1f} us ({N * K * 2 / t_bf16 / 1e6:.0f} GB/s)")
+        for r in rows:
+            print(f"  {r['time_us']:7.1f} us {r['GBps']:7.0f} GB/s x{r['speedup_vs_bf16']:.2f} err {r['rel_err']:.1e}  "
+                  f"{r['config']}")
+        out["gemv"] += rows
+    del W
+
+B, H, Hkv, hd = 1, 32, 8, 128
+for S in (1024, 8192, 16384, 32768):
+    sets = [(torch.randn(B, H, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16)) for _ in range(max(2, 4 * 32768 // S))]
+    nbytes = 2 * B * Hkv * S * hd * 2
+    q, k, v = sets[0]
+    ref = da.decode_attention_reference(q, k, v).float()
+    for fused in (True, False):
+        da.FUSE_MERGE = fused
+        da._decode_split_tuned.cache.clear()
+        o = da.decode_attention(q, k, v)
+        err = float((o.float() - ref).norm() / ref.norm())
+        cfg = str(da._decode_split_tuned.best_config)
+        t = _graph_ms([lambda q=q, k=k, v=v: da.decode_attention(q, k, v) for q, k, v in sets])
+        r = dict(S=S, fused_merge=fused, time_us=t * 1e3, GBps=nbytes / t / 1e6, config=cfg, rel_err=err)
+        print(f"attention S={S:6d} fused_merge={fused!s:5s}: {t * 1e3:6.1f} us {nbytes / t / 1e6:7.0f} GB/s "
+              f"err {err:.1e} {cfg}")
+        out["attention"].append(r)
+da.FUSE_MERGE = True
+out["versions"] = {"torch": torch.__version__, "triton": triton.__version__, "device": torch.cuda.get_device_name()}
+json.dump(out, open(sys.argv[1], "w"), indent=1)
