@@ -65,11 +65,17 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 # Each config is timed as split + merge (`_merge_during_tuning`), so the merge's cost is in the comparison.
 _TILES = ((32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3))  # (BLOCK_N, num_warps, num_stages)
 _SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
-SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s}, num_warps=w, num_stages=st)
-                 for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
+# FUSED_MERGE: the split kernel's last program merges (`_merge_last`) instead of a merge kernel. Measured on the H200
+# (call P, 8 KV heads, hd 128): at 1K keys, 4 splits with the fused merge took 8.0 us against 14.1 us for the best
+# unfused config; at 8K-32K (16-32 splits) it was 10-13% slower than the merge kernel, whose B * H programs merge
+# in parallel while the fused merge runs in one program per KV head at the kernel's tail. So it is tuned like the
+# rest, offered only up to FUSED_MAX_SPLITS splits (`_candidate_configs`).
+SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
+                 for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
+FUSED_MAX_SPLITS = 8
 # the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
 # split into several programs and go through the merge
-_DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64})
+_DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
 # an explicit num_splits: this tile, SPLIT_N = 0 (the kernel shares S out over the grid's programs), not tuned
 _NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, num_stages=3)
 
@@ -263,8 +269,9 @@ def _decode_merge_kernel(
 
 MERGE_TILE = 8192  # fp32 partials one merge program holds at a time (BLOCK_S x BLOCK_D): 64 registers a thread
 FUSED_MERGE_TILE = 4096  # the same for the split kernel's own merge (BLOCK_HM x BLOCK_S x BLOCK_D)
-# The last split merges (True), or a merge kernel runs after the split kernel (False; the paged kernel always uses
-# the merge kernel). Module state so the benchmark can time both.
+# Launches with an explicit num_splits or config (not tuned): the last split merges (True), or the merge kernel
+# runs after the split kernel (False). The tuned kernel takes FUSED_MERGE from its config; the paged kernel always
+# launches the merge kernel.
 FUSE_MERGE = True
 _counters: dict = {}
 
@@ -316,7 +323,8 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
        lengths of the call that tunes — a warm-up, often short — but a CUDA graph replays the same grid at every
        later length: keep only split lengths that still give each SM a program when the cache is full, or whose
        program reads at most FULL_SPLIT_BYTES of K/V when full (key_bytes = 2 x hd x element size per key; e.g. a
-       1024-slot cache of a 1B model, hd 64 in bf16: one split of 256 KB per KV head, no merge) — or the shortest.
+       1024-slot cache of a 1B model, hd 64 in bf16: one split of 256 KB per KV head, no merge) — or the shortest;
+    4. the fused merge (FUSED_MERGE) only with 2..FUSED_MAX_SPLITS splits (one split has no merge at all).
     """
     configs = list(configs)
     if len(configs) <= 1:
@@ -340,7 +348,7 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
     if has_lens:
         keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
                 or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
-    return keep
+    return [c for c in keep if not c.kwargs.get("FUSED_MERGE") or 1 < splits(c) <= FUSED_MAX_SPLITS] or keep
 
 
 def _prune(configs, nargs, **kwargs) -> list:
@@ -358,7 +366,7 @@ def _merge_during_tuning(nargs: dict, exception) -> None:
     """The autotuner's post_hook, which Triton runs after each timed launch while it compares configs (not on
     ordinary calls): merge the partials too, so each config is timed as the whole op. Otherwise short splits
     would win on the split kernel alone and pay, uncounted, in the merge."""
-    if exception is None and not nargs.get("FUSED_MERGE", False):
+    if exception is None and not nargs["FUSED_MERGE"]:
         splits = triton.cdiv(nargs["S"], nargs["SPLIT_N"])
         if splits > 1:
             _merge_into(nargs["o_ptr"], nargs["lse_ptr"], splits, nargs["out_ptr"])
@@ -456,12 +464,13 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     out = torch.empty(B, H, hd, dtype=q.dtype, device=q.device)
     o_part = torch.empty(B, H, max_splits, hd, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, max_splits, dtype=torch.float32, device=q.device)
-    fused = FUSE_MERGE
+    if not tuned:
+        meta.setdefault("FUSED_MERGE", FUSE_MERGE)
     block_d = max(16, triton.next_power_of_2(hd))
     block_hm = triton.next_power_of_2(n_rep)
     kernel[grid](
         q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
-        _split_counters(q.device, B * Hkv) if fused else lse,
+        _split_counters(q.device, B * Hkv),
         Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
@@ -470,14 +479,15 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
-        BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device), FUSED_MERGE=fused,
+        BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
         BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
         **meta,
     )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
     # (Triton 3.x `Autotuner.run`), host state only — nothing is read back from the GPU
-    splits = triton.cdiv(S, kernel.best_config.kwargs["SPLIT_N"]) if tuned else max_splits
-    if splits > 1 and not fused:  # one split, or the fused merge: the split kernel already wrote `out`
+    ran = kernel.best_config.kwargs if tuned else meta
+    splits = triton.cdiv(S, ran["SPLIT_N"]) if tuned else max_splits
+    if splits > 1 and not ran["FUSED_MERGE"]:  # one split, or the fused merge: the split kernel already wrote `out`
         _merge_into(o_part, lse, splits, out)
     return out
 

@@ -272,25 +272,28 @@ def _int4_gemv_kernel(
     HALF: tl.constexpr = BLOCK_K // 2
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, HALF)
+    rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
     k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
     if BLOCK_K >= GROUP:  # whole groups in a tile: the accumulator holds one partial sum per (row, group slot)
         NG: tl.constexpr = BLOCK_K // GROUP
         acc = tl.zeros([BLOCK_N, NG], tl.float32)
-    else:  # a tile inside one group: one per (row, byte lane), each scaled as it is added
-        acc = tl.zeros([BLOCK_N, HALF], tl.float32)
+    else:  # a tile inside one group: one per (row, lane), each scaled as it is added
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         j = k0 // 2 + rj  # byte index: weights 2j (low nibble) and 2j + 1 (high nibble)
-        j_mask = j < K // 2
         p = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :] * stride_wk,
-                    mask=n_mask[:, None] & j_mask[None, :], other=0).to(tl.int32)  # (BLOCK_N, HALF)
+                    mask=n_mask[:, None] & (j < K // 2)[None, :], other=0).to(tl.int32)  # (BLOCK_N, HALF)
         lo = ((p & 0xF) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = low nibble - 8
         hi = ((p >> 4) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = high nibble - 8
-        x_even = tl.load(x_ptr + (2 * j) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)  # (HALF,); 0 past K
-        x_odd = tl.load(x_ptr + (2 * j + 1) * stride_xk, mask=j_mask, other=0.0).to(tl.float32)
-        prod = lo * x_even[None, :] + hi * x_odd[None, :]  # (BLOCK_N, HALF)
+        # back into K order (weight 2j, 2j + 1 side by side in each thread), so x is ONE contiguous load that
+        # vectorizes; two strided loads (x[2j], x[2j + 1]) cost a load instruction per element (call P, ncu)
+        wk = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        kk = k0 + rk
+        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (BLOCK_K,); 0 past K
+        prod = wk * x[None, :]  # (BLOCK_N, BLOCK_K)
         if BLOCK_K >= GROUP:
-            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)  # (BLOCK_N, NG)
+            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP)), axis=2)  # (BLOCK_N, NG)
             g = k0 // GROUP + tl.arange(0, NG)
             s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sg,
                         mask=n_mask[:, None] & (g[None, :] < K // GROUP), other=0.0).to(tl.float32)

@@ -187,6 +187,11 @@ def test_candidate_configs_for_a_key():
     assert lens_of(cands(da.SPLIT_CONFIGS, 1 << 20, 512, False, 132)) == [2048]
     # one config (the interpreter): no pruning
     assert cands([da._DEFAULT_CONFIG], 8192, 8, True, 132) == [da._DEFAULT_CONFIG]
+    # the fused merge: offered with 2..FUSED_MAX_SPLITS splits only (8K: split lengths 1024 and 2048)
+    fused = [c for c in cands(da.SPLIT_CONFIGS, 8192, 8, False, 132) if c.kwargs["FUSED_MERGE"]]
+    assert lens_of(fused) == [1024, 2048] and da.FUSED_MAX_SPLITS == 8
+    assert not [c for c in cands(da.SPLIT_CONFIGS, 256, 8, False, 132)
+                if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] >= 256]  # one split: nothing to merge
 
 
 def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
@@ -194,8 +199,8 @@ def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
     # 600-token cache SPLIT_N = 128 (5 splits of 128, not 10 of 64). Calls alternate between the keys: each
     # merge must combine the split count of the config run for THAT call (the autotuner's best_config), and while
     # tuning, each timed config is followed by its merge (the post_hook).
-    a = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64})
-    b = triton.Config({"BLOCK_N": 64, "SPLIT_N": 128})
+    a = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
+    b = triton.Config({"BLOCK_N": 64, "SPLIT_N": 128, "FUSED_MERGE": False})
     timings = []
 
     def fake_bench(kernel_call, quantiles):
@@ -267,7 +272,8 @@ def test_rejects_bad_inputs():
 def test_a_key_with_lengths_is_tuned_on_a_full_cache_first(monkeypatch):
     """The first call with lengths for a key runs once with every row full (the worst case a CUDA graph replays),
     so the autotuner does not tune on a warm-up's 1-token rows; later calls of that key go straight through."""
-    a, b = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64}), triton.Config({"BLOCK_N": 32, "SPLIT_N": 128})
+    a = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
+    b = triton.Config({"BLOCK_N": 32, "SPLIT_N": 128, "FUSED_MERGE": False})
     monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel(
         [a, b], do_bench=lambda call, quantiles: (call(), [1.0] * 3)[1]))
     monkeypatch.setattr(da, "_TUNED_AT_CAPACITY", set())
@@ -327,3 +333,24 @@ def test_fused_and_kernel_merges_agree(monkeypatch):
     fused = decode_attention(q, k, v, num_splits=7)
     monkeypatch.setattr(da, "FUSE_MERGE", False)
     torch.testing.assert_close(fused, decode_attention(q, k, v, num_splits=7), atol=1e-5, rtol=1e-5)
+
+
+def test_tuned_fused_merge_config_launches_no_merge(monkeypatch):
+    # a fake timer makes the fused-merge config win: its calls launch no merge kernel and still equal SDPA
+    a = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
+    b = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": True})
+    timings = [2.0, 1.0]
+
+    def fake_bench(kernel_call, quantiles):
+        kernel_call()
+        t = timings.pop(0)
+        return [t, t, t]
+    monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel([a, b], do_bench=fake_bench))
+    monkeypatch.setattr(da, "_num_sms", lambda device: 4)
+    merges = _count_merges(monkeypatch)
+    q, k, v = _qkv(1, 4, 2, 300, 16, seed=6)  # 5 splits
+    torch.testing.assert_close(decode_attention(q, k, v), decode_attention_reference(q, k, v), **TOL[torch.float32])
+    assert merges == [5]  # only while tuning config a (the post_hook); b merges inside the kernel
+    merges.clear()
+    torch.testing.assert_close(decode_attention(q, k, v), decode_attention_reference(q, k, v), **TOL[torch.float32])
+    assert merges == [] and timings == []

@@ -1,6 +1,10 @@
-"""Device experiment (call P): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages) timed by CUDA-graph
+"""Device experiment (calls P, Q): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages) timed by CUDA-graph
 replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention with the split kernel's
-own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes JSON to argv[1]."""
+own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes JSON to argv[1]; argv[2]
+(optional): a comma list of int4, int8, attention (default all).
+
+Call P ran it at fc6f159 (the attention A/B there: FUSE_MERGE forced for every config; since then the fused merge
+is a tuned config option and FUSE_MERGE only covers untuned launches)."""
 
 import json
 import sys
@@ -15,6 +19,7 @@ from llmlab.kernels.bench_kernels import _graph_ms
 torch.manual_seed(0)
 dev = "cuda"
 out = {"gemv": [], "attention": []}
+want = sys.argv[2].split(",") if len(sys.argv) > 2 else ["int4", "int8", "attention"]
 COPIES = 8  # distinct weight sets per timing: >= 4x the 50 MB L2 at the int4 sizes
 
 
@@ -38,6 +43,8 @@ for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
     for name, kernel, quant, deq, G in [("int4", dq._int4_gemv_kernel, lambda w: dq.quantize_int4(w, 128),
                                          dq.dequantize_int4, 128),
                                         ("int8", dq._int8_gemv_kernel, dq.quantize_int8, dq.dequantize_int8, None)]:
+        if name not in want:
+            continue
         wq, sc = quant(W)
         ref = dq.dequant_matmul_reference(x, deq(wq, sc)).float()
         sets = [(wq.clone(), sc.clone()) for _ in range(COPIES)]
@@ -70,7 +77,7 @@ for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
     del W
 
 B, H, Hkv, hd = 1, 32, 8, 128
-for S in (1024, 8192, 16384, 32768):
+for S in (1024, 8192, 16384, 32768) if "attention" in want else ():
     sets = [(torch.randn(B, H, hd, device=dev, dtype=torch.bfloat16),
              torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16),
              torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16)) for _ in range(max(2, 4 * 32768 // S))]
