@@ -191,9 +191,8 @@ def _int4_matmul_kernel(
 #  * the group scale multiplies a group's partial sum, not every weight: a K tile holds whole groups (BLOCK_K a
 #    multiple of GROUP: the tile is viewed as (BLOCK_N, groups, GROUP / 2 bytes) and summed per group) or lies in
 #    one group (BLOCK_K dividing GROUP: one scale per row for the tile).
-# What limits an int4 GEMV is not arithmetic but latency: a row of the 8B model's up projection is only 2 KB of
-# int4, so a program that walks K alone makes a handful of dependent trips to memory and the SMs hold too few bytes
-# in flight (measured on the H200: ~34% of the copy bandwidth, call N). Two fixes, both autotuned:
+# Two more habits, both autotuned, for the bytes in flight (a row of the 8B model's up projection is only 2 KB of
+# int4, so a program that walks K alone makes a handful of dependent trips to memory):
 #  * the loop is software-pipelined (`tl.range(num_stages=STAGES)`: later tiles' loads are issued before this
 #    one is summed — a config's num_stages alone does not pipeline a loop without tl.dot);
 #  * split-K: SPLIT_K programs share a row block's K range (grid N/BLOCK_N x SPLIT_K), each writes its partial
@@ -201,10 +200,19 @@ def _int4_matmul_kernel(
 #    in split order (so the result does not depend on timing) and writes y — one launch, no second "reduce"
 #    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
 #    https://arxiv.org/abs/2301.03598).
+# Measured on the H200 (calls P, Q; 14336 x 4096): int8 went from 1.50x to 1.6-1.8x bf16 (pipelining), but int4
+# stays near 1.35x: Nsight Compute shows the int4 kernel instruction-bound (SM throughput 70%, DRAM 24%, warps
+# waiting for an issue slot) — unpacking a nibble to fp32 and its FMAs cost more instructions per weight than the
+# memory system needs to deliver one. What would fix it: dequantize two weights per instruction in packed 16-bit
+# lanes (LOP3 into a 0x6400 / 0x4300 exponent, then one sub.f16x2), as FasterTransformer and Marlin do in CUDA,
+# and feed tensor cores (mma) rather than fp32 FMAs.
+# The configs: the ones that won somewhere in call P/Q's sweep of 14 (every config timed by CUDA-graph replay at
+# 14336 x 4096, 4096 x 14336 and 4096 x 4096, `tools/exp_quant_gemv.py`). Split-K pays where N is small for the SMs
+# (int4 and int8 at 4096 x 14336: SPLIT_K 4); with N = 14336 one split per row block is as fast (int8: 18.7 us,
+# 1.77x bf16) — and a short list leaves the autotuner fewer near-ties to mis-time.
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
-    (16, 256, 1, 4, 3), (8, 256, 1, 2, 4), (16, 512, 1, 8, 3), (16, 256, 2, 4, 3), (8, 512, 2, 4, 3),
-    (16, 256, 4, 4, 3), (32, 256, 4, 4, 3), (8, 256, 4, 2, 4), (16, 512, 4, 8, 2), (16, 128, 8, 4, 4),
-    (32, 128, 4, 4, 4), (64, 256, 4, 8, 3), (16, 1024, 2, 8, 2), (32, 512, 8, 8, 2)]
+    (8, 256, 1, 2, 4), (16, 256, 1, 4, 3), (16, 512, 1, 8, 3), (32, 256, 4, 4, 3), (16, 1024, 2, 8, 2),
+    (32, 512, 8, 8, 2)]
 MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
