@@ -212,3 +212,12 @@ def test_gemv_split_k_is_deterministic_and_tiles_holding_whole_groups_work():
     y = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
     torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
     assert torch.equal(y, _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta))
+
+
+@pytest.mark.gpu
+def test_tuning_bench_times_a_launch_after_a_cache_flush():
+    calls = []
+    out = torch.empty(1 << 20, device="cuda")
+    times = dq._tune_bench(lambda: calls.append(out.fill_(1.0)), quantiles=(0.5, 0.2, 0.8), reps=5)
+    assert len(calls) == 6  # one warm-up, then one per timed rep
+    assert len(times) == 3 and 0 < times[1] <= times[0] <= times[2]
