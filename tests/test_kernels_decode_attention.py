@@ -192,6 +192,7 @@ def test_candidate_configs_for_a_key():
     assert lens_of(fused) == [1024, 2048] and da.FUSED_MAX_SPLITS == 8
     assert not [c for c in cands(da.SPLIT_CONFIGS, 256, 8, False, 132)
                 if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] >= 256]  # one split: nothing to merge
+    assert not [c for c in cands(da.SPLIT_CONFIGS, 8192, 8, True, 132, 256) if c.kwargs["FUSED_MERGE"]]  # lengths
 
 
 def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
