@@ -8,7 +8,9 @@ At decode time each sequence has ONE new query token per head, but thousands of 
        SPLIT_N keys, ONCE, for all n_rep query heads that share it (GQA, Ainslie et al. 2023,
        https://arxiv.org/abs/2305.13245), and writes a partial output normalized by its own softmax sum plus the
        log-sum-exp of its scores;
-    2. `_decode_merge_kernel`, grid (B * H,): rescales the partials by exp(lse_s - max lse) and sums them.
+    2. `_decode_merge_kernel`, grid (B * H,): rescales the partials by exp(lse_s - max lse) and sums them — or,
+       for a config with FUSED_MERGE, the split kernel's last program of each (sequence, KV head) does that itself
+       (`_merge_last`: each split counts itself done on an atomic counter), and there is no second launch.
 
 The split length SPLIT_N is autotuned with the tile (`SPLIT_CONFIGS`: longer splits pipeline their loads better,
 shorter ones make more programs), so the split count cdiv(S, SPLIT_N) is only known once the autotuner has picked
