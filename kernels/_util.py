@@ -7,6 +7,7 @@ interpreter has no bf16 arithmetic, so on a CPU the kernels accept fp32 (and fp1
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -123,3 +124,16 @@ def pdl_kwargs(device: torch.device) -> dict:
     """A PDL-aware kernel's `PDL` meta-parameter and the `launch_pdl` launch option, for a launch on `device`."""
     on = pdl_enabled(device)
     return {"PDL": on, **({"launch_pdl": True} if on else {})}
+
+
+@contextlib.contextmanager
+def zero_on_error(counters: torch.Tensor):
+    """Around a launch of a kernel whose programs count themselves done on `counters` (the split-K GEMVs, decode
+    attention's fused merge; each launch's last program zeroes them): if the launch stops part-way — an error or a
+    Ctrl-C / notebook interrupt in the CPU interpreter, which runs the programs one after another — some counters
+    would keep their counts and the next launch would merge too early. Zero them, then re-raise."""
+    try:
+        yield
+    except BaseException:
+        counters.zero_()
+        raise

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported
+from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, zero_on_error
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -473,21 +473,23 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
         meta.setdefault("FUSED_MERGE", FUSE_MERGE)
     block_d = max(16, triton.next_power_of_2(hd))
     block_hm = triton.next_power_of_2(n_rep)
-    kernel[grid](
-        q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
-        _split_counters(q.device, B * Hkv),
-        Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
-        BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
-        BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
-        **meta,
-    )
+    counters = _split_counters(q.device, B * Hkv)
+    with zero_on_error(counters):
+        kernel[grid](
+            q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
+            counters,
+            Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
+            q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
+            BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
+            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
+            **meta,
+        )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
     # (Triton 3.x `Autotuner.run`), host state only — nothing is read back from the GPU
     ran = kernel.best_config.kwargs if tuned else meta

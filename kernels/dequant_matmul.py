@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors
+from ._util import autotune_configs, check_tensors, zero_on_error
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 16
@@ -433,11 +433,12 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 1:  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = _scratch(x.device, N)
-        _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
-            x, w_q, scales, y, ws, cnt,
-            N, K,
-            x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1), ws.stride(0),
-        )
+        with zero_on_error(cnt):
+            _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+                x, w_q, scales, y, ws, cnt,
+                N, K,
+                x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1), ws.stride(0),
+            )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
     _int8_matmul_kernel[grid](
@@ -486,13 +487,14 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     if M == 1 and G & (G - 1) == 0:  # batch-1 decode: the CUDA-core GEMV (its group view needs a power of 2)
         ws, cnt = _scratch(x.device, N)
-        _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
-            x, packed, scales, y, ws, cnt,
-            N, K,
-            x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
-            ws.stride(0),
-            GROUP=G,
-        )
+        with zero_on_error(cnt):
+            _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+                x, packed, scales, y, ws, cnt,
+                N, K,
+                x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
+                ws.stride(0),
+                GROUP=G,
+            )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
     _int4_matmul_kernel[grid](

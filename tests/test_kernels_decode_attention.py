@@ -355,3 +355,25 @@ def test_tuned_fused_merge_config_launches_no_merge(monkeypatch):
     merges.clear()
     torch.testing.assert_close(decode_attention(q, k, v), decode_attention_reference(q, k, v), **TOL[torch.float32])
     assert merges == [] and timings == []
+
+
+def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
+    # a launch that stops after some splits counted themselves (an interrupt in the interpreter) must not make the
+    # next launch merge early
+    q, k, v = _qkv(1, 4, 2, 200, 16, seed=8)
+    counters = da._split_counters(q.device, 2)
+    real = da._decode_split_kernel
+
+    class Stop:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                counters[1] += 3
+                raise KeyboardInterrupt
+            return launch
+    monkeypatch.setattr(da, "_decode_split_kernel", Stop())
+    with pytest.raises(KeyboardInterrupt):
+        decode_attention(q, k, v, num_splits=4)
+    assert int(counters.abs().sum()) == 0
+    monkeypatch.setattr(da, "_decode_split_kernel", real)
+    torch.testing.assert_close(decode_attention(q, k, v, num_splits=4), decode_attention_reference(q, k, v),
+                               **TOL[torch.float32])

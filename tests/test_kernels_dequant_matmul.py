@@ -221,3 +221,27 @@ def test_tuning_bench_times_a_launch_after_a_cache_flush():
     times = dq._tune_bench(lambda: calls.append(out.fill_(1.0)), quantiles=(0.5, 0.2, 0.8), reps=5)
     assert len(calls) == 6  # one warm-up, then one per timed rep
     assert len(times) == 3 and 0 < times[1] <= times[0] <= times[2]
+
+
+def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
+    # in the interpreter the programs run one by one: stop the launch inside it (as a notebook interrupt would)
+    # after some splits counted themselves; the next call must still be right
+    N, K = 9, 128
+    x = torch.randn(1, K, device=DEV)
+    w8, s8 = quantize_int8(_w(N, K, seed=1))
+    ws, cnt = dq._scratch(x.device, N)
+    real = dq._int8_gemv_kernel
+
+    class Stop:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                cnt[0] += 1  # a split counted itself, then the launch stopped
+                raise KeyboardInterrupt
+            return launch
+    monkeypatch.setattr(dq, "_int8_gemv_kernel", Stop())
+    with pytest.raises(KeyboardInterrupt):
+        int8_matmul(x, w8, s8)
+    assert int(cnt.abs().sum()) == 0
+    monkeypatch.setattr(dq, "_int8_gemv_kernel", real)
+    torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
+                               **TOL[torch.float32])
