@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 import triton
@@ -547,20 +548,24 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         if t.stride(-1) != 1:
             raise ValueError(f"decode_attention: {name}'s last dimension must be contiguous, strides {t.stride()}")
     if seq_lens is not None:
+        if not isinstance(seq_lens, torch.Tensor):
+            raise TypeError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}, got "
+                            f"{type(seq_lens).__name__}; pass torch.tensor(lengths, device=q.device)")
         if seq_lens.shape != (B,) or seq_lens.device != q.device or seq_lens.is_floating_point():
-            raise ValueError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}")
+            raise ValueError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}, got shape "
+                             f"{tuple(seq_lens.shape)} {seq_lens.dtype} on {seq_lens.device}")
         capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if check_lens and not capturing and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > S):
             raise ValueError(f"decode_attention: seq_lens must lie in 1..{S}, got {seq_lens.tolist()}")
         if seq_lens.dtype not in (torch.int32, torch.int64):
             seq_lens = seq_lens.to(torch.int32)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
                                    or num_splits < 1):
         raise ValueError(f"decode_attention: num_splits must be a whole number >= 1 (or None for the tuned "
                          f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    return _decode(q, k, v, seq_lens, scale, num_splits or None).view(q_shape)
+    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None).view(q_shape)
 
 
 if __name__ == "__main__":

@@ -478,6 +478,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if K % scales.shape[1]:
         raise ValueError(f"int4_matmul: {scales.shape[1]} groups do not divide K = {K}")
     G = K // scales.shape[1]
+    if G % 2:
+        raise ValueError(f"int4_matmul: {scales.shape[1]} scales per row over K = {K} make groups of {G} weights, "
+                         f"an odd size; quantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     _check_group(K, G)
     _check_x("int4_matmul", x, K)
     M = x.shape[0]

@@ -311,6 +311,17 @@ def test_num_splits_must_be_a_whole_number_from_one(bad):
         decode_attention(q, k, v, num_splits=bad)
 
 
+def test_num_splits_as_a_numpy_integer_and_seq_lens_errors_say_what_was_passed():
+    import numpy as np
+    q, k, v = _qkv(2, 4, 2, 40, 16)
+    torch.testing.assert_close(decode_attention(q, k, v, num_splits=np.int64(3)), decode_attention_reference(q, k, v),
+                               **TOL[torch.float32])
+    with pytest.raises(TypeError, match=r"seq_lens must be a \(2,\) int tensor .* got list"):
+        decode_attention(q, k, v, seq_lens=[3, 3])
+    with pytest.raises(ValueError, match=r"got shape \(3,\) torch.int64"):
+        decode_attention(q, k, v, seq_lens=torch.tensor([3, 3, 3], device=DEV))
+
+
 # -- the fused merge: the last split of each (sequence, KV head) merges, no merge kernel -----------------------------
 
 @pytest.mark.parametrize("num_splits", [2, 9, 40])  # 40 over hd 128, n_rep 4: five chunks of 8 splits

@@ -245,3 +245,9 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     monkeypatch.setattr(dq, "_int8_gemv_kernel", real)
     torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
+
+
+def test_scales_that_imply_an_odd_group_size_say_so():
+    packed = torch.zeros(4, 3, dtype=torch.uint8, device=DEV)  # K = 6
+    with pytest.raises(ValueError, match="make groups of 3 weights, an odd size"):
+        int4_matmul(torch.randn(1, 6, device=DEV), packed, torch.ones(4, 2, device=DEV))
