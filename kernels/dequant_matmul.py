@@ -214,6 +214,12 @@ _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (8, 256, 1, 2, 4), (16, 256, 1, 4, 3), (16, 512, 1, 8, 3), (32, 256, 4, 4, 3), (16, 1024, 2, 8, 2),
     (32, 512, 8, 8, 2)]
 MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
+GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
+                                                num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
+                                 # the interpreter's one config splits K, so the CPU tests run the split path
+                                 default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
+MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 in fp32 (a constexpr: kernels may read it)
+
 _FLUSH_BYTES = 256 << 20  # read between timed launches: several times the L2 (50 MB on an H200)
 _flush_buffers: dict = {}
 
@@ -239,11 +245,6 @@ def _tune_bench(kernel_call, quantiles, reps: int = 30):
     torch.cuda.synchronize()
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
     return [float(torch.quantile(times, q)) for q in quantiles]
-GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
-                                                num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
-                                 # the interpreter's one config splits K, so the CPU tests run the split path
-                                 default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
-MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 in fp32 (a constexpr: kernels may read it)
 
 
 def _gemv1_prune(configs, named_args, **kwargs):
