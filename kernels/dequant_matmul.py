@@ -218,7 +218,7 @@ GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SP
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
                                  # the interpreter's one config splits K, so the CPU tests run the split path
                                  default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
-MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 in fp32 (a constexpr: kernels may read it)
+MAGIC = 0x4B000000  # the bits of 2^23 in fp32; the GEMVs take it as an argument (see `_code`)
 
 _FLUSH_BYTES = 256 << 20  # read between timed launches: several times the L2 (50 MB on an H200)
 _flush_buffers: dict = {}
@@ -248,11 +248,11 @@ def _tune_bench(kernel_call, quantiles, reps: int = 30):
 
 
 def _gemv1_prune(configs, named_args, **kwargs):
-    """int4: keep tiles that hold whole groups or lie inside one (see above); 32 always divides the group size.
+    """int4: keep tiles that lie inside one group (BLOCK_K divides the group size; 32 always does).
     Both: drop splits that would get no K tile (more splits than tiles), unless that drops every config."""
     G = kwargs.get("GROUP", named_args.get("GROUP"))  # a constexpr arrives as a keyword; int8 has none
     K = named_args["K"]
-    kept = [c for c in configs if G is None or c.kwargs["BLOCK_K"] % G == 0 or G % c.kwargs["BLOCK_K"] == 0]
+    kept = [c for c in configs if G is None or G % c.kwargs["BLOCK_K"] == 0]
     kept = kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})]
     return [c for c in kept if c.kwargs["SPLIT_K"] <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or kept[:1]
 
@@ -290,6 +290,45 @@ def _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, 
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+@triton.jit
+def _code(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, magic):
+    """(the BITS-bit field at bits SHIFT.. of int32 words w) - OFFSET as exact fp32, with no int -> float
+    conversion instruction: one LOP3 masks the field in place and ORs in `magic`, the bits of 2^(23 - SHIFT) —
+    whose mantissa's last place is worth 2^-SHIFT, so the float is 2^(23 - SHIFT) + field; one FADD removes
+    2^(23 - SHIFT) + OFFSET. Needs SHIFT + BITS <= 23. `magic` comes from a kernel argument (`_magic`), not a
+    constant: as a constant, the compiler re-creates the mask in a register for every LOP3 (a MOV per weight)."""
+    field = w & (((1 << BITS) - 1) << SHIFT)
+    return (field | magic).to(tl.float32, bitcast=True) - ((1 << (23 - SHIFT)) + OFFSET)
+
+
+@triton.jit
+def _magic(two23, SHIFT: tl.constexpr):
+    """The bits of 2^(23 - SHIFT) from those of 2^23 (`two23` = MAGIC, passed as an argument): lower the exponent."""
+    return two23 - (SHIFT << 23)
+
+
+@triton.jit
+def _split8(x):
+    """(J, 8) -> eight (J,) tensors x[:, 0] .. x[:, 7] (three splits of trailing size-2 dimensions)."""
+    a, b = tl.split(tl.reshape(x, (x.shape[0], 2, 2, 2)))  # a: i = 0, 2, 4, 6; b: i = 1, 3, 5, 7
+    a0, a1 = tl.split(a)  # a0: i = 0, 4; a1: i = 2, 6
+    b0, b1 = tl.split(b)  # b0: i = 1, 5; b1: i = 3, 7
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _split4(x):
+    """(J, 4) -> four (J,) tensors x[:, 0] .. x[:, 3]."""
+    a, b = tl.split(tl.reshape(x, (x.shape[0], 2, 2)))  # a: i = 0, 2; b: i = 1, 3
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    return x0, x1, x2, x3
+
+
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _gemv1_prune},
                  do_bench=_tune_bench)
 @triton.jit
@@ -298,44 +337,37 @@ def _int4_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
     # sizes
     N, K,
-    # strides (elements)
-    stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_yn, stride_ws,
+    # strides (elements; stride_wn in 32-bit words: the packed rows are read 4 bytes = 8 weights at a time)
+    stride_xk, stride_wn, stride_sn, stride_sg, stride_yn, stride_ws, magic,
     # meta-parameters
     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    HALF: tl.constexpr = BLOCK_K // 2
+    J: tl.constexpr = BLOCK_K // 8  # int32 words per row in a K tile; BLOCK_K divides GROUP, GROUP divides K
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rj = tl.arange(0, HALF)
-    rk = tl.arange(0, BLOCK_K)
+    rj = tl.arange(0, J)
+    ri = tl.arange(0, 8)
     n_mask = rn < N
+    w_words = w_ptr.to(tl.pointer_type(tl.int32))
     k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
-    if BLOCK_K >= GROUP:  # whole groups in a tile: the accumulator holds one partial sum per (row, group slot)
-        NG: tl.constexpr = BLOCK_K // GROUP
-        acc = tl.zeros([BLOCK_N, NG], tl.float32)
-    else:  # a tile inside one group: one per (row, lane), each scaled as it is added
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    m0, m4, m8, m12, m16 = magic, _magic(magic, 4), _magic(magic, 8), _magic(magic, 12), _magic(magic, 16)
+    acc = tl.zeros([BLOCK_N, J], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
-        j = k0 // 2 + rj  # byte index: weights 2j (low nibble) and 2j + 1 (high nibble)
-        p = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :] * stride_wk,
-                    mask=n_mask[:, None] & (j < K // 2)[None, :], other=0).to(tl.int32)  # (BLOCK_N, HALF)
-        lo = ((p & 0xF) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = low nibble - 8
-        hi = ((p >> 4) | MAGIC).to(tl.float32, bitcast=True) - 8388616.0  # = high nibble - 8
-        # back into K order (weight 2j, 2j + 1 side by side in each thread), so x is ONE contiguous load that
-        # vectorizes; two strided loads (x[2j], x[2j + 1]) cost a load instruction per element (call P, ncu)
-        wk = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
-        kk = k0 + rk
-        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (BLOCK_K,); 0 past K
-        prod = wk * x[None, :]  # (BLOCK_N, BLOCK_K)
-        if BLOCK_K >= GROUP:
-            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP)), axis=2)  # (BLOCK_N, NG)
-            g = k0 // GROUP + tl.arange(0, NG)
-            s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sg,
-                        mask=n_mask[:, None] & (g[None, :] < K // GROUP), other=0.0).to(tl.float32)
-            acc += part * s
-        else:
-            s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
-            acc += prod * s[:, None]
+        w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :],
+                    mask=n_mask[:, None], other=0)  # (BLOCK_N, J): word j holds weights 8j..8j+7, code i at bit 4i
+        top = w >> 12  # codes 5, 6, 7 (bits 20..31) down to bits 8..19, inside the fp32 mantissa
+        x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
+        part = _code(w, 0, 4, 8, m0) * x0[None, :]  # (BLOCK_N, J): an FMA chain per (row, word), in one thread
+        part += _code(w, 4, 4, 8, m4) * x1[None, :]
+        part += _code(w, 8, 4, 8, m8) * x2[None, :]
+        part += _code(w, 12, 4, 8, m12) * x3[None, :]
+        part += _code(w, 16, 4, 8, m16) * x4[None, :]
+        part += _code(top, 8, 4, 8, m8) * x5[None, :]
+        part += _code(top, 12, 4, 8, m12) * x6[None, :]
+        part += _code(top, 16, 4, 8, m16) * x7[None, :]
+        s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+        acc += part * s[:, None]  # the tile lies in one group: one scale per row
     _split_k_store(tl.sum(acc, axis=1), y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
@@ -347,26 +379,35 @@ def _int8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
     # sizes
     N, K,
-    # strides (elements)
-    stride_xk, stride_wn, stride_wk, stride_yn, stride_ws,
+    # strides (elements; stride_wn in 32-bit words: the rows are read 4 weights at a time)
+    stride_xk, stride_wn, stride_yn, stride_ws, magic,
     # meta-parameters
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """M = 1: the int4 GEMV's scheme for int8 weights (w + 128 in 0..255 goes into the mantissa of 2^23; one scale
-    per output row, applied to each split's sums)."""
+    """M = 1: the int4 GEMV's scheme for int8 weights: XOR 0x80 turns each signed byte w into w + 128 in 0..255,
+    which `_code` makes the float w; one scale per output row, applied to each split's sums."""
+    J: tl.constexpr = BLOCK_K // 4  # int32 words per row in a K tile (K is a multiple of 4)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rj = tl.arange(0, J)
+    ri = tl.arange(0, 4)
     n_mask = rn < N
+    w_words = w_ptr.to(tl.pointer_type(tl.int32))
     k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    m0, m8 = magic, _magic(magic, 8)
+    acc = tl.zeros([BLOCK_N, J], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
-        kk = k0 + rk
-        k_mask = kk < K
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk,
-                    mask=n_mask[:, None] & k_mask[None, :], other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
-        wf = ((w + 128) | MAGIC).to(tl.float32, bitcast=True) - 8388736.0  # = w  (8388736 = 2^23 + 128)
-        x = tl.load(x_ptr + kk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,); 0 past K
-        acc += wf * x[None, :]
+        jw = k0 // 4 + rj
+        w = tl.load(w_words + rn[:, None] * stride_wn + jw[None, :],
+                    mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J): byte i = weight 4j + i
+        u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: flips each byte's sign bit
+        top = u >> 16
+        kk = k0 + 4 * rj[:, None] + ri[None, :]
+        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
+        x0, x1, x2, x3 = _split4(x)
+        acc += _code(u, 0, 8, 128, m0) * x0[None, :]
+        acc += _code(u, 8, 8, 128, m8) * x1[None, :]
+        acc += _code(top, 0, 8, 128, m0) * x2[None, :]
+        acc += _code(top, 8, 8, 128, m8) * x3[None, :]
     s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     _split_k_store(tl.sum(acc, axis=1) * s, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
@@ -390,6 +431,13 @@ def _scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
         _split_scratch[key] = (torch.empty(MAX_SPLIT_K, N, dtype=torch.float32, device=device),
                                torch.zeros(N, dtype=torch.int32, device=device))
     return _split_scratch[key]
+
+
+def _word_rows(w: torch.Tensor, row_bytes: int, word: int) -> bool:
+    """Can the GEMV read w's rows as `word`-byte words? Contiguous rows, each starting on a word boundary. Other
+    layouts (a strided view) take the tl.dot kernel, which reads any strides."""
+    return (w.stride(1) == 1 and w.stride(0) % word == 0 and row_bytes % word == 0
+            and w.data_ptr() % word == 0)
 
 
 def _check_x(op: str, x: torch.Tensor, K: int) -> None:
@@ -432,13 +480,13 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     scales = scales.contiguous()  # the kernels read scales[n] at offset n
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M == 1:  # batch-1 decode: the CUDA-core GEMV
+    if M == 1 and _word_rows(w_q, K, 4):  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = _scratch(x.device, N)
         with zero_on_error(cnt):
             _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
                 x, w_q, scales, y, ws, cnt,
                 N, K,
-                x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(1), ws.stride(0),
+                x.stride(1), w_q.stride(0) // 4, y.stride(1), ws.stride(0), MAGIC,
             )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
@@ -489,14 +537,14 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if G % 32:
         raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
-    if M == 1 and G & (G - 1) == 0:  # batch-1 decode: the CUDA-core GEMV (its group view needs a power of 2)
+    if M == 1 and _word_rows(packed, K // 2, 4):  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = _scratch(x.device, N)
         with zero_on_error(cnt):
             _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
                 x, packed, scales, y, ws, cnt,
                 N, K,
-                x.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1), y.stride(1),
-                ws.stride(0),
+                x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
+                MAGIC,
                 GROUP=G,
             )
         return y

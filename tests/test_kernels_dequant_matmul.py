@@ -61,7 +61,9 @@ def test_int8_over_output_sizes(N, M):
 
 
 @pytest.mark.parametrize("M", [1, 2])
-@pytest.mark.parametrize("K", [1, 7, 17, 999, 1001, 4095])
+# K not a multiple of 4: the M = 1 GEMV cannot read rows as 32-bit words and the tl.dot kernel runs; 12 and 1004:
+# the GEMV, with a last K tile that is part mask
+@pytest.mark.parametrize("K", [1, 7, 17, 999, 1001, 4095, 12, 1004])
 def test_int8_over_reduction_sizes(K, M):
     w8, s8 = quantize_int8(_w(33, K, seed=K))
     x = torch.randn(M, K, device=DEV)
@@ -176,12 +178,12 @@ def _gemv_raw(kernel, N, K, x, w, s, **meta):
     y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
     ws, cnt = dq._scratch(x.device, N)
     grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
-    if kernel is dq._int4_gemv_kernel:
-        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
-                        y.stride(1), ws.stride(0), GROUP=K // s.shape[1], **meta)
+    if kernel is dq._int4_gemv_kernel:  # the rows are read as 32-bit words: strides in words
+        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, s.stride(0), s.stride(1),
+                        y.stride(1), ws.stride(0), dq.MAGIC, GROUP=K // s.shape[1], **meta)
     else:
-        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
-                        ws.stride(0), **meta)
+        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1), ws.stride(0), dq.MAGIC,
+                        **meta)
     assert int(cnt.abs().sum()) == 0, "the last split of each row block must zero its counter"
     return y
 
@@ -202,13 +204,13 @@ def test_gemv_split_k_equals_reference(split_k, N):
                                    **TOL[torch.float32])
 
 
-def test_gemv_split_k_is_deterministic_and_tiles_holding_whole_groups_work():
-    # BLOCK_K = 64 over group 32: a tile holds two groups; the partials are added in split order, so repeated
-    # launches give identical bits
+def test_gemv_split_k_is_deterministic_and_groups_spanning_tiles_work():
+    # BLOCK_K = 32 in groups of 64: two K tiles per group, each scaled by its group's scale; the partials are added
+    # in split order, so repeated launches give identical bits
     N, K = 20, 256
     x = torch.randn(1, K, device=DEV)
-    packed, s4 = quantize_int4(_w(N, K, seed=5), 32)
-    meta = dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=4, STAGES=1)
+    packed, s4 = quantize_int4(_w(N, K, seed=5), 64)
+    meta = dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=4, STAGES=1)
     y = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
     torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
     assert torch.equal(y, _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta))
@@ -245,6 +247,36 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     monkeypatch.setattr(dq, "_int8_gemv_kernel", real)
     torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
+
+
+class _Refuse:
+    """Stands in for a kernel that must not run."""
+    def __getitem__(self, grid):
+        raise AssertionError("this kernel should not have been launched")
+
+
+@pytest.mark.parametrize("op", ["int8", "int4"])
+def test_m1_takes_the_gemv_for_word_rows_and_the_tile_kernel_for_other_layouts(op, monkeypatch):
+    N, K = 24, 256
+    w = _w(N, K, seed=3)
+    x = torch.randn(1, K, device=DEV)
+    if op == "int8":
+        wq, s = quantize_int8(w)
+        matmul, ref = int8_matmul, dequant_matmul_reference(x, dequantize_int8(wq, s))
+        gemv, tile = "_int8_gemv_kernel", "_int8_matmul_kernel"
+    else:
+        wq, s = quantize_int4(w, 64)
+        matmul, ref = int4_matmul, dequant_matmul_reference(x, dequantize_int4(wq, s))
+        gemv, tile = "_int4_gemv_kernel", "_int4_matmul_kernel"
+    with monkeypatch.context() as m:  # contiguous rows: the GEMV, never the tile kernel
+        m.setattr(dq, tile, _Refuse())
+        torch.testing.assert_close(matmul(x, wq, s), ref, **TOL[torch.float32])
+    # the same weights inside a wider buffer, one byte in: rows no longer start on a 4-byte boundary
+    buf = torch.zeros(N, wq.shape[1] + 1, dtype=wq.dtype, device=DEV)
+    buf[:, 1:] = wq
+    with monkeypatch.context() as m:
+        m.setattr(dq, gemv, _Refuse())
+        torch.testing.assert_close(matmul(x, buf[:, 1:], s), ref, **TOL[torch.float32])
 
 
 def test_scales_that_imply_an_odd_group_size_say_so():

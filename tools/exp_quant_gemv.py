@@ -23,15 +23,25 @@ want = sys.argv[2].split(",") if len(sys.argv) > 2 else ["int4", "int8", "attent
 COPIES = 8  # distinct weight sets per timing: >= 4x the 50 MB L2 at the int4 sizes
 
 
+# the candidates timed (call W: the GEMVs that read 32-bit words); the kernels' GEMV1_CONFIGS keep the winners
+_SWEEP = [(16, 128, 1, 1, 4), (32, 128, 1, 2, 4), (64, 128, 1, 2, 3), (64, 128, 1, 4, 3), (128, 128, 1, 4, 3),
+          (128, 128, 2, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (32, 128, 4, 2, 4), (128, 128, 4, 8, 3),
+          (64, 64, 1, 2, 4), (64, 64, 4, 2, 4), (128, 64, 2, 4, 4), (64, 128, 1, 4, 5), (128, 128, 1, 8, 4),
+          (64, 256, 1, 4, 3), (32, 256, 1, 2, 3), (64, 256, 2, 4, 3), (128, 256, 1, 8, 3), (32, 512, 1, 4, 2),
+          (64, 256, 4, 4, 3), (64, 512, 1, 8, 2)]  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
+SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
+         for n, k, sk, w, st in _SWEEP]
+
+
 def raw_launch(kernel, x, w, s, y, cfg, N, K, G=None):
     ws, cnt = dq._scratch(x.device, N)
     meta = dict(cfg.all_kwargs())
     grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
     if G is not None:
-        return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1),
-                                       s.stride(0), s.stride(1), y.stride(1), ws.stride(0), GROUP=G, **meta)
-    return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
-                                   ws.stride(0), **meta)
+        return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4,
+                                       s.stride(0), s.stride(1), y.stride(1), ws.stride(0), dq.MAGIC, GROUP=G, **meta)
+    return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1),
+                                   ws.stride(0), dq.MAGIC, **meta)
 
 
 for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
@@ -50,7 +60,7 @@ for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
         sets = [(wq.clone(), sc.clone()) for _ in range(COPIES)]
         nbytes = wq.numel() * wq.element_size() + sc.numel() * 4
         named = {"N": N, "K": K} | ({"GROUP": G} if G else {})
-        configs = dq._gemv1_prune(kernel.configs, named, **({"GROUP": G} if G else {}))
+        configs = dq._gemv1_prune(SWEEP, named, **({"GROUP": G} if G else {}))
         rows = []
         for cfg in configs:
             y = torch.empty(1, N, device=dev, dtype=torch.bfloat16)
@@ -96,5 +106,36 @@ for S in (1024, 8192, 16384, 32768) if "attention" in want else ():
               f"err {err:.1e} {cfg}")
         out["attention"].append(r)
 da.FUSE_MERGE = True
+
+# every split config at 8K, each timed as split + merge by graph replay (the tuner's choice was 55% of copy
+# bandwidth in call Q)
+if "attention_sweep" in want:
+    S = 8192
+    sets = [(torch.randn(B, H, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(B, Hkv, S, hd, device=dev, dtype=torch.bfloat16)) for _ in range(16)]
+    nbytes = 2 * B * Hkv * S * hd * 2
+    q, k, v = sets[0]
+    ref = da.decode_attention_reference(q, k, v).float()
+    rows = []
+    tiles = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3), (32, 2, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3),
+             (128, 8, 4), (32, 4, 6)]  # (BLOCK_N, num_warps, num_stages): the kernel's four, and more
+    cands = [triton.Config({"BLOCK_N": n, "SPLIT_N": sl, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
+             for f in (False, True) for sl in (128, 256, 512, 1024, 2048) for n, w, st in tiles
+             if sl % n == 0 and (not f or S // sl <= 8)]
+    scale = hd ** -0.5
+    for cfg in cands:
+        try:
+            o = da._decode(q, k, v, None, scale, config=cfg)
+            err = float((o.float() - ref).norm() / ref.norm())
+            t = _graph_ms([lambda q=q, k=k, v=v: da._decode(q, k, v, None, scale, config=cfg) for q, k, v in sets])
+        except Exception as e:  # noqa: BLE001
+            print(f"attention 8K {cfg}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            continue
+        rows.append(dict(S=S, config=str(cfg), time_us=t * 1e3, GBps=nbytes / t / 1e6, rel_err=err))
+    rows.sort(key=lambda r: r["time_us"])
+    for r in rows[:15]:
+        print(f"attention 8K sweep: {r['time_us']:6.1f} us {r['GBps']:7.0f} GB/s err {r['rel_err']:.1e} {r['config']}")
+    out["attention_sweep"] = rows
 out["versions"] = {"torch": torch.__version__, "triton": triton.__version__, "device": torch.cuda.get_device_name()}
 json.dump(out, open(sys.argv[1], "w"), indent=1)
