@@ -31,6 +31,13 @@ _SWEEP = [(16, 128, 1, 1, 4), (32, 128, 1, 2, 4), (64, 128, 1, 2, 3), (64, 128, 
           (64, 256, 4, 4, 3), (64, 512, 1, 8, 2)]  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
 SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
          for n, k, sk, w, st in _SWEEP]
+# call X: W's winners had 1-2 warps; x loaded per field (X_DIRECT) or as one (J, 8) tile split in registers
+_SWEEP_X = [(16, 128, 1, 1, 4), (16, 128, 1, 1, 6), (8, 128, 1, 1, 4), (32, 128, 1, 1, 4), (32, 128, 1, 2, 4),
+            (32, 128, 4, 2, 4), (16, 128, 4, 1, 4), (32, 128, 2, 2, 4), (16, 64, 1, 1, 6), (16, 128, 1, 1, 1),
+            (16, 256, 1, 1, 4), (32, 256, 1, 2, 3), (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (64, 128, 1, 4, 4)]
+if len(sys.argv) > 3 and sys.argv[3] == "x":
+    SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st, "X_DIRECT": xd}, num_warps=w)
+             for n, k, sk, w, st in _SWEEP_X for xd in (False, True)]
 
 
 def raw_launch(kernel, x, w, s, y, cfg, N, K, G=None):
