@@ -211,8 +211,8 @@ def _int4_matmul_kernel(
 # (int4 and int8 at 4096 x 14336: SPLIT_K 4); with N = 14336 one split per row block is as fast (int8: 18.7 us,
 # 1.77x bf16) — and a short list leaves the autotuner fewer near-ties to mis-time.
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
-    (8, 256, 1, 2, 4), (16, 256, 1, 4, 3), (16, 512, 1, 8, 3), (32, 256, 4, 4, 3), (16, 1024, 2, 8, 2),
-    (32, 512, 8, 8, 2)]
+    (32, 128, 1, 1, 4), (16, 128, 1, 1, 4), (32, 128, 4, 2, 4), (16, 256, 1, 1, 4), (16, 128, 1, 1, 6),
+    (8, 256, 1, 1, 4), (32, 256, 4, 2, 3)]
 MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
@@ -341,7 +341,7 @@ def _int4_gemv_kernel(
     stride_xk, stride_wn, stride_sn, stride_sg, stride_yn, stride_ws, magic,
     # meta-parameters
     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    STAGES: tl.constexpr, X_DIRECT: tl.constexpr = False,
+    STAGES: tl.constexpr,
 ):
     J: tl.constexpr = BLOCK_K // 8  # int32 words per row in a K tile; BLOCK_K divides GROUP, GROUP divides K
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -356,19 +356,8 @@ def _int4_gemv_kernel(
         w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :],
                     mask=n_mask[:, None], other=0)  # (BLOCK_N, J): word j holds weights 8j..8j+7, code i at bit 4i
         top = w >> 12  # codes 5, 6, 7 (bits 20..31) down to bits 8..19, inside the fp32 mantissa
-        if X_DIRECT:
-            xp = x_ptr + (k0 + 8 * rj) * stride_xk
-            x0 = tl.load(xp).to(tl.float32)
-            x1 = tl.load(xp + stride_xk).to(tl.float32)
-            x2 = tl.load(xp + 2 * stride_xk).to(tl.float32)
-            x3 = tl.load(xp + 3 * stride_xk).to(tl.float32)
-            x4 = tl.load(xp + 4 * stride_xk).to(tl.float32)
-            x5 = tl.load(xp + 5 * stride_xk).to(tl.float32)
-            x6 = tl.load(xp + 6 * stride_xk).to(tl.float32)
-            x7 = tl.load(xp + 7 * stride_xk).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
+        x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
         part = _code(w, 0, 4, 8, m0) * x0[None, :]  # (BLOCK_N, J): an FMA chain per (row, word), in one thread
         part += _code(w, 4, 4, 8, m4) * x1[None, :]
         part += _code(w, 8, 4, 8, m8) * x2[None, :]
@@ -394,7 +383,6 @@ def _int8_gemv_kernel(
     stride_xk, stride_wn, stride_yn, stride_ws, magic,
     # meta-parameters
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
-    X_DIRECT: tl.constexpr = False,
 ):
     """M = 1: the int4 GEMV's scheme for int8 weights: XOR 0x80 turns each signed byte w into w + 128 in 0..255,
     which `_code` makes the float w; one scale per output row, applied to each split's sums."""
@@ -413,16 +401,9 @@ def _int8_gemv_kernel(
                     mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J): byte i = weight 4j + i
         u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: flips each byte's sign bit
         top = u >> 16
-        if X_DIRECT:
-            kx = k0 + 4 * rj
-            x0 = tl.load(x_ptr + kx * stride_xk, mask=kx < K, other=0.0).to(tl.float32)
-            x1 = tl.load(x_ptr + (kx + 1) * stride_xk, mask=kx + 1 < K, other=0.0).to(tl.float32)
-            x2 = tl.load(x_ptr + (kx + 2) * stride_xk, mask=kx + 2 < K, other=0.0).to(tl.float32)
-            x3 = tl.load(x_ptr + (kx + 3) * stride_xk, mask=kx + 3 < K, other=0.0).to(tl.float32)
-        else:
-            kk = k0 + 4 * rj[:, None] + ri[None, :]
-            x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
-            x0, x1, x2, x3 = _split4(x)
+        kk = k0 + 4 * rj[:, None] + ri[None, :]
+        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
+        x0, x1, x2, x3 = _split4(x)
         acc += _code(u, 0, 8, 128, m0) * x0[None, :]
         acc += _code(u, 8, 8, 128, m8) * x1[None, :]
         acc += _code(top, 0, 8, 128, m0) * x2[None, :]
