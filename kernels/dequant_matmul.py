@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, zero_on_error
+from ._util import autotune_configs, check_tensors, tune_bench, zero_on_error
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 16
@@ -220,33 +220,6 @@ GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SP
                                  default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
 MAGIC = 0x4B000000  # the bits of 2^23 in fp32; the GEMVs take it as an argument (see `_code`)
 
-_FLUSH_BYTES = 256 << 20  # read between timed launches: several times the L2 (50 MB on an H200)
-_flush_buffers: dict = {}
-
-
-def _tune_bench(kernel_call, quantiles, reps: int = 30):
-    """How the autotuner times a config here: each launch after READING a 256 MB buffer, so the weights come from
-    HBM and the L2 holds clean lines — as in a decode step, where the layer before streamed its own weights.
-    Triton's default (`triton.testing.do_bench`) clears the L2 by WRITING 256 MB first: the launch then also pays
-    for writing those dirty lines back, and on the H200 (call R) it chose configs 20-30% slower under CUDA-graph
-    replay than the best ones of the sweep. Returns the `quantiles` of the times (ms), as do_bench does."""
-    device = torch.cuda.current_device()
-    if device not in _flush_buffers:
-        _flush_buffers[device] = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
-    flush = _flush_buffers[device]
-    kernel_call()  # compile and warm up
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        flush.sum()
-        start.record()
-        kernel_call()
-        end.record()
-    torch.cuda.synchronize()
-    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
-    return [float(torch.quantile(times, q)) for q in quantiles]
-
-
 def _gemv1_prune(configs, named_args, **kwargs):
     """int4: keep tiles that lie inside one group (BLOCK_K divides the group size; 32 always does).
     Both: drop splits that would get no K tile (more splits than tiles), unless that drops every config."""
@@ -330,7 +303,7 @@ def _split4(x):
 
 
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _gemv1_prune},
-                 do_bench=_tune_bench)
+                 do_bench=tune_bench)
 @triton.jit
 def _int4_gemv_kernel(
     # pointers (ws, cnt: the split-K scratch, see `_split_k_store`)
@@ -372,7 +345,7 @@ def _int4_gemv_kernel(
 
 
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _gemv1_prune},
-                 do_bench=_tune_bench)
+                 do_bench=tune_bench)
 @triton.jit
 def _int8_gemv_kernel(
     # pointers (ws, cnt: the split-K scratch, see `_split_k_store`)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs
+from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -58,11 +58,14 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
 # runs at the speed of the bytes in flight. Measured on the H200 (call K): with the loop's loads issued one step
 # at a time, each step waited a full memory latency, and the 1B model's GEMVs reached 51-74% of the copy
 # bandwidth. STAGES > 1 pipelines the loop (`tl.range(num_stages=...)`: later steps' tiles are requested while
-# this one is summed); small BLOCK_N gives more programs for the 132 SMs when N is only 2048. One config in the
-# interpreter (`autotune_configs`).
+# this one is summed); small BLOCK_N gives more programs for the 132 SMs when N is only 2048. One-warp programs
+# (the last row): the pipelined loop syncs a program's warps every step, which one warp does for free — the int4 /
+# int8 GEMVs were fastest that way (calls W, X). Timed as the quantized GEMVs are (`tune_bench`: after a read of
+# 256 MB, not Triton's write). One config in the interpreter (`autotune_configs`).
 _SHAPES = [(2, 1024, 4, 3), (4, 512, 4, 3), (4, 1024, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 3),
            (2, 2048, 8, 2), (4, 2048, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 1), (4, 512, 4, 1),
-           (8, 512, 4, 2), (4, 1024, 4, 4)]
+           (8, 512, 4, 2), (4, 1024, 4, 4),
+           (2, 512, 1, 4), (4, 512, 1, 4), (4, 256, 1, 6), (8, 256, 1, 4), (2, 1024, 1, 4), (8, 512, 2, 4)]
 CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
                             for n, k, w, st in _SHAPES],
                            default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
@@ -85,7 +88,7 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"])
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench)
 @triton.jit
 def _fused_gemv_kernel(
     # pointers

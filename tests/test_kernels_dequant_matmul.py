@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from llmlab.kernels._util import interpret_mode
+from llmlab.kernels._util import interpret_mode, tune_bench
 
 pytest.importorskip("triton")
 if not torch.cuda.is_available() and not interpret_mode():
@@ -220,7 +220,7 @@ def test_gemv_split_k_is_deterministic_and_groups_spanning_tiles_work():
 def test_tuning_bench_times_a_launch_after_a_cache_flush():
     calls = []
     out = torch.empty(1 << 20, device="cuda")
-    times = dq._tune_bench(lambda: calls.append(out.fill_(1.0)), quantiles=(0.5, 0.2, 0.8), reps=5)
+    times = tune_bench(lambda: calls.append(out.fill_(1.0)), quantiles=(0.5, 0.2, 0.8), reps=5)
     assert len(calls) == 6  # one warm-up, then one per timed rep
     assert len(times) == 3 and 0 < times[1] <= times[0] <= times[2]
 
