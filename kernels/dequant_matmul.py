@@ -182,37 +182,41 @@ def _int4_matmul_kernel(
 
 
 # M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding. Here each program
-# owns BLOCK_N rows of W, reads them along K in their natural (contiguous) order, unpacks both nibbles, multiplies
-# by x and keeps the products in a (row, lane) accumulator that is summed once after the loop: a classic GEMV on
-# the CUDA cores. Habits that keep the ALUs off the critical path:
-#  * a nibble n becomes the float n - 8 without an int -> float conversion instruction (slow on the GPU): OR it
-#    into the mantissa of 2^23 (bits 0x4B000000), reinterpret the bits as fp32 — exactly 8388608 + n — and
-#    subtract 8388616;
-#  * the group scale multiplies a group's partial sum, not every weight: a K tile holds whole groups (BLOCK_K a
-#    multiple of GROUP: the tile is viewed as (BLOCK_N, groups, GROUP / 2 bytes) and summed per group) or lies in
-#    one group (BLOCK_K dividing GROUP: one scale per row for the tile).
+# owns BLOCK_N rows of W and reads them along K, 32 bits at a time (8 int4 or 4 int8 weights per word): a classic
+# GEMV on the CUDA cores. At batch 1 the memory system delivers a weight faster than the SM can issue the few
+# instructions it needs, so every instruction per weight counts:
+#  * a field becomes a float without an int -> float conversion instruction (those run at a quarter of the FMA
+#    rate): `_code` — one LOP3 (mask the field in place, OR in an exponent) and one FADD per weight;
+#  * x is loaded once per K tile as a (J, 8) tile and split into the x of each field position, so each word's
+#    eight products are one FMA chain in one thread — no cross-thread reduction inside the loop;
+#  * the group scale multiplies a word tile's sum, not every weight: a K tile lies in one group (BLOCK_K divides
+#    GROUP), one scale per row for the tile.
+# Counted offline (`triton.compile` for sm_90, cuobjdump -sass; the loop body over the weights one thread handles):
+# 9.6 instructions per int4 weight for the previous byte-wise kernel, 3.9-4.4 for this one.
 # Two more habits, both autotuned, for the bytes in flight (a row of the 8B model's up projection is only 2 KB of
 # int4, so a program that walks K alone makes a handful of dependent trips to memory):
 #  * the loop is software-pipelined (`tl.range(num_stages=STAGES)`: later tiles' loads are issued before this
-#    one is summed — a config's num_stages alone does not pipeline a loop without tl.dot);
+#    one is summed — a config's num_stages alone does not pipeline a loop without tl.dot). The pipeline syncs a
+#    program's warps every step; with ONE warp per program that is free, and the sweeps (calls W, X) found 1-2 warps
+#    per program 1.5-2x faster than 4;
 #  * split-K: SPLIT_K programs share a row block's K range (grid N/BLOCK_N x SPLIT_K), each writes its partial
 #    sums to a scratch buffer and counts itself done on an atomic counter; the LAST one to finish adds the partials
 #    in split order (so the result does not depend on timing) and writes y — one launch, no second "reduce"
 #    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
-#    https://arxiv.org/abs/2301.03598).
-# Measured on the H200 (calls P, Q; 14336 x 4096): int8 went from 1.50x to 1.6-1.8x bf16 (pipelining), but int4
-# stays near 1.35x: Nsight Compute shows the int4 kernel instruction-bound (SM throughput 70%, DRAM 24%, warps
-# waiting for an issue slot) — unpacking a nibble to fp32 and its FMAs cost more instructions per weight than the
-# memory system needs to deliver one. What would fix it: dequantize two weights per instruction in packed 16-bit
-# lanes (LOP3 into a 0x6400 / 0x4300 exponent, then one sub.f16x2), as FasterTransformer and Marlin do in CUDA,
-# and feed tensor cores (mma) rather than fp32 FMAs.
-# The configs: the ones that won somewhere in call P/Q's sweep of 14 (every config timed by CUDA-graph replay at
-# 14336 x 4096, 4096 x 14336 and 4096 x 4096, `tools/exp_quant_gemv.py`). Split-K pays where N is small for the SMs
-# (int4 and int8 at 4096 x 14336: SPLIT_K 4); with N = 14336 one split per row block is as fast (int8: 18.7 us,
-# 1.77x bf16) — and a short list leaves the autotuner fewer near-ties to mis-time.
+#    https://arxiv.org/abs/2301.03598). It pays where N is small for the SMs (4096 x 14336: SPLIT_K 4).
+# Measured on the H200 (call Y, M = 1, bf16, against cuBLAS bf16): int4 1.71-1.94x (was 1.32-1.44x), int8
+# 1.66-1.73x (was 1.63-1.68x). Nsight Compute (call X, int4 at 14336 x 4096, 17.8 us): DRAM 37%, SM 51%, an
+# instruction issued on 64% of cycles with 6.3 warps per SM — it now waits on the issue of ~6 instructions per
+# weight with too few warps to hide their latency. Next: dequantize two weights per instruction in packed bf16x2
+# lanes (LOP3 into the exponent of 128, one fma.rn.bf16x2), as Marlin does with fp16 — tried in call Y with
+# tensor cores through tl.dot (`tools/exp_int4_tc.py`): 25-30 us, slower; Triton's conversion of the dequantized
+# tile into the dot's operand layout costs more than it saves. The way on is Marlin's: weights stored pre-permuted
+# into the mma fragment order, so no conversion is needed.
+# The configs: the ones that won somewhere in calls W and X's sweeps (every config timed by CUDA-graph replay at
+# 14336 x 4096, 4096 x 14336 and 4096 x 4096, `tools/exp_quant_gemv.py`).
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (32, 128, 1, 1, 4), (16, 128, 1, 1, 4), (32, 128, 4, 2, 4), (16, 256, 1, 1, 4), (16, 128, 1, 1, 6),
-    (8, 256, 1, 1, 4), (32, 256, 4, 2, 3)]
+    (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (8, 256, 2, 1, 4), (16, 128, 2, 1, 4)]
 MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
@@ -436,6 +440,9 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     Returns:
         (M, N) in x's dtype, accumulated in fp32.
 
+    M = 1 with rows that start on 4-byte boundaries (K a multiple of 4, a contiguous w_q) runs the CUDA-core GEMV,
+    which reads 32-bit words; anything else runs the tl.dot kernel, which reads any strides.
+
     Raises:
         ValueError: shape mismatches, M = 0. TypeError: wrong dtypes. Warns once for M > 16 (correct, slow).
     """
@@ -482,6 +489,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
 
     Returns:
         (M, N) in x's dtype, accumulated in fp32.
+
+    M = 1 with contiguous packed rows (4-byte aligned) runs the CUDA-core GEMV; anything else the tl.dot kernel.
 
     Raises:
         ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.
