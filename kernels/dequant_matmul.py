@@ -51,8 +51,18 @@ def _int4_prune(configs, named_args, **kwargs):
 
 # -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
 
+def _check_weight(op: str, w: torch.Tensor) -> None:
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"{op}: the weight must be a 2-D float (N, K) tensor (out_features x in_features, as "
+                         f"nn.Linear.weight), got {w.dtype} of shape {tuple(w.shape)}")
+
+
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) float -> (w_q (N, K) int8, scales (N,) fp32), symmetric per output channel (row)."""
+    """(N, K) float -> (w_q (N, K) int8, scales (N,) fp32), symmetric per output channel (row).
+
+    Raises:
+        ValueError: w is not a 2-D float tensor."""
+    _check_weight("quantize_int8", w)
     w32 = w.float()
     scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     w_q = torch.clamp(torch.round(w32 / scales[:, None]), -127, 127).to(torch.int8)
@@ -78,8 +88,10 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor,
     """(N, K) float -> (packed (N, K // 2) uint8, scales (N, K // group_size) fp32): symmetric, group-wise.
 
     Raises:
-        ValueError: group_size does not divide K (the message names both and the fix), or is odd.
+        ValueError: w is not a 2-D float tensor; group_size does not divide K (the message names both and the fix),
+            or is odd.
     """
+    _check_weight("quantize_int4", w)
     N, K = w.shape
     _check_group(K, group_size)
     w32 = w.float().view(N, K // group_size, group_size)
@@ -401,7 +413,9 @@ def _scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Kept for the life of the process, one pair per (device, N) — a CUDA graph that captured a launch keeps using
     these addresses, so they are never freed or replaced. Shared by every launch with that N: launches on one stream
-    (in order) are safe; two streams running GEMVs of one N at the same moment are not.
+    (in order, from any host thread) are safe; two streams running GEMVs of one N at the same moment are not, nor
+    are several host threads running them at once in the CPU interpreter (where a launch runs in its caller's
+    thread — and the interpreter itself is not thread-safe).
     """
     key = (device, N)
     if key not in _split_scratch:
@@ -506,6 +520,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if packed.device != x.device or scales.device != x.device:
         raise ValueError(f"int4_matmul: x, packed, scales must be on one device")
     N, K = packed.shape[0], 2 * packed.shape[1]
+    if K == 0:
+        raise ValueError(f"int4_matmul: packed {tuple(packed.shape)} holds no weights per row (K = 0)")
     if K % scales.shape[1]:
         raise ValueError(f"int4_matmul: {scales.shape[1]} groups do not divide K = {K}")
     G = K // scales.shape[1]

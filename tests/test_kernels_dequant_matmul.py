@@ -279,6 +279,16 @@ def test_m1_takes_the_gemv_for_word_rows_and_the_tile_kernel_for_other_layouts(o
         torch.testing.assert_close(matmul(x, buf[:, 1:], s), ref, **TOL[torch.float32])
 
 
+def test_weights_that_are_not_a_matrix_or_hold_no_k_say_so():
+    with pytest.raises(ValueError, match="2-D float"):
+        quantize_int8(torch.randn(32))
+    with pytest.raises(ValueError, match="2-D float"):
+        quantize_int4(torch.ones(4, 64, dtype=torch.int32))
+    with pytest.raises(ValueError, match="K = 0"):
+        int4_matmul(torch.randn(1, 0, device=DEV), torch.zeros(4, 0, dtype=torch.uint8, device=DEV),
+                    torch.ones(4, 1, device=DEV))
+
+
 def test_scales_that_imply_an_odd_group_size_say_so():
     packed = torch.zeros(4, 3, dtype=torch.uint8, device=DEV)  # K = 6
     with pytest.raises(ValueError, match="make groups of 3 weights, an odd size"):
