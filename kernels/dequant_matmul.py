@@ -401,6 +401,77 @@ def _int8_gemv_kernel(
     _split_k_store(tl.sum(acc, axis=1) * s, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
+# M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
+# tile. The weights are read as the GEMV reads them (32-bit words, `_code`), put back in K order by joins that stay
+# in each thread, and cast to x's dtype (codes -8..7 are exact in fp16 and bf16), so x is ONE contiguous load and
+# there is one dot per tile. (The byte-wise `_int4_matmul_kernel` below it, two dots over the even and odd k with
+# strided x loads, ran at 0.35-0.48x cuBLAS bf16 at M = 4 and 16 in call AA; it stays for weights whose rows are
+# not word-aligned.) One scale per row per tile, as in the GEMV: BLOCK_K divides GROUP.
+_TILE_SHAPES = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 4, 3), (32, 64, 2, 4), (64, 128, 8, 3),
+                (16, 128, 2, 4)]  # (BLOCK_N, BLOCK_K, num_warps, STAGES)
+TILE_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
+                                 for n, k, w, st in _TILE_SHAPES],
+                                default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1}))
+
+
+def _tile_prune(configs, named_args, **kwargs):
+    """BLOCK_K must divide the group size (one scale per row per tile); 32 always does."""
+    G = kwargs.get("GROUP", named_args.get("GROUP"))
+    return [c for c in configs if G % c.kwargs["BLOCK_K"] == 0] or [
+        triton.Config({"BLOCK_N": 32, "BLOCK_K": 32, "STAGES": 3}, num_warps=4)]
+
+
+@triton.jit
+def _k_order8(c0, c1, c2, c3, c4, c5, c6, c7):
+    """Eight (BLOCK_N, J) tensors, field i of each word -> (BLOCK_N, 8 J) in K order (weight 8j + i at column
+    8j + i): three joins, each adding a trailing size-2 dimension held in one thread (no data moves)."""
+    lo = tl.join(tl.join(c0, c4), tl.join(c2, c6))  # fields 0, 2, 4, 6 of each word
+    hi = tl.join(tl.join(c1, c5), tl.join(c3, c7))  # fields 1, 3, 5, 7
+    return tl.reshape(tl.join(lo, hi), (c0.shape[0], c0.shape[1] * 8))
+
+
+@triton.autotune(configs=TILE_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _tile_prune},
+                 do_bench=tune_bench)
+@triton.jit
+def _int4_tile_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    M, N, K,
+    # strides (elements; stride_wn in 32-bit words)
+    stride_xm, stride_xk, stride_wn, stride_sn, stride_sg, stride_ym, stride_yn, magic,
+    # meta-parameters
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr, IEEE: tl.constexpr,
+):
+    J: tl.constexpr = BLOCK_K // 8
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, J)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask = rm < M
+    n_mask = rn < N
+    w_words = w_ptr.to(tl.pointer_type(tl.int32))
+    m0, m4, m8, m12, m16 = magic, _magic(magic, 4), _magic(magic, 8), _magic(magic, 12), _magic(magic, 16)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :], mask=n_mask[:, None], other=0)
+        top = w >> 12
+        wk = _k_order8(_code(w, 0, 4, 8, m0), _code(w, 4, 4, 8, m4), _code(w, 8, 4, 8, m8), _code(w, 12, 4, 8, m12),
+                       _code(w, 16, 4, 8, m16), _code(top, 8, 4, 8, m8), _code(top, 12, 4, 8, m12),
+                       _code(top, 16, 4, 8, m16))  # (BLOCK_N, BLOCK_K) fp32, the codes - 8
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :] * stride_xk, mask=m_mask[:, None],
+                    other=0.0)  # (BLOCK_M, BLOCK_K)
+        if IEEE:
+            part = tl.dot(x, tl.trans(wk), input_precision="ieee")
+        else:
+            part = tl.dot(x, tl.trans(wk.to(x.dtype)))
+        s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+        acc += part * s[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
 # -- the wrappers --------------------------------------------------------------------------------------------------
 
 _warned_large_m = False
@@ -504,7 +575,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     Returns:
         (M, N) in x's dtype, accumulated in fp32.
 
-    M = 1 with contiguous packed rows (4-byte aligned) runs the CUDA-core GEMV; anything else the tl.dot kernel.
+    Contiguous packed rows (4-byte aligned): M = 1 runs the CUDA-core GEMV, M > 1 the word-reading tensor-core
+    tile kernel; other layouts the byte-wise tl.dot kernel, which reads any strides.
 
     Raises:
         ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.
@@ -547,6 +619,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
             )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+    if _word_rows(packed, K // 2, 4):  # M = 2..16 (and beyond, a tile of 16 rows at a time): the tensor cores
+        _int4_tile_kernel[grid](
+            x, packed, scales, y,
+            M, N, K,
+            x.stride(0), x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(0),
+            y.stride(1), MAGIC,
+            GROUP=G, BLOCK_M=BLOCK_M, IEEE=x.dtype == torch.float32,
+        )
+        return y
     _int4_matmul_kernel[grid](
         x, packed, scales, y,
         M, N, K, G,

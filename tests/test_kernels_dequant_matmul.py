@@ -255,11 +255,13 @@ class _Refuse:
         raise AssertionError("this kernel should not have been launched")
 
 
-@pytest.mark.parametrize("op", ["int8", "int4"])
-def test_m1_takes_the_gemv_for_word_rows_and_the_tile_kernel_for_other_layouts(op, monkeypatch):
+@pytest.mark.parametrize("op, M", [("int8", 1), ("int4", 1), ("int4", 3)])
+def test_word_aligned_rows_take_the_word_kernels_and_other_layouts_the_byte_kernel(op, M, monkeypatch):
+    # int8 M = 1 and int4 M = 1: the GEMVs; int4 M = 3: the word-reading tile kernel; unaligned rows: the byte-wise
+    # tl.dot kernels, which read any strides
     N, K = 24, 256
     w = _w(N, K, seed=3)
-    x = torch.randn(1, K, device=DEV)
+    x = torch.randn(M, K, device=DEV)
     if op == "int8":
         wq, s = quantize_int8(w)
         matmul, ref = int8_matmul, dequant_matmul_reference(x, dequantize_int8(wq, s))
@@ -267,7 +269,7 @@ def test_m1_takes_the_gemv_for_word_rows_and_the_tile_kernel_for_other_layouts(o
     else:
         wq, s = quantize_int4(w, 64)
         matmul, ref = int4_matmul, dequant_matmul_reference(x, dequantize_int4(wq, s))
-        gemv, tile = "_int4_gemv_kernel", "_int4_matmul_kernel"
+        gemv, tile = "_int4_gemv_kernel" if M == 1 else "_int4_tile_kernel", "_int4_matmul_kernel"
     with monkeypatch.context() as m:  # contiguous rows: the GEMV, never the tile kernel
         m.setattr(dq, tile, _Refuse())
         torch.testing.assert_close(matmul(x, wq, s), ref, **TOL[torch.float32])

@@ -20,6 +20,7 @@ torch.manual_seed(0)
 dev = "cuda"
 out = {"gemv": [], "attention": []}
 want = sys.argv[2].split(",") if len(sys.argv) > 2 else ["int4", "int8", "attention"]
+SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096)]  # (N, K) of Llama-3.1-8B's layers
 COPIES = 8  # distinct weight sets per timing: >= 4x the 50 MB L2 at the int4 sizes
 
 
@@ -35,6 +36,9 @@ SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}
 _SWEEP_X = [(16, 128, 1, 1, 4), (16, 128, 1, 1, 6), (8, 128, 1, 1, 4), (32, 128, 1, 1, 4), (32, 128, 1, 2, 4),
             (32, 128, 4, 2, 4), (16, 128, 4, 1, 4), (32, 128, 2, 2, 4), (16, 64, 1, 1, 6), (16, 128, 1, 1, 1),
             (16, 256, 1, 1, 4), (32, 256, 1, 2, 3), (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (64, 128, 1, 4, 4)]
+if len(sys.argv) > 3 and sys.argv[3] == "pkg":  # call AC: the package's own configs, with the q/k/v shape too
+    SWEEP = dq.GEMV1_CONFIGS
+    SHAPES.append((6144, 4096))
 if len(sys.argv) > 3 and sys.argv[3] == "x":
     SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st, "X_DIRECT": xd}, num_warps=w)
              for n, k, sk, w, st in _SWEEP_X for xd in (False, True)]
@@ -51,7 +55,7 @@ def raw_launch(kernel, x, w, s, y, cfg, N, K, G=None):
                                    ws.stride(0), dq.MAGIC, **meta)
 
 
-for N, K in [(14336, 4096), (4096, 14336), (4096, 4096)]:
+for N, K in SHAPES:
     W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
     x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
     dense = [W.clone() for _ in range(COPIES)]
