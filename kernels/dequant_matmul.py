@@ -216,8 +216,9 @@ def _int4_matmul_kernel(
 #    in split order (so the result does not depend on timing) and writes y — one launch, no second "reduce"
 #    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
 #    https://arxiv.org/abs/2301.03598). It pays where N is small for the SMs (4096 x 14336: SPLIT_K 4).
-# Measured on the H200 (call Y, M = 1, bf16, against cuBLAS bf16): int4 1.71-1.94x (was 1.32-1.44x), int8
-# 1.66-1.73x (was 1.63-1.68x). Nsight Compute (call X, int4 at 14336 x 4096, 17.8 us): DRAM 37%, SM 51%, an
+# Measured on the H200 (calls Y, AA, AC; M = 1, bf16, against cuBLAS bf16): int4 1.71-1.95x (was 1.32-1.44x), int8
+# 1.63-1.79x (was 1.63-1.68x); at the q/k/v shape 6144 x 4096 no config of the list passes 1.55-1.66x (call AC: the
+# best 10.0 us for 25 MB — a short kernel's fill and drain). Nsight Compute (call X, int4 at 14336 x 4096, 17.8 us): DRAM 37%, SM 51%, an
 # instruction issued on 64% of cycles with 6.3 warps per SM — it now waits on the issue of ~6 instructions per
 # weight with too few warps to hide their latency. Next: dequantize two weights per instruction in packed bf16x2
 # lanes (LOP3 into the exponent of 128, one fma.rn.bf16x2), as Marlin does with fp16 — tried in call Y with
@@ -404,9 +405,11 @@ def _int8_gemv_kernel(
 # M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
 # tile. The weights are read as the GEMV reads them (32-bit words, `_code`), put back in K order by joins that stay
 # in each thread, and cast to x's dtype (codes -8..7 are exact in fp16 and bf16), so x is ONE contiguous load and
-# there is one dot per tile. (The byte-wise `_int4_matmul_kernel` below it, two dots over the even and odd k with
-# strided x loads, ran at 0.35-0.48x cuBLAS bf16 at M = 4 and 16 in call AA; it stays for weights whose rows are
-# not word-aligned.) One scale per row per tile, as in the GEMV: BLOCK_K divides GROUP.
+# there is one dot per tile. Measured (call AC, 14336 x 4096): 32.0 us at M = 4 and 31.2 us at M = 16, 0.97-1.00x
+# cuBLAS bf16, where the byte-wise `_int4_matmul_kernel` above (two dots over the even and odd k, strided x loads)
+# took 65 and 89 us (0.47x, 0.35x); that one stays for weights whose rows are not word-aligned. Still no faster than
+# bf16: Triton converts the dequantized tile to the dot's operand layout through shared memory (see the GEMV notes).
+# One scale per row per tile, as in the GEMV: BLOCK_K divides GROUP.
 _TILE_SHAPES = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 4, 3), (32, 64, 2, 4), (64, 128, 8, 3),
                 (16, 128, 2, 4)]  # (BLOCK_N, BLOCK_K, num_warps, STAGES)
 TILE_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
