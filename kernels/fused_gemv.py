@@ -24,16 +24,12 @@ explain why a 1B model at batch 1 is dominated by such small kernels.)
 
 from __future__ import annotations
 
-import contextlib
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench, zero_on_error
-from .rope_cache import _rope_cache_head
+from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -92,43 +88,18 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-def _heads_fit(block_n: int, head_dim: int) -> bool:
-    """The RoPE epilogue needs a program's rows to be part of one head or whole heads."""
-    return head_dim % block_n == 0 or block_n % head_dim == 0
-
-
-def _rope_prune(configs, named_args, **kwargs):
-    """With the RoPE epilogue: the configs whose BLOCK_N fits the heads (`_heads_fit`)."""
-    half = kwargs.get("ROPE_HALF", named_args.get("ROPE_HALF", 0))
-    if not half:
-        return configs
-    return [c for c in configs if _heads_fit(c.kwargs["BLOCK_N"], 2 * half)] or [
-        triton.Config({"BLOCK_N": 2, "BLOCK_K": 256, "STAGES": 1})]
-
-
-@triton.jit
-def _rope_one_head(y_ptr, freq_ptr, kc_ptr, vc_ptr, pos, head, H, HKV, S, stride_kh, stride_ks, stride_vh, stride_vs,
-                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """`rope_cache`'s work for one head of the projection y (batch 1): q rotated in y, k and v into the cache."""
-    kv = tl.minimum(tl.maximum(head - H, 0), HKV - 1)
-    kvv = tl.minimum(tl.maximum(head - H - HKV, 0), HKV - 1)
-    _rope_cache_head(y_ptr + head * 2 * HALF, freq_ptr, freq_ptr, pos, kc_ptr + kv * stride_kh,
-                     vc_ptr + kvv * stride_vh, head, H, HKV, S, stride_ks, stride_vs, HALF, BLOCK_HALF, True, True)
-
-
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "ROPE_HALF"], do_bench=tune_bench,
-                 prune_configs_by={"early_config_prune": _rope_prune})
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench)
 @triton.jit
 def _fused_gemv_kernel(
-    # pointers (pos .. cnt: the RoPE epilogue's, see `RopeCacheWrite`; unused without it)
-    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr, pos_ptr, freq_ptr, kc_ptr, vc_ptr, cnt_ptr,
+    # pointers
+    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr,
     # sizes
-    N, K, eps, H, HKV, S,
+    N, K, eps,
     # strides (elements)
-    stride_wn, stride_kh, stride_ks, stride_vh, stride_vs,
+    stride_wn,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ROPE_HALF: tl.constexpr = 0, BLOCK_HALF: tl.constexpr = 1,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     dt = x_ptr.dtype.element_ty
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -159,83 +130,10 @@ def _fused_gemv_kernel(
         r = tl.load(res_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
         y = y.to(dt).to(tl.float32) + r
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-    if ROPE_HALF > 0:  # RoPE + cache write, per head, once its rows are all stored (memory order: as in
-        HD: tl.constexpr = 2 * ROPE_HALF  # dequant_matmul's `_split_k_store`: barrier, then an acq_rel count)
-        tl.debug_barrier()
-        pos = tl.load(pos_ptr)
-        if BLOCK_N >= HD:  # this program's rows are whole heads: it rotates them itself
-            for j in tl.static_range(BLOCK_N // HD):
-                head = tl.program_id(0) * (BLOCK_N // HD) + j
-                if head < N // HD:
-                    _rope_one_head(y_ptr, freq_ptr, kc_ptr, vc_ptr, pos, head, H, HKV, S, stride_kh, stride_ks,
-                                   stride_vh, stride_vs, ROPE_HALF, BLOCK_HALF)
-        else:  # a head's rows are spread over HD / BLOCK_N programs: the last of them to finish rotates it
-            head = (tl.program_id(0) * BLOCK_N) // HD
-            done = tl.atomic_add(cnt_ptr + head, 1, sem="acq_rel")
-            if done == HD // BLOCK_N - 1:
-                _rope_one_head(y_ptr, freq_ptr, kc_ptr, vc_ptr, pos, head, H, HKV, S, stride_kh, stride_ks,
-                               stride_vh, stride_vs, ROPE_HALF, BLOCK_HALF)
-                tl.atomic_xchg(cnt_ptr + head, 0)  # ready for the next launch
-
-
-class RopeCacheWrite(NamedTuple):
-    """The q/k/v projection's epilogue for one decode token (`fused_gemv(..., rope_cache=...)`): RoPE on q and k
-    and the K/V cache write of `rope_cache.rope_and_cache_`, done by the GEMV's own programs — the last program to
-    finish each head's rows rotates that head (angles from the position and inv_freq) and writes k and v into the
-    cache at the position. One launch per layer fewer.
-
-    positions: (1,) int32/int64 on the device, the cache slot of the token (checked on the host by the caller);
-    inv_freq: (hd/2,) fp32; k_cache, v_cache: (Hkv, S, hd) one layer's cache of sequence 0, last dimension
-    contiguous; n_heads: H, the query heads. The weight's rows are then [q heads | k heads | v heads], hd each."""
-    positions: torch.Tensor
-    inv_freq: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    n_heads: int
-
-
-_rope_counters: dict = {}
-
-
-def _head_counters(device: torch.device, heads: int) -> torch.Tensor:
-    """(heads,) int32 zeros: one "programs done" counter per head for the RoPE epilogue, zeroed by each launch's
-    last program of the head. Kept for the process's life per (device, heads): a captured CUDA graph keeps their
-    address. Launches on one stream are ordered; two streams running this epilogue for one size at once are not."""
-    key = (device, heads)
-    if key not in _rope_counters:
-        _rope_counters[key] = torch.zeros(heads, dtype=torch.int32, device=device)
-    return _rope_counters[key]
-
-
-def _check_rope(rc: RopeCacheWrite, x: torch.Tensor, N: int) -> int:
-    """Check a RopeCacheWrite against the GEMV's output size N; returns head_dim."""
-    if rc.k_cache.dim() != 3 or rc.k_cache.shape != rc.v_cache.shape:
-        raise ValueError(f"fused_gemv: rope_cache's k_cache and v_cache must be (Hkv, S, hd) alike, got "
-                         f"{tuple(rc.k_cache.shape)} and {tuple(rc.v_cache.shape)}")
-    hkv, _, hd = rc.k_cache.shape
-    if hd % 2 or N != (rc.n_heads + 2 * hkv) * hd:
-        raise ValueError(f"fused_gemv: {N} outputs are not {rc.n_heads} q heads + 2 x {hkv} k/v heads of "
-                         f"head_dim {hd} (even), as the cache {tuple(rc.k_cache.shape)} and n_heads say")
-    if rc.positions.shape != (1,) or rc.positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"fused_gemv: rope_cache.positions must be a (1,) int32/int64 tensor, got "
-                         f"{tuple(rc.positions.shape)} {rc.positions.dtype}")
-    if rc.inv_freq.shape != (hd // 2,) or rc.inv_freq.dtype != torch.float32:
-        raise ValueError(f"fused_gemv: rope_cache.inv_freq must be ({hd // 2},) fp32, got "
-                         f"{tuple(rc.inv_freq.shape)} {rc.inv_freq.dtype}")
-    for name, t in (("positions", rc.positions), ("inv_freq", rc.inv_freq), ("k_cache", rc.k_cache),
-                    ("v_cache", rc.v_cache)):
-        if t.device != x.device:
-            raise ValueError(f"fused_gemv: rope_cache.{name} is on {t.device}, x on {x.device}")
-    for name, t in (("k_cache", rc.k_cache), ("v_cache", rc.v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"fused_gemv: rope_cache.{name}'s last dimension must be contiguous, strides "
-                             f"{t.stride()}")
-    return hd
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
-               swiglu: bool = False, residual: torch.Tensor | None = None,
-               rope_cache: RopeCacheWrite | None = None) -> torch.Tensor:
+               swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """y = [residual +] weight @ prologue(x) for ONE token, in one launch.
 
     Args:
@@ -245,12 +143,9 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         norm_weight: (K,) RMSNorm weight: x is normalized first (`llmlab.model.RMSNorm`, eps `eps`).
         swiglu: x is [gate | up]: silu(gate) * up is the GEMV's input. Not together with norm_weight.
         residual: (..., N) one row, same dtype: added to the output.
-        rope_cache: the q/k/v projection's epilogue (`RopeCacheWrite`): q rotated in the output, k rotated and v
-            written into the cache at the position. Not together with residual.
 
     Returns:
-        (..., N): x's leading dimensions with the last one N, in x's dtype (with rope_cache: q rotated; the k and v
-        parts as projected, before RoPE).
+        (..., N): x's leading dimensions with the last one N, in x's dtype.
 
     Raises:
         ValueError: more than one row, shapes that do not fit, both prologues, a non-contiguous x or weight rows.
@@ -287,43 +182,14 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     if residual is not None and not residual.is_contiguous():
         raise ValueError(f"fused_gemv: residual is not contiguous (strides {residual.stride()}); pass "
                          f"residual.contiguous()")
-    rc = rope_cache
-    if rc is not None:
-        if residual is not None:
-            raise ValueError("fused_gemv: rope_cache (the q/k/v projection's epilogue) and residual do not go "
-                             "together")
-        hd = _check_rope(rc, x, N)
-        if rc.k_cache.dtype != x.dtype or rc.v_cache.dtype != x.dtype:
-            raise TypeError(f"fused_gemv: the cache must have x's dtype {x.dtype}, got {rc.k_cache.dtype}")
-        configs = _fused_gemv_kernel.configs
-        if len(configs) == 1 and not _heads_fit(configs[0].kwargs["BLOCK_N"], hd):
-            # one config (the interpreter, or autotuning off) that does not fit the heads: two launches instead
-            from .rope_cache import rope_and_cache_
-            y = fused_gemv(x, weight, norm_weight, eps, swiglu)
-            rope_and_cache_(y.view(1, -1, hd), None, None, rc.positions, rc.k_cache[None], rc.v_cache[None],
-                            n_heads=rc.n_heads, inv_freq=rc.inv_freq)
-            return y
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    if rc is None:
-        rope_args = (x, x, x, x, x, 0, 1, 1, 0, 0, 0, 0)  # never read
-        rope_meta = {}
-        counters = None
-    else:
-        counters = _head_counters(x.device, N // hd)
-        rope_args = (rc.positions, rc.inv_freq, rc.k_cache, rc.v_cache, counters,
-                     rc.n_heads, rc.k_cache.shape[0], rc.k_cache.shape[1],
-                     rc.k_cache.stride(0), rc.k_cache.stride(1), rc.v_cache.stride(0), rc.v_cache.stride(1))
-        rope_meta = dict(ROPE_HALF=hd // 2, BLOCK_HALF=triton.next_power_of_2(hd // 2))
-    pos, freq, kc, vc, cnt, H, Hkv, S, skh, sks, svh, svs = rope_args
-    with zero_on_error(counters) if counters is not None else contextlib.nullcontext():
-        _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-            x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
-            pos, freq, kc, vc, cnt,
-            N, K, float(eps), H, Hkv, S,
-            weight.stride(0), skh, sks, svh, svs,
-            PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device), **rope_meta,
-        )
+    _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
+        N, K, float(eps),
+        weight.stride(0),
+        PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
+    )
     return y
 
 

@@ -18,8 +18,7 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
   method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
-  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), and so do RoPE and the
-  K/V cache write (in the q/k/v GEMV): six launches per layer.
+  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer.
 
 What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -70,8 +69,7 @@ def _kernels():
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
-                                 fused_gemv=disable(fused_gemv.fused_gemv),
-                                 RopeCacheWrite=fused_gemv.RopeCacheWrite)
+                                 fused_gemv=disable(fused_gemv.fused_gemv))
 
 
 def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -258,22 +256,18 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
-    Per layer, six launches instead of ten: RMSNorm + q/k/v GEMV + RoPE (angles computed in the kernel) + K/V
-    cache write (`fused_gemv.RopeCacheWrite`); attention (split and merge); o GEMV + residual add; RMSNorm +
-    gate/up GEMV; SwiGLU + down GEMV + residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
+    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
+    residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
-        k_all, v_all = kv_cache.k[attn.layer_idx][:1], kv_cache.v[attn.layer_idx][:1]  # (1, Hkv, S, hd) views
-        lens = _decode_lens(kv_cache, positions, 1)  # first: it checks the position before anything is written
-        rope = K.RopeCacheWrite(_row_positions(positions, 1), inv_freq, k_all[0], v_all[0], attn.n_heads)
-        # RMSNorm + q/k/v GEMV + RoPE + the K/V cache write, one launch; q comes out rotated
-        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps, rope_cache=rope)  # (1, 1, (H + 2 Hkv) hd)
-        q = qkv.view(1, -1, attn.head_dim)[:, :attn.n_heads]
-        y = K.decode_attention(q, k_all, v_all, seq_lens=lens, check_lens=False)  # (1, H, hd)
+        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+                                     inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
         gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]

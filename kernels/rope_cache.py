@@ -44,52 +44,6 @@ def rope_and_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 @triton.jit
-def _rope_cache_head(x_row, cos_row, sin_row, pos, kc_row, vc_row, h, H, HKV, S, stride_ks, stride_vs,
-                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_FREQ: tl.constexpr, CG: tl.constexpr):
-    """One (row, head) of a token's q/k/v projection x_row (hd numbers): q head h < H rotated in place; k head
-    rotated and written at slot `pos` of kc_row (this row's cache of KV head h - H); v head written to vc_row.
-    cos_row / sin_row: this row's angles, or with FROM_FREQ the inverse frequencies (both pointers). CG: read x
-    with .cg loads (from L2: other programs of the same launch wrote it, `fused_gemv`'s RoPE epilogue)."""
-    i = tl.arange(0, BLOCK_HALF)
-    mask = i < HALF
-    if CG:
-        x1 = tl.load(x_row + i, mask=mask, other=0.0, cache_modifier=".cg")
-        x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        x1 = tl.load(x_row + i, mask=mask, other=0.0)
-        x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0)
-    slot = pos + 0 * i  # the position on every lane: a slot outside the cache is never written (nor q rotated;
-    mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
-    if h < H + HKV:  # q or k: rotate
-        if FROM_FREQ:  # cos_row holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
-            ang = pos.to(tl.float32) * tl.load(cos_row + i, mask=mask, other=0.0)
-            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
-            # and at position 100K the angle is ~1e5 rad
-            a64 = ang.to(tl.float64)
-            two_pi = tl.full((), 6.283185307179586, tl.float64)
-            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
-            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
-            s = tl.sin(red).to(x1.dtype).to(tl.float32)
-        else:
-            c = tl.load(cos_row + i, mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(sin_row + i, mask=mask, other=0.0).to(tl.float32)
-        x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-        y1 = x1f * c - x2f * s
-        y2 = x2f * c + x1f * s
-        if h < H:  # q: in place
-            tl.store(x_row + i, y1.to(x1.dtype), mask=mask)
-            tl.store(x_row + HALF + i, y2.to(x1.dtype), mask=mask)
-        else:  # k: into the cache at this row's position
-            dst = kc_row + pos * stride_ks
-            tl.store(dst + i, y1.to(kc_row.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF + i, y2.to(kc_row.dtype.element_ty), mask=mask)
-    else:  # v: copied into the cache
-        dst = vc_row + pos * stride_vs
-        tl.store(dst + i, x1.to(vc_row.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF + i, x2.to(vc_row.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _rope_cache_kernel(
     # pointers
     x_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr,
@@ -107,12 +61,41 @@ def _rope_cache_kernel(
     pid = tl.program_id(0)
     b = pid // HEADS
     h = pid % HEADS
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    x_row = x_ptr + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + i, mask=mask, other=0.0)
+    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0)
     pos = tl.load(pos_ptr + b * stride_pb)
-    kv = tl.minimum(tl.maximum(h - H, 0), HKV - 1)  # this head's KV head (only used by the k and v heads)
-    kvv = tl.minimum(tl.maximum(h - H - HKV, 0), HKV - 1)
-    _rope_cache_head(x_ptr + b * stride_xb + h * stride_xh, cos_ptr + b * stride_cb, sin_ptr + b * stride_cb, pos,
-                     kc_ptr + b * stride_kb + kv * stride_kh, vc_ptr + b * stride_vb + kvv * stride_vh,
-                     h, H, HKV, S, stride_ks, stride_vs, HALF, BLOCK_HALF, FROM_FREQ, False)
+    slot = pos + 0 * i  # the position on every lane: a slot outside the cache is never written (nor q rotated;
+    mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
+    if h < H + HKV:  # q or k: rotate
+        if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
+            ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
+            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
+            # and at position 100K the angle is ~1e5 rad
+            a64 = ang.to(tl.float64)
+            two_pi = tl.full((), 6.283185307179586, tl.float64)
+            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
+            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
+            s = tl.sin(red).to(x1.dtype).to(tl.float32)
+        else:
+            c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
+        x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+        y1 = x1f * c - x2f * s
+        y2 = x2f * c + x1f * s
+        if h < H:  # q: in place
+            tl.store(x_row + i, y1.to(x1.dtype), mask=mask)
+            tl.store(x_row + HALF + i, y2.to(x1.dtype), mask=mask)
+        else:  # k: into the cache at this row's position
+            dst = kc_ptr + b * stride_kb + (h - H) * stride_kh + pos * stride_ks
+            tl.store(dst + i, y1.to(kc_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + i, y2.to(kc_ptr.dtype.element_ty), mask=mask)
+    else:  # v: copied into the cache
+        dst = vc_ptr + b * stride_vb + (h - H - HKV) * stride_vh + pos * stride_vs
+        tl.store(dst + i, x1.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, positions: torch.Tensor,
