@@ -218,9 +218,10 @@ def _int4_matmul_kernel(
 #    https://arxiv.org/abs/2301.03598). It pays where N is small for the SMs (4096 x 14336: SPLIT_K 4).
 # Measured on the H200 (calls Y, AA, AC; M = 1, bf16, against cuBLAS bf16): int4 1.71-1.95x (was 1.32-1.44x), int8
 # 1.63-1.79x (was 1.63-1.68x); at the q/k/v shape 6144 x 4096 no config of the list passes 1.55-1.66x (call AC: the
-# best 10.0 us for 25 MB — a short kernel's fill and drain). Nsight Compute (call X, int4 at 14336 x 4096, 17.8 us): DRAM 37%, SM 51%, an
-# instruction issued on 64% of cycles with 6.3 warps per SM — it now waits on the issue of ~6 instructions per
-# weight with too few warps to hide their latency. Next: dequantize two weights per instruction in packed bf16x2
+# best 10.0 us for 25 MB — a short kernel's fill and drain). Nsight Compute (call X, int4 at 14336 x 4096,
+# 17.8 us): DRAM 37%, SM 51%, an instruction issued on 64% of cycles with 6.3 warps per SM — it now waits on the
+# issue of ~5.5 instructions per weight (the loop's count under the device's Triton 3.6: 5.0) with too few warps
+# to hide their latency. Next: dequantize two weights per instruction in packed bf16x2
 # lanes (LOP3 into the exponent of 128, one fma.rn.bf16x2), as Marlin does with fp16 — tried in call Y with
 # tensor cores through tl.dot (`tools/exp_int4_tc.py`): 25-30 us, slower; Triton's conversion of the dequantized
 # tile into the dot's operand layout costs more than it saves. The way on is Marlin's: weights stored pre-permuted
@@ -284,8 +285,8 @@ def _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, 
 def _code(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, magic):
     """(the BITS-bit field at bits SHIFT.. of int32 words w) - OFFSET as exact fp32, with no int -> float
     conversion instruction: one LOP3 masks the field in place and ORs in `magic`, the bits of 2^(23 - SHIFT) —
-    whose mantissa's last place is worth 2^-SHIFT, so the float is 2^(23 - SHIFT) + field; one FADD removes
-    2^(23 - SHIFT) + OFFSET. Needs SHIFT + BITS <= 23. `magic` comes from a kernel argument (`_magic`), not a
+    whose mantissa's last place is worth 2^-SHIFT, so the field's lowest bit (bit SHIFT) is worth 1 and the float
+    is 2^(23 - SHIFT) + the field's value; one FADD removes 2^(23 - SHIFT) + OFFSET. Needs SHIFT + BITS <= 23. `magic` comes from a kernel argument (`_magic`), not a
     constant: as a constant, the compiler re-creates the mask in a register for every LOP3 (a MOV per weight)."""
     field = w & (((1 << BITS) - 1) << SHIFT)
     return (field | magic).to(tl.float32, bitcast=True) - ((1 << (23 - SHIFT)) + OFFSET)

@@ -15,7 +15,8 @@ from llmlab.kernels import dequant_matmul as dq
 from llmlab.kernels.bench_kernels import _graph_ms
 from llmlab.kernels.dequant_matmul import _split_k_range, _split_k_store
 
-# pack=2: two words (w_a in $8, w_b in $9) -> eight bf16x2 registers $0..$7: output i = (code i of w_a, code i of w_b) - 8
+# pack=2: two words (w_a in $8, w_b in $9) -> eight bf16x2 registers $0..$7:
+# output i = (code i of w_a, code i of w_b) - 8
 _ASM = tl.constexpr("""
 {
 .reg .b32 lo, hi, t;

@@ -1,4 +1,5 @@
-"""Device experiment (calls P, Q): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages) timed by CUDA-graph
+"""Device experiment (calls P, Q, W, X, AC): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages)
+timed by CUDA-graph
 replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention with the split kernel's
 own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes JSON to argv[1]; argv[2]
 (optional): a comma list of int4, int8, attention (default all).
