@@ -1,8 +1,8 @@
 """Device experiment (calls P, Q, W, X, AC): every config of the M = 1 int4/int8 GEMVs (split-K x tile x stages)
-timed by CUDA-graph
-replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention with the split kernel's
-own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes JSON to argv[1]; argv[2]
-(optional): a comma list of int4, int8, attention (default all).
+timed by CUDA-graph replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention
+with the split kernel's own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes
+JSON to argv[1]; argv[2] (optional): a comma list of int4, int8, attention, attention_sweep (default the first
+three); argv[3] (optional): "x" for call X's candidate list, "pkg" for the package's own configs (+ 6144 x 4096).
 
 Call P ran it at fc6f159 (the attention A/B there: FUSE_MERGE forced for every config; since then the fused merge
 is a tuned config option and FUSE_MERGE only covers untuned launches)."""
