@@ -286,8 +286,9 @@ def _code(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, magi
     """(the BITS-bit field at bits SHIFT.. of int32 words w) - OFFSET as exact fp32, with no int -> float
     conversion instruction: one LOP3 masks the field in place and ORs in `magic`, the bits of 2^(23 - SHIFT) —
     whose mantissa's last place is worth 2^-SHIFT, so the field's lowest bit (bit SHIFT) is worth 1 and the float
-    is 2^(23 - SHIFT) + the field's value; one FADD removes 2^(23 - SHIFT) + OFFSET. Needs SHIFT + BITS <= 23. `magic` comes from a kernel argument (`_magic`), not a
-    constant: as a constant, the compiler re-creates the mask in a register for every LOP3 (a MOV per weight)."""
+    is 2^(23 - SHIFT) + the field's value; one FADD removes 2^(23 - SHIFT) + OFFSET. Needs SHIFT + BITS <= 23.
+    `magic` comes from a kernel argument (`_magic`), not a constant: as a constant, the compiler re-creates the
+    mask in a register for every LOP3 (a MOV per weight)."""
     field = w & (((1 << BITS) - 1) << SHIFT)
     return (field | magic).to(tl.float32, bitcast=True) - ((1 << (23 - SHIFT)) + OFFSET)
 
@@ -296,6 +297,16 @@ def _code(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, magi
 def _magic(two23, SHIFT: tl.constexpr):
     """The bits of 2^(23 - SHIFT) from those of 2^23 (`two23` = MAGIC, passed as an argument): lower the exponent."""
     return two23 - (SHIFT << 23)
+
+
+@triton.jit
+def _int4_codes(w, m0, m4, m8, m12, m16):
+    """int32 words w (8 int4 codes each, code i at bits 4i) -> eight fp32 tensors shaped like w: code i - 8.
+    m0..m16: `_magic(magic, SHIFT)` for SHIFT 0, 4, 8, 12, 16, made once before the K loop. Codes 5, 6, 7
+    (bits 20..31) are shifted down to bits 8..19 first, to sit inside the fp32 mantissa."""
+    top = w >> 12
+    return (_code(w, 0, 4, 8, m0), _code(w, 4, 4, 8, m4), _code(w, 8, 4, 8, m8), _code(w, 12, 4, 8, m12),
+            _code(w, 16, 4, 8, m16), _code(top, 8, 4, 8, m8), _code(top, 12, 4, 8, m12), _code(top, 16, 4, 8, m16))
 
 
 @triton.jit
@@ -346,17 +357,17 @@ def _int4_gemv_kernel(
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :],
                     mask=n_mask[:, None], other=0)  # (BLOCK_N, J): word j holds weights 8j..8j+7, code i at bit 4i
-        top = w >> 12  # codes 5, 6, 7 (bits 20..31) down to bits 8..19, inside the fp32 mantissa
+        c0, c1, c2, c3, c4, c5, c6, c7 = _int4_codes(w, m0, m4, m8, m12, m16)
         x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
-        part = _code(w, 0, 4, 8, m0) * x0[None, :]  # (BLOCK_N, J): an FMA chain per (row, word), in one thread
-        part += _code(w, 4, 4, 8, m4) * x1[None, :]
-        part += _code(w, 8, 4, 8, m8) * x2[None, :]
-        part += _code(w, 12, 4, 8, m12) * x3[None, :]
-        part += _code(w, 16, 4, 8, m16) * x4[None, :]
-        part += _code(top, 8, 4, 8, m8) * x5[None, :]
-        part += _code(top, 12, 4, 8, m12) * x6[None, :]
-        part += _code(top, 16, 4, 8, m16) * x7[None, :]
+        part = c0 * x0[None, :]  # (BLOCK_N, J): an FMA chain per (row, word), in one thread
+        part += c1 * x1[None, :]
+        part += c2 * x2[None, :]
+        part += c3 * x3[None, :]
+        part += c4 * x4[None, :]
+        part += c5 * x5[None, :]
+        part += c6 * x6[None, :]
+        part += c7 * x7[None, :]
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * s[:, None]  # the tile lies in one group: one scale per row
     _split_k_store(tl.sum(acc, axis=1), y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
@@ -460,10 +471,7 @@ def _int4_tile_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :], mask=n_mask[:, None], other=0)
-        top = w >> 12
-        wk = _k_order8(_code(w, 0, 4, 8, m0), _code(w, 4, 4, 8, m4), _code(w, 8, 4, 8, m8), _code(w, 12, 4, 8, m12),
-                       _code(w, 16, 4, 8, m16), _code(top, 8, 4, 8, m8), _code(top, 12, 4, 8, m12),
-                       _code(top, 16, 4, 8, m16))  # (BLOCK_N, BLOCK_K) fp32, the codes - 8
+        wk = _k_order8(*_int4_codes(w, m0, m4, m8, m12, m16))  # (BLOCK_N, BLOCK_K) fp32, the codes - 8
         x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :] * stride_xk, mask=m_mask[:, None],
                     other=0.0)  # (BLOCK_M, BLOCK_K)
         if IEEE:
@@ -611,7 +619,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if G % 32:
         raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
-    if M == 1 and _word_rows(packed, K // 2, 4):  # batch-1 decode: the CUDA-core GEMV
+    words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
+    if M == 1 and words:  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = _scratch(x.device, N)
         with zero_on_error(cnt):
             _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
@@ -623,7 +632,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
             )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-    if _word_rows(packed, K // 2, 4):  # M = 2..16 (and beyond, a tile of 16 rows at a time): the tensor cores
+    if words:  # M = 2..16 (and beyond, a tile of 16 rows at a time): the tensor cores
         _int4_tile_kernel[grid](
             x, packed, scales, y,
             M, N, K,
