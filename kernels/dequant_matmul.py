@@ -236,7 +236,7 @@ GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SP
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
                                  # the interpreter's one config splits K, so the CPU tests run the split path
                                  default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "STAGES": 1}))
-MAGIC = 0x4B000000  # the bits of 2^23 in fp32; the GEMVs take it as an argument (see `_code`)
+MAGIC = 0x4B000000  # the bits of 2^23 in fp32; the int4 tile kernel takes it as an argument (see `_code`)
 
 def _gemv1_prune(configs, named_args, **kwargs):
     """int4: keep tiles that lie inside one group (BLOCK_K divides the group size; 32 always does).
@@ -293,6 +293,26 @@ def _code(w, SHIFT: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, magi
     return (field | magic).to(tl.float32, bitcast=True) - ((1 << (23 - SHIFT)) + OFFSET)
 
 
+X_EXP = tl.constexpr(64)  # the GEMVs' sums are kept times 2^-X_EXP (see `_field`)
+
+
+@triton.jit
+def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """The BITS-bit field at bits SHIFT.. of int32 words w, read in place as an fp32 SUBNORMAL: one LOP3 (a mask),
+    no conversion instruction. With the exponent bits zero the float is exactly field * 2^(SHIFT - 149), so a
+    product with `_lift(x, SHIFT)` = x * 2^(149 - SHIFT - X_EXP) is field * x * 2^-X_EXP, exact up to the FMA's
+    rounding. Needs SHIFT + BITS <= 23 (the field inside the mantissa) and FMAs that keep subnormal inputs (the
+    default: Triton emits fma.rn.f32, not .ftz). The range this leaves x: |x| < 2^(X_EXP - 21) = 2^43 before the
+    lifted x overflows, and products stay normal (full precision) for |field * x| > 2^(X_EXP - 126)."""
+    return (w & (((1 << BITS) - 1) << SHIFT)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lift(x, SHIFT: tl.constexpr):
+    """x (fp32) * 2^(149 - SHIFT - X_EXP), the partner of `_field(w, SHIFT, ...)` (a power of two: exact)."""
+    return x * (2.0 ** (149 - SHIFT - X_EXP))
+
+
 @triton.jit
 def _magic(two23, SHIFT: tl.constexpr):
     """The bits of 2^(23 - SHIFT) from those of 2^23 (`two23` = MAGIC, passed as an argument): lower the exponent."""
@@ -340,7 +360,7 @@ def _int4_gemv_kernel(
     # sizes
     N, K,
     # strides (elements; stride_wn in 32-bit words: the packed rows are read 4 bytes = 8 weights at a time)
-    stride_xk, stride_wn, stride_sn, stride_sg, stride_yn, stride_ws, magic,
+    stride_xk, stride_wn, stride_sn, stride_sg, stride_yn, stride_ws,
     # meta-parameters
     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
@@ -352,25 +372,26 @@ def _int4_gemv_kernel(
     n_mask = rn < N
     w_words = w_ptr.to(tl.pointer_type(tl.int32))
     k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
-    m0, m4, m8, m12, m16 = magic, _magic(magic, 4), _magic(magic, 8), _magic(magic, 12), _magic(magic, 16)
     acc = tl.zeros([BLOCK_N, J], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         w = tl.load(w_words + rn[:, None] * stride_wn + (k0 // 8 + rj)[None, :],
                     mask=n_mask[:, None], other=0)  # (BLOCK_N, J): word j holds weights 8j..8j+7, code i at bit 4i
-        c0, c1, c2, c3, c4, c5, c6, c7 = _int4_codes(w, m0, m4, m8, m12, m16)
+        top = w >> 12  # codes 5, 6, 7 (bits 20..31) down to bits 8..19, inside the fp32 mantissa
         x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
-        part = c0 * x0[None, :]  # (BLOCK_N, J): an FMA chain per (row, word), in one thread
-        part += c1 * x1[None, :]
-        part += c2 * x2[None, :]
-        part += c3 * x3[None, :]
-        part += c4 * x4[None, :]
-        part += c5 * x5[None, :]
-        part += c6 * x6[None, :]
-        part += c7 * x7[None, :]
+        sx = (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * (8.0 * 2.0 ** -X_EXP)  # (J,): the codes' offset of 8
+        # (BLOCK_N, J): sum_i (code_i - 8) x_i * 2^-X_EXP as one FMA chain per (row, word), in one thread
+        part = _field(w, 0, 4) * _lift(x0, 0)[None, :] - sx[None, :]
+        part += _field(w, 4, 4) * _lift(x1, 4)[None, :]
+        part += _field(w, 8, 4) * _lift(x2, 8)[None, :]
+        part += _field(w, 12, 4) * _lift(x3, 12)[None, :]
+        part += _field(w, 16, 4) * _lift(x4, 16)[None, :]
+        part += _field(top, 8, 4) * _lift(x5, 8)[None, :]
+        part += _field(top, 12, 4) * _lift(x6, 12)[None, :]
+        part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * s[:, None]  # the tile lies in one group: one scale per row
-    _split_k_store(tl.sum(acc, axis=1), y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
+    _split_k_store(tl.sum(acc, axis=1) * 2.0 ** X_EXP, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _gemv1_prune},
@@ -382,7 +403,7 @@ def _int8_gemv_kernel(
     # sizes
     N, K,
     # strides (elements; stride_wn in 32-bit words: the rows are read 4 weights at a time)
-    stride_xk, stride_wn, stride_yn, stride_ws, magic,
+    stride_xk, stride_wn, stride_yn, stride_ws,
     # meta-parameters
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -395,22 +416,23 @@ def _int8_gemv_kernel(
     n_mask = rn < N
     w_words = w_ptr.to(tl.pointer_type(tl.int32))
     k_start, k_end = _split_k_range(K, BLOCK_K, SPLIT_K)
-    m0, m8 = magic, _magic(magic, 8)
     acc = tl.zeros([BLOCK_N, J], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         jw = k0 // 4 + rj
         w = tl.load(w_words + rn[:, None] * stride_wn + jw[None, :],
                     mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J): byte i = weight 4j + i
-        u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: flips each byte's sign bit
+        u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: each byte w becomes w + 128 in 0..255
         top = u >> 16
         kk = k0 + 4 * rj[:, None] + ri[None, :]
         x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
         x0, x1, x2, x3 = _split4(x)
-        acc += _code(u, 0, 8, 128, m0) * x0[None, :]
-        acc += _code(u, 8, 8, 128, m8) * x1[None, :]
-        acc += _code(top, 0, 8, 128, m0) * x2[None, :]
-        acc += _code(top, 8, 8, 128, m8) * x3[None, :]
-    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        sx = (x0 + x1 + x2 + x3) * (128.0 * 2.0 ** -X_EXP)  # (J,): the bytes' offset of 128
+        part = _field(u, 0, 8) * _lift(x0, 0)[None, :] - sx[None, :]
+        part += _field(u, 8, 8) * _lift(x1, 8)[None, :]
+        part += _field(top, 0, 8) * _lift(x2, 0)[None, :]
+        part += _field(top, 8, 8) * _lift(x3, 8)[None, :]
+        acc += part
+    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32) * 2.0 ** X_EXP
     _split_k_store(tl.sum(acc, axis=1) * s, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
@@ -563,7 +585,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
             _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
                 x, w_q, scales, y, ws, cnt,
                 N, K,
-                x.stride(1), w_q.stride(0) // 4, y.stride(1), ws.stride(0), MAGIC,
+                x.stride(1), w_q.stride(0) // 4, y.stride(1), ws.stride(0),
             )
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
@@ -627,7 +649,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
                 x, packed, scales, y, ws, cnt,
                 N, K,
                 x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
-                MAGIC,
                 GROUP=G,
             )
         return y

@@ -180,9 +180,9 @@ def _gemv_raw(kernel, N, K, x, w, s, **meta):
     grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
     if kernel is dq._int4_gemv_kernel:  # the rows are read as 32-bit words: strides in words
         kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, s.stride(0), s.stride(1),
-                        y.stride(1), ws.stride(0), dq.MAGIC, GROUP=K // s.shape[1], **meta)
+                        y.stride(1), ws.stride(0), GROUP=K // s.shape[1], **meta)
     else:
-        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1), ws.stride(0), dq.MAGIC,
+        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1), ws.stride(0),
                         **meta)
     assert int(cnt.abs().sum()) == 0, "the last split of each row block must zero its counter"
     return y

@@ -2,7 +2,8 @@
 timed by CUDA-graph replay at Llama-3.1-8B's shapes, each checked against x @ dequant(W)^T; and decode attention
 with the split kernel's own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes
 JSON to argv[1]; argv[2] (optional): a comma list of int4, int8, attention, attention_sweep (default the first
-three); argv[3] (optional): "x" for call X's candidate list, "pkg" for the package's own configs (+ 6144 x 4096).
+three); argv[3] (optional): "x" for call X's candidate list, "pkg" for the package's own configs (+ 6144 x 4096),
+"ae" for the package's configs and call AE's candidates (+ 6144 x 4096).
 
 Call P ran it at fc6f159 (the attention A/B there: FUSE_MERGE forced for every config; since then the fused merge
 is a tuned config option and FUSE_MERGE only covers untuned launches)."""
@@ -40,6 +41,15 @@ _SWEEP_X = [(16, 128, 1, 1, 4), (16, 128, 1, 1, 6), (8, 128, 1, 1, 4), (32, 128,
 if len(sys.argv) > 3 and sys.argv[3] == "pkg":  # call AC: the package's own configs, with the q/k/v shape too
     SWEEP = dq.GEMV1_CONFIGS
     SHAPES.append((6144, 4096))
+# call AE (session 6): the GEMVs read fields as subnormal floats (`_field`, no FADD per weight), which makes the x side
+# (convert, lift, offset sum) a larger share of a thread's work: more rows per thread (BLOCK_N) amortize it
+_SWEEP_AE = [(64, 128, 1, 1, 4), (64, 128, 2, 1, 4), (64, 64, 1, 1, 6), (32, 128, 2, 1, 4), (32, 128, 1, 1, 6),
+             (64, 128, 1, 2, 4), (128, 128, 1, 2, 4), (128, 128, 2, 2, 4), (64, 128, 4, 2, 4), (32, 256, 1, 1, 4),
+             (64, 256, 1, 1, 3), (32, 256, 2, 1, 4), (16, 256, 2, 1, 4), (64, 256, 1, 2, 3)]
+if len(sys.argv) > 3 and sys.argv[3] == "ae":
+    SWEEP = dq.GEMV1_CONFIGS + [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
+                                for n, k, sk, w, st in _SWEEP_AE]
+    SHAPES.append((6144, 4096))
 if len(sys.argv) > 3 and sys.argv[3] == "x":
     SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st, "X_DIRECT": xd}, num_warps=w)
              for n, k, sk, w, st in _SWEEP_X for xd in (False, True)]
@@ -51,9 +61,9 @@ def raw_launch(kernel, x, w, s, y, cfg, N, K, G=None):
     grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
     if G is not None:
         return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4,
-                                       s.stride(0), s.stride(1), y.stride(1), ws.stride(0), dq.MAGIC, GROUP=G, **meta)
+                                       s.stride(0), s.stride(1), y.stride(1), ws.stride(0), GROUP=G, **meta)
     return lambda: kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1),
-                                   ws.stride(0), dq.MAGIC, **meta)
+                                   ws.stride(0), **meta)
 
 
 for N, K in SHAPES:
