@@ -197,14 +197,17 @@ def _int4_matmul_kernel(
 # owns BLOCK_N rows of W and reads them along K, 32 bits at a time (8 int4 or 4 int8 weights per word): a classic
 # GEMV on the CUDA cores. At batch 1 the memory system delivers a weight faster than the SM can issue the few
 # instructions it needs, so every instruction per weight counts:
-#  * a field becomes a float without an int -> float conversion instruction (those run at a quarter of the FMA
-#    rate): `_code` — one LOP3 (mask the field in place, OR in an exponent) and one FADD per weight;
+#  * a field becomes a float with ONE instruction and no int -> float conversion (those run at a quarter of the
+#    FMA rate): `_field` masks it in place and reads the word as an fp32 SUBNORMAL, exactly field * 2^(SHIFT - 149);
+#    x is multiplied once per K tile by the matching power of two (`_lift`), so the FMA that multiplies the field
+#    by x yields field * x * 2^-64 — no FADD per weight to remove an offset, as the earlier `_code` needed (the
+#    int4 codes' offset of 8 and the int8 bytes' 128 come off as 8 (128) times each word's x sum, one FMA per word);
 #  * x is loaded once per K tile as a (J, 8) tile and split into the x of each field position, so each word's
 #    eight products are one FMA chain in one thread — no cross-thread reduction inside the loop;
 #  * the group scale multiplies a word tile's sum, not every weight: a K tile lies in one group (BLOCK_K divides
 #    GROUP), one scale per row for the tile.
 # Counted offline (`triton.compile` for sm_90, cuobjdump -sass; the loop body over the weights one thread handles):
-# 9.6 instructions per int4 weight for the previous byte-wise kernel, 3.9-4.4 for this one.
+# 9.6 instructions per int4 weight for the first byte-wise kernel, 4.2 with `_code`, 3.1-3.7 with `_field`.
 # Two more habits, both autotuned, for the bytes in flight (a row of the 8B model's up projection is only 2 KB of
 # int4, so a program that walks K alone makes a handful of dependent trips to memory):
 #  * the loop is software-pipelined (`tl.range(num_stages=STAGES)`: later tiles' loads are issued before this
@@ -216,16 +219,16 @@ def _int4_matmul_kernel(
 #    in split order (so the result does not depend on timing) and writes y — one launch, no second "reduce"
 #    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
 #    https://arxiv.org/abs/2301.03598). It pays where N is small for the SMs (4096 x 14336: SPLIT_K 4).
-# Measured on the H200 (calls Y, AA, AC; M = 1, bf16, against cuBLAS bf16): int4 1.71-1.95x (was 1.32-1.44x), int8
-# 1.63-1.79x (was 1.63-1.68x); at the q/k/v shape 6144 x 4096 no config of the list passes 1.55-1.66x (call AC: the
-# best 10.0 us for 25 MB — a short kernel's fill and drain). Nsight Compute (call X, int4 at 14336 x 4096,
-# 17.8 us): DRAM 37%, SM 51%, an instruction issued on 64% of cycles with 6.3 warps per SM — it now waits on the
-# issue of ~5.5 instructions per weight (the loop's count under the device's Triton 3.6: 5.0) with too few warps
-# to hide their latency. Next: dequantize two weights per instruction in packed bf16x2
-# lanes (LOP3 into the exponent of 128, one fma.rn.bf16x2), as Marlin does with fp16 — tried in call Y with
-# tensor cores through tl.dot (`tools/exp_int4_tc.py`): 25-30 us, slower; Triton's conversion of the dequantized
-# tile into the dot's operand layout costs more than it saves. The way on is Marlin's: weights stored pre-permuted
-# into the mma fragment order, so no conversion is needed.
+# Measured on the H200 (M = 1, bf16, against cuBLAS bf16, CUDA-graph replay): with `_code` (calls Y, AA, AC) int4
+# 1.71-1.95x (the byte-wise kernel: 1.32-1.44x), int8 1.63-1.79x. With `_field` (call AE, sweep of every config):
+# int4 2.11x at 14336 x 4096 (14.6 us, one config of two added from that sweep), 1.91x at 4096 x 14336, 1.71x at
+# 4096 x 4096, 1.75x at 6144 x 4096; int8 unchanged (1.79x / 1.77x / 1.65x / 1.66x) — int8 already streams at
+# 3.4 TB/s (80% of copy) at the large shapes, and at the q/k/v shape 6144 x 4096 no config passes ~1.66x (10.0 us for
+# 25 MB: a short kernel's fill and drain). So a quarter fewer instructions bought int4 ~10%, not 25%: Nsight Compute
+# (call AG, 14336 x 4096) shows 6.0 warps per SM (1.7 per scheduler) with an eligible warp on 58% of cycles — it is
+# the LATENCY of each warp's chain (shared-memory loads, then LOP3 -> FMA), with too few warps to hide it, more than
+# the issue rate. The tensor-core try (`int4_mma_gemv.py`: weights in the mma fragment order, ~2.5 instructions per
+# weight) was slower still, 25 us: one warp per scheduler stalled on shared memory (call AG).
 # The configs: the ones that won somewhere in calls W and X's sweeps (every config timed by CUDA-graph replay at
 # 14336 x 4096, 4096 x 14336 and 4096 x 4096, `tools/exp_quant_gemv.py`).
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)

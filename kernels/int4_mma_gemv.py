@@ -24,6 +24,17 @@ of 128 words per warp (16 bytes per lane); `tools/exp_int4_mma.py` prints the la
 tests check the results against x @ dequant(W)^T. There is no CPU path: the Triton interpreter does not run inline
 assembly, so `int4_mma_gemv` needs a CUDA GPU (sm_80 or later), and the CPU tests check the repacking.
 
+Status: EXPERIMENTAL and not wired into `int4_matmul` — it is correct (GPU tests; relative error 1.6e-3 against
+x @ dequant(W)^T in fp32, bf16's rounding) but SLOWER than the CUDA-core GEMV. Measured on the H200 (call AF,
+`tools/exp_int4_mma.py`, CUDA-graph replay, M = 1, bf16, group 128): 25.7 / 24.9 / 10.4 / 14.6 us at 14336 x 4096,
+4096 x 14336, 4096 x 4096, 6144 x 4096 — 1.13-1.29x cuBLAS bf16, where the CUDA-core GEMV takes 14.7 / 16.7 / 7.8 /
+9.5 us. Nsight Compute (call AG, 14336 x 4096, 2 row blocks per one-warp program): 3.4 warps per SM (theoretical
+occupancy 20%: 16 KB of pipeline buffers per program), an instruction issued on 22% of a scheduler's cycles, the
+largest stall waiting on shared memory (the x fragments and the accumulator's layout change pass through it). Fewer
+instructions do not help a kernel whose one warp per scheduler waits on latency. Next: keep x in registers (a
+lane's 16 x values per chunk are one 32-byte load: no shared memory), scales in the same lane order so the
+accumulator needs no layout change, and more, shallower programs per SM.
+
 Format (`repack_int4_mma`): w_mma (N // 16, K // 64, 32, 4) int32 — [row block, 64-wide k chunk, lane, k-step of
 the chunk]; scales as `quantize_int4`'s (N, K // G), G a multiple of 64.
 """
@@ -128,7 +139,8 @@ _SHAPES = [  # (RB row blocks of 16, KQ chunks of 64 per step, SPLIT_K, num_warp
     (4, 2, 1, 2, 4), (4, 2, 2, 2, 4), (2, 2, 4, 2, 4), (1, 2, 4, 1, 4), (4, 1, 1, 4, 4), (8, 2, 1, 4, 3)]
 MMA_CONFIGS = autotune_configs([triton.Config({"RB": rb, "KQ": kq, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
                                 for rb, kq, sk, w, st in _SHAPES],
-                               default=triton.Config({"RB": 2, "KQ": 2, "SPLIT_K": 1, "STAGES": 4}, num_warps=1))
+                               default=triton.Config({"RB": 2, "KQ": 1, "SPLIT_K": 1, "STAGES": 4}, num_warps=1))
+# (with one config Triton's autotuner never calls the prune, so the default must fit every group size: KQ = 1)
 
 
 def _prune(configs, named_args, **kwargs):
