@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, zero_on_error
+from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, tune_bench, zero_on_error
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -389,7 +389,10 @@ def autotuned_split_kernel(configs: list, **autotune_kwargs):
                            **autotune_kwargs)(_decode_split_kernel)
 
 
-_decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG))
+# timed as the GEMVs are (`tune_bench`: a READ flush before each launch). Triton's default write flush picked, at
+# 8K keys, a fused-merge config 28% slower under CUDA-graph replay than the sweep's best (calls AH, AI)
+_decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG),
+                                             do_bench=tune_bench)
 
 
 def _num_sms(device: torch.device) -> int:
