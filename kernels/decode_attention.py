@@ -389,8 +389,9 @@ def autotuned_split_kernel(configs: list, **autotune_kwargs):
                            **autotune_kwargs)(_decode_split_kernel)
 
 
-# timed as the GEMVs are (`tune_bench`: a READ flush before each launch). Triton's default write flush picked, at
-# 8K keys, a fused-merge config 28% slower under CUDA-graph replay than the sweep's best (calls AH, AI)
+# timed as the GEMVs are (`tune_bench`: a read flush, then the GPU kept busy while the host queues the split and
+# merge launches). Triton's default timing picked, at 8K keys, a fused-merge config 28% slower under CUDA-graph
+# replay than the sweep's best (calls AH, AI): its gap between the two launches counted against every unfused one
 _decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG),
                                              do_bench=tune_bench)
 
