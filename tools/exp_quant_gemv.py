@@ -3,7 +3,7 @@ timed by CUDA-graph replay at Llama-3.1-8B's shapes, each checked against x @ de
 with the split kernel's own merge (FUSE_MERGE) against the merge kernel, each tuned afresh. Prints tables; writes
 JSON to argv[1]; argv[2] (optional): a comma list of int4, int8, attention, attention_sweep (default the first
 three); argv[3] (optional): "x" for call X's candidate list, "pkg" for the package's own configs (+ 6144 x 4096),
-"ae" for the package's configs and call AE's candidates (+ 6144 x 4096).
+"ae" for the package's configs and call AE's candidates (+ 6144 x 4096), "ai" for call AI's candidates (+ 6144 x 4096).
 
 Call P ran it at fc6f159 (the attention A/B there: FUSE_MERGE forced for every config; since then the fused merge
 is a tuned config option and FUSE_MERGE only covers untuned launches)."""
@@ -49,6 +49,15 @@ _SWEEP_AE = [(64, 128, 1, 1, 4), (64, 128, 2, 1, 4), (64, 64, 1, 1, 6), (32, 128
 if len(sys.argv) > 3 and sys.argv[3] == "ae":
     SWEEP = dq.GEMV1_CONFIGS + [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
                                 for n, k, sk, w, st in _SWEEP_AE]
+    SHAPES.append((6144, 4096))
+# call AI: around call AE's winners — one-warp programs, split-K 2..8, deeper pipelines, longer int8 tiles (for the
+# short 6144 x 4096 int8 GEMV: 1.64-1.66x, 1.7x wanted)
+_SWEEP_AI = [(32, 128, 2, 1, 6), (32, 128, 3, 1, 4), (32, 64, 2, 1, 8), (32, 128, 4, 1, 4), (32, 128, 8, 1, 4),
+             (16, 128, 8, 1, 4), (16, 128, 4, 1, 4), (8, 512, 1, 1, 3), (4, 256, 1, 1, 4), (8, 256, 1, 1, 6),
+             (8, 128, 1, 1, 8), (16, 512, 1, 1, 2), (4, 512, 1, 1, 4), (8, 256, 2, 1, 6), (16, 256, 2, 1, 6)]
+if len(sys.argv) > 3 and sys.argv[3] == "ai":
+    SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
+             for n, k, sk, w, st in _SWEEP_AI]
     SHAPES.append((6144, 4096))
 if len(sys.argv) > 3 and sys.argv[3] == "x":
     SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st, "X_DIRECT": xd}, num_warps=w)
