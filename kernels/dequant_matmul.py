@@ -234,7 +234,8 @@ def _int4_matmul_kernel(
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (32, 128, 1, 1, 4), (16, 128, 1, 1, 4), (32, 128, 4, 2, 4), (16, 256, 1, 1, 4), (16, 128, 1, 1, 6),
     (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (8, 256, 2, 1, 4), (16, 128, 2, 1, 4),
-    (32, 128, 2, 1, 4), (64, 128, 4, 2, 4)]  # the last two: call AE's sweep (int4 14336 x 4096: 14.6 vs 16.5 us)
+    (32, 128, 2, 1, 4), (64, 128, 4, 2, 4),  # call AE's sweep (int4 14336 x 4096: 14.6 vs 16.5 us)
+    (32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (4, 512, 1, 1, 4), (8, 512, 1, 1, 3), (4, 256, 1, 1, 4)]  # call AI's
 MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
