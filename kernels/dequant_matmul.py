@@ -195,12 +195,12 @@ def _int4_matmul_kernel(
 
 # M = 1 (batch-1 decode): no tensor cores. A (16 x K) tile for tl.dot would be 15/16 padding. Here each program
 # owns BLOCK_N rows of W and reads them along K, 32 bits at a time (8 int4 or 4 int8 weights per word): a classic
-# GEMV on the CUDA cores. At batch 1 the memory system delivers a weight faster than the SM can issue the few
-# instructions it needs, so every instruction per weight counts:
+# GEMV on the CUDA cores. At batch 1 the memory system delivers a weight faster than a handful of warps per SM get
+# through the few instructions it needs, so the instructions per weight count, and so does their latency:
 #  * a field becomes a float with ONE instruction and no int -> float conversion (those run at a quarter of the
 #    FMA rate): `_field` masks it in place and reads the word as an fp32 SUBNORMAL, exactly field * 2^(SHIFT - 149);
 #    x is multiplied once per K tile by the matching power of two (`_lift`), so the FMA that multiplies the field
-#    by x yields field * x * 2^-64 — no FADD per weight to remove an offset, as the earlier `_code` needed (the
+#    by x yields field * x * 2^-64 — no FADD per weight to remove an offset, as `_code` needs (the
 #    int4 codes' offset of 8 and the int8 bytes' 128 come off as 8 (128) times each word's x sum, one FMA per word);
 #  * x is loaded once per K tile as a (J, 8) tile and split into the x of each field position, so each word's
 #    eight products are one FMA chain in one thread — no cross-thread reduction inside the loop;
@@ -220,17 +220,19 @@ def _int4_matmul_kernel(
 #    kernel. This is the "serial split-K" of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
 #    https://arxiv.org/abs/2301.03598). It pays where N is small for the SMs (4096 x 14336: SPLIT_K 4).
 # Measured on the H200 (M = 1, bf16, against cuBLAS bf16, CUDA-graph replay): with `_code` (calls Y, AA, AC) int4
-# 1.71-1.95x (the byte-wise kernel: 1.32-1.44x), int8 1.63-1.79x. With `_field` (call AE, sweep of every config):
-# int4 2.11x at 14336 x 4096 (14.6 us, one config of two added from that sweep), 1.91x at 4096 x 14336, 1.71x at
-# 4096 x 4096, 1.75x at 6144 x 4096; int8 unchanged (1.79x / 1.77x / 1.65x / 1.66x) — int8 already streams at
-# 3.4 TB/s (80% of copy) at the large shapes, and at the q/k/v shape 6144 x 4096 no config passes ~1.66x (10.0 us for
-# 25 MB: a short kernel's fill and drain). So a quarter fewer instructions bought int4 ~10%, not 25%: Nsight Compute
-# (call AG, 14336 x 4096) shows 6.0 warps per SM (1.7 per scheduler) with an eligible warp on 58% of cycles — it is
-# the LATENCY of each warp's chain (shared-memory loads, then LOP3 -> FMA), with too few warps to hide it, more than
-# the issue rate. The tensor-core try (`int4_mma_gemv.py`: weights in the mma fragment order, ~2.5 instructions per
-# weight) was slower still, 25 us: one warp per scheduler stalled on shared memory (call AG).
-# The configs: the ones that won somewhere in calls W and X's sweeps (every config timed by CUDA-graph replay at
-# 14336 x 4096, 4096 x 14336 and 4096 x 4096, `tools/exp_quant_gemv.py`).
+# 1.71-1.95x (the byte-wise kernel: 1.32-1.44x), int8 1.63-1.79x. With `_field` (call AE's sweep of every config)
+# int4 gained ~10% at 14336 x 4096 (14.6 us, 2.11x), int8 nothing: int8 already streams at 3.4 TB/s (80% of copy)
+# at the large shapes. A quarter fewer instructions bought int4 ~10%, not 25%: Nsight Compute (call AG, 14336 x
+# 4096) shows 6.0 warps per SM (1.7 per scheduler) with an instruction issued on 58% of cycles — each warp's chain
+# (shared-memory loads, then LOP3 -> FMA) waits on LATENCY, with too few warps to hide it, more than on the issue
+# rate. What paid was the shape of the work (calls AE, AI): one-warp programs of 32 rows with K split 4-8 ways for
+# int4 (more warps in flight, each with a short K range), 4-8 rows x 512-wide K tiles for int8. Call AJ (the
+# autotuned package, `..._kernels_micro_20261130T184948Z.json`): int4 2.14x / 2.35x / 1.92x / 1.93x and int8 1.80x /
+# 1.91x / 1.89x / 1.97x at 14336 x 4096, 4096 x 14336, 6144 x 4096, 4096 x 4096 (int8 was 1.64-1.66x at 6144 x 4096
+# with every earlier config). The tensor-core try (`int4_mma_gemv.py`: weights in the mma fragment order, ~2.5
+# instructions per weight) was slower, 25 us: one warp per scheduler stalled on shared memory (call AG).
+# The configs: the ones that won somewhere in the sweeps of calls W, X, AE and AI (every config timed by CUDA-graph
+# replay at the 8B shapes, `tools/exp_quant_gemv.py`).
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (32, 128, 1, 1, 4), (16, 128, 1, 1, 4), (32, 128, 4, 2, 4), (16, 256, 1, 1, 4), (16, 128, 1, 1, 6),
     (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (8, 256, 2, 1, 4), (16, 128, 2, 1, 4),
@@ -396,7 +398,8 @@ def _int4_gemv_kernel(
         part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * s[:, None]  # the tile lies in one group: one scale per row
-    _split_k_store(tl.sum(acc, axis=1) * 2.0 ** X_EXP, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
+    y = tl.sum(acc, axis=1) * 2.0 ** X_EXP  # back from the sums' scale
+    _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _gemv1_prune},
@@ -413,7 +416,8 @@ def _int8_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     """M = 1: the int4 GEMV's scheme for int8 weights: XOR 0x80 turns each signed byte w into w + 128 in 0..255,
-    which `_code` makes the float w; one scale per output row, applied to each split's sums."""
+    read by `_field`; 128 times each word's x sum comes off; one scale per output row, applied to each split's
+    sums."""
     J: tl.constexpr = BLOCK_K // 4  # int32 words per row in a K tile (K is a multiple of 4)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, J)
@@ -442,7 +446,8 @@ def _int8_gemv_kernel(
 
 
 # M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
-# tile. The weights are read as the GEMV reads them (32-bit words, `_code`), put back in K order by joins that stay
+# tile. The weights are read as the GEMV reads them (32-bit words; each field made its exact value by `_code`, as
+# the dot needs the codes themselves), put back in K order by joins that stay
 # in each thread, and cast to x's dtype (codes -8..7 are exact in fp16 and bf16), so x is ONE contiguous load and
 # there is one dot per tile. Measured (call AC, 14336 x 4096): 32.0 us at M = 4 and 31.2 us at M = 16, 0.97-1.00x
 # cuBLAS bf16, where the byte-wise `_int4_matmul_kernel` above (two dots over the even and odd k, strided x loads)
