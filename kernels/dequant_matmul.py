@@ -309,8 +309,10 @@ def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr):
     no conversion instruction. With the exponent bits zero the float is exactly field * 2^(SHIFT - 149), so a
     product with `_lift(x, SHIFT)` = x * 2^(149 - SHIFT - X_EXP) is field * x * 2^-X_EXP, exact up to the FMA's
     rounding. Needs SHIFT + BITS <= 23 (the field inside the mantissa) and FMAs that keep subnormal inputs (the
-    default: Triton emits fma.rn.f32, not .ftz). The range this leaves x: |x| < 2^(X_EXP - 21) = 2^43 before the
-    lifted x overflows, and products stay normal (full precision) for |field * x| > 2^(X_EXP - 126)."""
+    default: Triton emits fma.rn.f32, not .ftz; on a CPU, `torch.set_flush_denormal(True)` breaks the interpreter's
+    runs). The range this leaves x: |x| < 2^(X_EXP - 21 + SHIFT) — 2^43 for SHIFT 0 — before the lifted x
+    overflows (inf, then NaN in every sum), and products stay normal (full precision) for
+    |field * x| > 2^(X_EXP - 126); smaller ones lose bits and, below 2^-149 * 2^X_EXP, vanish."""
     return (w & (((1 << BITS) - 1) << SHIFT)).to(tl.float32, bitcast=True)
 
 
@@ -397,8 +399,9 @@ def _int4_gemv_kernel(
         part += _field(top, 12, 4) * _lift(x6, 12)[None, :]
         part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
-        acc += part * s[:, None]  # the tile lies in one group: one scale per row
-    y = tl.sum(acc, axis=1) * 2.0 ** X_EXP  # back from the sums' scale
+        acc += part * (s * 2.0 ** (X_EXP // 2))[:, None]  # one scale per row (the tile lies in one group), lifted
+        # by half of 2^X_EXP so that small parts times small scales do not underflow
+    y = tl.sum(acc, axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # the rest of the way back
     _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
@@ -441,8 +444,9 @@ def _int8_gemv_kernel(
         part += _field(top, 0, 8) * _lift(x2, 0)[None, :]
         part += _field(top, 8, 8) * _lift(x3, 8)[None, :]
         acc += part
-    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32) * 2.0 ** X_EXP
-    _split_k_store(tl.sum(acc, axis=1) * s, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
+    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    y = tl.sum(acc, axis=1) * 2.0 ** X_EXP * s  # back from the sums' scale first: s * 2^64 could overflow
+    _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
 # M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
@@ -572,6 +576,12 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     M = 1 with rows that start on 4-byte boundaries (K a multiple of 4, a contiguous w_q) runs the CUDA-core GEMV,
     which reads 32-bit words; anything else runs the tl.dot kernel, which reads any strides.
 
+    Numerics of the M = 1 GEMV (see `_field`): exact products, fp32 sums, for 2^-62 <= |x| < 2^43 (about 2e-19 to
+    9e12; all of fp16's range). A bf16/fp32 element of x at or above 2^43 can make every output inf or NaN (where
+    it meets the field lifted most); elements far below 2^-62 lose precision and, below ~1e-26, count as 0. The
+    offset of the stored codes (128 here, 8 for int4) comes off as that times the sum of x per word, so an x with a
+    large mean loses a few bits to cancellation.
+
     Raises:
         ValueError: shape mismatches, M = 0. TypeError: wrong dtypes. Warns once for M > 16 (correct, slow).
     """
@@ -621,6 +631,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
 
     Contiguous packed rows (4-byte aligned): M = 1 runs the CUDA-core GEMV, M > 1 the word-reading tensor-core
     tile kernel; other layouts the byte-wise tl.dot kernel, which reads any strides.
+
+    Numerics of the M = 1 GEMV: as `int8_matmul`'s (exact for 2^-62 <= |x| < 2^43; inf/NaN above, lost below).
 
     Raises:
         ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.

@@ -13,7 +13,8 @@ and makes the unpacking nearly free by storing the weights, once, in the order t
     codes in lane l's word, each code in the nibble that lands in the right register half: code i of the word
     (bits 4i..4i+3) is register i % 4, half i // 4. Register r is then ONE `lop3` of the word shifted by 4r
     (nibbles r and r + 4 masked into the mantissas of two 16-bit floats of 128 (bf16) or 1024 (fp16)) and ONE
-    packed `fma`/`sub` that removes 128 + 8 (1024 + 8): the codes - 8, exact — ~1.4 instructions per weight;
+    packed `fma`/`sub` that removes 128 + 8 (1024 + 8): the codes - 8, exact — 11 instructions per word of 8
+    weights with the three shifts (~2.5 per weight for the whole loop, loads and addresses included);
   * x (M = 1) is B with all eight columns equal to x, so every column of the 16 x 8 result is W x; lane l keeps
     rows g and g + 8 of it.
 
@@ -96,7 +97,13 @@ def repack_int4_mma(packed: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_int4_mma(w_mma: torch.Tensor) -> torch.Tensor:
-    """The inverse of `repack_int4_mma`: (N // 16, K // 64, 32, 4) int32 -> (N, K // 2) uint8 (for tests)."""
+    """The inverse of `repack_int4_mma`: (N // 16, K // 64, 32, 4) int32 -> (N, K // 2) uint8 (for tests).
+
+    Raises:
+        ValueError: w_mma is not an int32 tensor shaped (N // 16, K // 64, 32, 4)."""
+    if w_mma.dtype != torch.int32 or w_mma.dim() != 4 or tuple(w_mma.shape[2:]) != (32, 4):
+        raise ValueError(f"unpack_int4_mma: expects repack_int4_mma's (N/16, K/64, 32, 4) int32, got {w_mma.dtype} "
+                         f"{tuple(w_mma.shape)}")
     RB, KC, dev = w_mma.shape[0], w_mma.shape[1], w_mma.device
     words = w_mma.transpose(2, 3).to(torch.int64) & 0xFFFFFFFF  # (RB, KC, 4, 32)
     nib = (words[..., None] >> (4 * torch.arange(8, device=dev))) & 0xF  # (RB, KC, 4, 32, 8)
@@ -210,10 +217,10 @@ def int4_mma_gemv(x: torch.Tensor, w_mma: torch.Tensor, scales: torch.Tensor) ->
         ValueError: shapes that do not fit, a group size that is not a multiple of 64, a CPU tensor (no inline
             assembly in the interpreter). TypeError: dtypes.
     """
-    check_tensors("int4_mma_gemv", (torch.float16, torch.bfloat16), x=x)
-    if x.device.type != "cuda":
+    if x.device.type != "cuda":  # first: the generic checks would suggest the interpreter, which cannot run it
         raise ValueError("int4_mma_gemv: needs a CUDA GPU (inline PTX mma; the Triton interpreter cannot run it); "
                          "use int4_matmul on a CPU")
+    check_tensors("int4_mma_gemv", (torch.float16, torch.bfloat16), x=x)
     if w_mma.dtype != torch.int32 or w_mma.dim() != 4 or w_mma.shape[2:] != (32, 4):
         raise ValueError(f"int4_mma_gemv: w_mma must be repack_int4_mma's (N/16, K/64, 32, 4) int32, got "
                          f"{w_mma.dtype} {tuple(w_mma.shape)}")

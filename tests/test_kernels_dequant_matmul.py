@@ -295,3 +295,30 @@ def test_scales_that_imply_an_odd_group_size_say_so():
     packed = torch.zeros(4, 3, dtype=torch.uint8, device=DEV)  # K = 6
     with pytest.raises(ValueError, match="make groups of 3 weights, an odd size"):
         int4_matmul(torch.randn(1, 6, device=DEV), packed, torch.ones(4, 2, device=DEV))
+
+
+@pytest.mark.parametrize("magnitude", [2.0 ** 40, 2.0 ** -55, 1.0])
+def test_gemv_exact_over_the_documented_range_of_x(magnitude):
+    """The M = 1 GEMVs read each field as a subnormal float and scale x by a power of two (`_field`, `_lift`):
+    exact for 2^-62 <= |x| < 2^43 (the wrappers' docstrings); checked near both ends, with an x that has a mean
+    (the codes' offset comes off as a multiple of x's sum), and for int4 with tiny scales too (the per-tile
+    part * scale must not underflow)."""
+    K = 256
+    x = ((torch.randn(1, K) + 3) * magnitude).to(DEV)
+    w = _w(24, K, seed=5)
+    for w_scale in ([1.0, 1e-12] if magnitude != 2.0 ** 40 else [1.0]):
+        w8, s8 = quantize_int8(w * w_scale)
+        ref8 = dequant_matmul_reference(x.double(), dequantize_int8(w8, s8).double())
+        torch.testing.assert_close(int8_matmul(x, w8, s8).double(), ref8, rtol=1e-4, atol=1e-4 * ref8.abs().max())
+        packed, s4 = quantize_int4(w * w_scale, 64)
+        ref4 = dequant_matmul_reference(x.double(), dequantize_int4(packed, s4).double())
+        torch.testing.assert_close(int4_matmul(x, packed, s4).double(), ref4, rtol=1e-4, atol=1e-4 * ref4.abs().max())
+
+
+def test_gemv_x_past_the_range_gives_non_finite_not_a_wrong_number():
+    """Past the documented range (|x| >= 2^43, bf16/fp32 only) the lifted x can overflow (it does for the field at
+    bit 0, lifted the most): every output is then inf or NaN, as the docstrings say, not a plausible wrong number."""
+    w8, s8 = quantize_int8(_w(8, 64))
+    x = torch.randn(1, 64, device=DEV)
+    x[0, 4] = 2.0 ** 44  # k = 4: byte 0 of its word
+    assert not int8_matmul(x, w8, s8).isfinite().any()

@@ -75,13 +75,16 @@ def test_repack_rejects_bad_shapes():
         repack_int4_mma(packed[:, :16])
     with pytest.raises(ValueError, match="uint8"):
         repack_int4_mma(packed.to(torch.int16))
+    with pytest.raises(ValueError, match="int32"):
+        unpack_int4_mma(packed)  # the row-major codes, not the mma order
 
 
-def test_kernel_refuses_cpu():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_kernel_refuses_cpu(dtype):
     from llmlab.kernels.int4_mma_gemv import int4_mma_gemv
     packed, scales = _packed(16, 64, 64)
-    with pytest.raises((ValueError, TypeError)):
-        int4_mma_gemv(torch.randn(1, 64), repack_int4_mma(packed), scales)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):  # whatever the dtype, and not "use the interpreter"
+        int4_mma_gemv(torch.randn(1, 64).to(dtype), repack_int4_mma(packed), scales)
 
 
 @pytest.mark.gpu
