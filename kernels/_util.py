@@ -145,9 +145,9 @@ _flush_buffers: dict = {}
 
 
 def tune_bench(kernel_call, quantiles, reps: int = 30):
-    """How the GEMVs' autotuners time a config (`do_bench=tune_bench`): each launch after READING a 256 MB buffer,
-    so the weights come from HBM and the L2 holds clean lines — as in a decode step, where the layer before
-    streamed its own weights.
+    """How the GEMVs' and decode attention's autotuners time a config (`do_bench=tune_bench`): each launch after
+    READING a 256 MB buffer, so the weights come from HBM and the L2 holds clean lines — as in a decode step, where
+    the layer before streamed its own weights.
     Triton's default (`triton.testing.do_bench`) clears the L2 by WRITING 256 MB first: the launch then also pays
     for writing those dirty lines back, and on the H200 (call R) it chose configs 20-30% slower under CUDA-graph
     replay than the best ones of the sweep. Returns the `quantiles` of the times (ms), as do_bench does."""

@@ -190,12 +190,8 @@ def _int4_mma_gemv_kernel(
         xb = tl.load(x_pairs + k0 // 4 + x_off)  # (KQ, 128) int64
         b0 = tl.broadcast_to(xb.to(tl.int32)[None, :, :], (RB, KQ, 128))
         b1 = tl.broadcast_to((xb >> 32).to(tl.int32)[None, :, :], (RB, KQ, 128))
-        if BF16:
-            d = tl.inline_asm_elementwise(_ASM_BF16, "=r,=r,=r,=r" + ",r" * 12, [w, b0, b1], dtype=tl.int32,
-                                          is_pure=True, pack=4)
-        else:
-            d = tl.inline_asm_elementwise(_ASM_F16, "=r,=r,=r,=r" + ",r" * 12, [w, b0, b1], dtype=tl.int32,
-                                          is_pure=True, pack=4)
+        d = tl.inline_asm_elementwise(_ASM_BF16 if BF16 else _ASM_F16, "=r,=r,=r,=r" + ",r" * 12, [w, b0, b1],
+                                      dtype=tl.int32, is_pure=True, pack=4)
         part = tl.sum(d.to(tl.float32, bitcast=True), axis=1)  # (RB, 128)
         s = tl.load(s_ptr + row * stride_sn + (k0 // GROUP) * stride_sg, mask=valid, other=0.0).to(tl.float32)
         acc += part * s

@@ -4,6 +4,7 @@ with the split kernel's own merge (FUSE_MERGE) against the merge kernel, each tu
 JSON to argv[1]; argv[2] (optional): a comma list of int4, int8, attention, attention_sweep (default the first
 three); argv[3] (optional): "x" for call X's candidate list, "pkg" for the package's own configs (+ 6144 x 4096),
 "ae" for the package's configs and call AE's candidates (+ 6144 x 4096), "ai" for call AI's candidates (+ 6144 x 4096).
+("x" ran in call X only: its X_DIRECT variant is gone from the kernel since.)
 
 Call P ran it at fc6f159 (the attention A/B there: FUSE_MERGE forced for every config; since then the fused merge
 is a tuned config option and FUSE_MERGE only covers untuned launches)."""

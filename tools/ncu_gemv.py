@@ -1,10 +1,13 @@
 """Device experiment (call X): raw launches of the M = 1 int4/int8 GEMVs at 14336 x 4096 with chosen configs, for
-Nsight Compute (`ncu --profile-from-start off`): each warmed up, then launched once between cudaProfilerStart/Stop."""
+Nsight Compute (`ncu --profile-from-start off`): each warmed up, then launched once between cudaProfilerStart/Stop.
+A record of call X (commit e195c46): its X_DIRECT variant and the kernels' `magic` argument are gone since, so it
+does not run at later commits; `ncu_int4_mma.py` profiles the current GEMV."""
 
 import torch
 import triton
 
 from llmlab.kernels import dequant_matmul as dq
+from ncu_util import profile_once  # tools/ is the script's folder: on sys.path
 
 dev, dt = "cuda", torch.bfloat16
 N, K = 14336, 4096
@@ -30,13 +33,4 @@ def int8(BN, BK, SK, warps, ST, XD):
 
 calls = [int4(16, 128, 1, 1, 4, False), int4(16, 128, 1, 1, 4, True), int4(64, 128, 1, 4, 3, False),
          int8(32, 256, 1, 2, 3, False)]
-for fn in calls:
-    for _ in range(3):
-        fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-for fn in calls:
-    fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
-print("profiled", len(calls), "calls")
+profile_once(calls)

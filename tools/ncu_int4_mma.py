@@ -8,6 +8,7 @@ import triton
 
 from llmlab.kernels import dequant_matmul as dq
 from llmlab.kernels import int4_mma_gemv as mm
+from ncu_util import profile_once  # tools/ is the script's folder: on sys.path
 
 dev, dt = "cuda", torch.bfloat16
 
@@ -38,16 +39,7 @@ w_mma = mm.repack_int4_mma(packed)
 calls = [lambda: cuda_core(x, packed, sc, N, K, 32, 128, 2, 1, 4),
          lambda: mma(x, w_mma, sc, N, K, 128, 2, 2, 1, 1, 4),
          lambda: mma(x, w_mma, sc, N, K, 128, 4, 2, 1, 2, 4)]
-for fn in calls:
-    for _ in range(3):
-        fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-for fn in calls:
-    fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
-print("profiled", len(calls), "calls")
+profile_once(calls)
 
 for N, K, G in [(48, 192, 64), (48, 4096, 64), (1024, 192, 64), (16, 192, 64), (48, 256, 128), (48, 192, 192)]:
     w = torch.randn(N, K, device=dev)

@@ -7,6 +7,7 @@ import torch
 from llmlab.kernels.decode_attention import decode_attention
 from llmlab.kernels.dequant_matmul import int4_matmul, int8_matmul, quantize_int4, quantize_int8
 from llmlab.kernels.fused_gemv import fused_gemv
+from ncu_util import profile_once  # tools/ is the script's folder: on sys.path
 
 dev, dt = "cuda", torch.bfloat16
 W = torch.randn(14336, 4096, device=dev, dtype=dt)
@@ -20,13 +21,4 @@ Wq = torch.randn(3072, 2048, device=dev, dtype=dt) * 0.02
 xq, nw = torch.randn(1, 2048, device=dev, dtype=dt), torch.ones(2048, device=dev, dtype=dt)
 calls = [lambda: int4_matmul(x, w4, s4), lambda: int8_matmul(x, w8, s8), lambda: x @ W.T,
          lambda: decode_attention(q, k, v), lambda: fused_gemv(xq, Wq, norm_weight=nw)]
-for fn in calls:
-    for _ in range(3):
-        fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-for fn in calls:
-    fn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
-print("profiled", len(calls), "calls")
+profile_once(calls)
