@@ -18,7 +18,9 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
   method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
-  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer.
+  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), and RoPE with the K/V
+  cache write inside the attention (`rope_decode_attention`): five launches per layer (six if the attention needs a
+  merge launch).
 
 What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -28,6 +30,7 @@ interpreter) falls back to the PyTorch path with one warning saying why.
 from __future__ import annotations
 
 import functools
+import os
 import types
 import warnings
 
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 from ._util import interpret_mode, triton_status
 
 _warned: set[str] = set()
+ROPE_IN_ATTENTION_ENV = "LLMLAB_ROPE_IN_ATTENTION"  # "0": RoPE + cache write as their own launch (to measure both)
 
 
 def _warn_once(reason: str) -> None:
@@ -69,6 +73,7 @@ def _kernels():
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
+                                 rope_decode_attention=disable(decode_attention.rope_decode_attention),
                                  fused_gemv=disable(fused_gemv.fused_gemv))
 
 
@@ -147,12 +152,16 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
 def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None) -> torch.Tensor:
     """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
     attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd). The angles come as
-    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute."""
+    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute — and then, unless LLMLAB_ROPE_IN_ATTENTION
+    is "0", RoPE and the cache write ride inside the attention launch (`rope_decode_attention`): one launch fewer
+    per layer."""
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
     pos = _row_positions(positions, B)
     lens = _decode_lens(kv_cache, positions, B)  # first: it checks the positions before anything is written
+    if inv_freq is not None and os.environ.get(ROPE_IN_ATTENTION_ENV, "1") != "0":
+        return K.rope_decode_attention(qkv, k_all, v_all, lens, n_heads=H, inv_freq=inv_freq)  # (B, H, hd)
     if inv_freq is None:
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
@@ -256,8 +265,9 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
-    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
-    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
+    Per layer, five or six launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) +
+    K/V cache write + attention (`rope_decode_attention`; plus a merge launch when the attention splits the cache
+    and does not merge in its last program); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
     residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32

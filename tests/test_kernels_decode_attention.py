@@ -388,3 +388,68 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     monkeypatch.setattr(da, "_decode_split_kernel", real)
     torch.testing.assert_close(decode_attention(q, k, v, num_splits=4), decode_attention_reference(q, k, v),
                                **TOL[torch.float32])
+
+
+# --- rope_decode_attention: RoPE + the K/V cache write + attention in one launch --------------------------------
+
+def _new_token_case(B, H, Hkv, S, hd, lens, dtype=torch.float32, seed=0):
+    """A fused projection's output (not rotated), a cache whose slots from each row's new-token slot on are NaN
+    (the kernel must write that slot before anything reads it, and never read past it), the lengths, inv_freq."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, H + 2 * Hkv, hd, generator=g).to(DEV, dtype)
+    k = torch.randn(B, Hkv, S, hd, generator=g).to(DEV, dtype)
+    v = torch.randn(B, Hkv, S, hd, generator=g).to(DEV, dtype)
+    for b, n in enumerate(lens):
+        k[b, :, n - 1:], v[b, :, n - 1:] = float("nan"), float("nan")
+    inv_freq = (1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)).to(DEV)
+    return qkv, k, v, torch.tensor(lens, device=DEV), inv_freq
+
+
+def _rope_then_attention(qkv, k, v, seq_lens, H, inv_freq):
+    """The two-launch path it replaces: rope_and_cache_ (q rotated in place, k/v written), then decode_attention."""
+    from llmlab.kernels.rope_cache import rope_and_cache_
+
+    qkv, k, v = qkv.clone(), k.clone(), v.clone()
+    rope_and_cache_(qkv, None, None, seq_lens - 1, k, v, n_heads=H, inv_freq=inv_freq)
+    return decode_attention(qkv[:, :H], k, v, seq_lens=seq_lens), k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+@pytest.mark.parametrize("B, H, Hkv, S, hd, lens, splits", [
+    (1, 4, 2, 8, 16, [8], None),  # the new token in the last slot; the tuned kernel
+    (3, 8, 2, 33, 64, [1, 33, 20], 3),  # a row with only the new token; rows split at different places
+    (2, 4, 4, 5, 6, [2, 5], 2),  # hd not a power of 2 (masked lanes), n_rep 1
+    (2, 2, 1, 70, 128, [70, 64], 4),  # the new token as the first key of a split (64 = 4 splits x 16)
+    (1, 4, 1, 3, 10, [3], 7),  # more splits than keys: empty splits
+])
+def test_rope_decode_attention_equals_rope_then_attention(B, H, Hkv, S, hd, lens, splits, dtype):
+    qkv, k, v, seq_lens, inv_freq = _new_token_case(B, H, Hkv, S, hd, lens, dtype, seed=S + hd)
+    want, k_want, v_want = _rope_then_attention(qkv, k, v, seq_lens, H, inv_freq)
+    qkv_before = qkv.clone()
+    if splits is None:
+        got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=H, inv_freq=inv_freq)
+    else:  # an explicit split count: the new token's slot lands in different splits
+        got = da._decode(qkv[:, :H], k, v, seq_lens, hd ** -0.5, num_splits=splits, inv_freq=inv_freq)
+    assert not got.isnan().any()  # no NaN slot (past a row's end, or its new slot before the write) was read
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    exact = {} if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)  # fp32 lanes: the same arithmetic
+    torch.testing.assert_close(k, k_want, equal_nan=True, **exact)  # the new k rotated at its slot, nothing else
+    torch.testing.assert_close(v, v_want, equal_nan=True)  # v copied there
+    torch.testing.assert_close(qkv, qkv_before)  # the projection's output is left as it was (q not rotated in place)
+
+
+def test_rope_decode_attention_rejects_what_it_cannot_take():
+    qkv, k, v, seq_lens, inv_freq = _new_token_case(1, 4, 2, 8, 16, [3])
+    with pytest.raises(ValueError, match="does not hold 6 q heads"):
+        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=6, inv_freq=inv_freq)
+    with pytest.raises(ValueError, match=r"inv_freq must be a \(8,\) fp32"):
+        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, inv_freq=inv_freq[:4])
+    with pytest.raises(TypeError, match="seq_lens must be"):
+        da.rope_decode_attention(qkv, k, v, seq_lens.float(), n_heads=4, inv_freq=inv_freq)
+    with pytest.raises(ValueError, match=r"seq_lens must be \(1,\)"):
+        da.rope_decode_attention(qkv, k, v, seq_lens.repeat(2), n_heads=4, inv_freq=inv_freq)
+    with pytest.raises(ValueError, match="hd even"):
+        da.rope_decode_attention(qkv[..., :15], k[..., :15], v[..., :15], seq_lens, n_heads=4,
+                                 inv_freq=inv_freq[:7])
+    got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, inv_freq=inv_freq)  # still usable afterwards
+    assert got.shape == (1, 4, 16) and not got.isnan().any()
