@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, tune_bench, zero_on_error
-from .rope_cache import rope_angles
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -97,7 +96,7 @@ MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, freq_ptr,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, cos_ptr, sin_ptr,
     # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
     Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
@@ -106,7 +105,7 @@ def _decode_split_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    stride_outb, stride_outh,
+    stride_outb, stride_outh, stride_cb,
     # meta-parameters
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
@@ -122,8 +121,8 @@ def _decode_split_kernel(
     FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
     so there is no merge kernel to launch.
     NEW_KV (`rope_decode_attention`, needs HAS_LENS): q_ptr is a fused q/k/v projection's output for the new
-    token at slot seq_len - 1, not yet rotated: every program applies RoPE to its q heads (angles from freq_ptr,
-    the inverse frequencies), the split holding that slot rotates the new k, writes k and v into the cache there
+    token at slot seq_len - 1, not yet rotated: every program applies RoPE to its q heads (cos/sin of the row's
+    angles from cos_ptr/sin_ptr), the split holding that slot rotates the new k, writes k and v into the cache there
     and starts its softmax with the new token; the loops read only the slots before it."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
@@ -159,7 +158,8 @@ def _decode_split_kernel(
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     if NEW_KV:  # RoPE, the cache write and the new token's score, before the loop over the cached slots
-        q, m_i, l_i, acc = _new_token(q_ptr + b * stride_qb, freq_ptr, k_base, v_base, q, m_i, l_i, acc,
+        q, m_i, l_i, acc = _new_token(q_ptr + b * stride_qb, cos_ptr + b * stride_cb, sin_ptr + b * stride_cb,
+                                      k_base, v_base, q, m_i, l_i, acc,
                                       seq_len - 1, start, end, kvh, Hkv * N_REP, Hkv, HD, heads, hmask, d, dmask,
                                       scale, stride_qh, stride_ks, stride_vs)
         end = tl.minimum(end, seq_len - 1)  # the new token's slot is not read back: it came in registers
@@ -207,20 +207,26 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _new_token(row, freq_ptr, k_base, v_base, q, m_i, l_i, acc, pos, start, end, kvh, H, Hkv, HD, heads, hmask, d,
+def _new_token(row, cos_row, sin_row, k_base, v_base, q, m_i, l_i, acc, pos, start, end, kvh, H, Hkv, HD, heads, hmask, d,
                dmask, scale, stride_qh, stride_ks, stride_vs):
     """NEW_KV's prologue for one program: row = the new token's q/k/v projection output (H q heads, Hkv k heads, Hkv
-    v heads of HD each, stride_qh apart), pos = its cache slot. Returns q rotated (BLOCK_H, BLOCK_D) in the
+    v heads of HD each, stride_qh apart), pos = its cache slot, cos_row/sin_row = cos and sin of its angles
+    (HD/2 of them, the activation dtype). Returns q rotated (BLOCK_H, BLOCK_D) in the
     activation dtype, and the softmax state (m_i, l_i, acc) holding the new token for the split that covers pos
     (start <= pos < end; that split also writes the rotated k and v at pos), an empty state for the others.
 
     RoPE as `rope_cache.py` (rotate half: lane d pairs with d +- HD/2; fp32, rounded to the activation dtype as
-    the unfused path stores q and k), the score as the loop's dot: rounded q times rounded k, in fp32."""
+    the unfused path stores q and k), the score as the loop's dot: rounded q times rounded k, in fp32. The angles
+    come as a table, not computed here: accurate sin/cos of a large angle is a long instruction sequence (fp64
+    range reduction, a slow path with local memory), which in call AL made this kernel 2x slower (7.1 vs 3.5 us)
+    when every program ran it."""
     dt = row.dtype.element_ty
     half = HD // 2
     lo = d < half
     partner = tl.where(lo, d + half, d - half)
-    c, s = rope_angles(pos, freq_ptr, tl.where(lo, d, d - half), dmask, dt)  # (BLOCK_D,) fp32
+    i = tl.where(lo, d, d - half)
+    c = tl.load(cos_row + i, mask=dmask, other=0.0).to(tl.float32)  # (BLOCK_D,)
+    s = tl.load(sin_row + i, mask=dmask, other=0.0).to(tl.float32)
     s = tl.where(lo, -s, s)  # rot(x)[d] = x[d] c - x[d + half] s (first half), x[d] c + x[d - half] s (second)
     qp = tl.load(row + heads[:, None] * stride_qh + partner[None, :], mask=hmask[:, None] & dmask[None, :],
                  other=0.0).to(tl.float32)
@@ -478,17 +484,17 @@ _TUNED_AT_CAPACITY: set = set()
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
             num_splits: int | None = None, config: triton.Config | None = None,
-            inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
     Neither num_splits nor config: the autotuned kernel (`_decode_split_tuned`). Otherwise the plain jit kernel
     with `config` (default `_NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
     if num_splits is given, SPLIT_N = 0: S shared out over that many programs per (sequence, KV head).
-    inv_freq (hd/2,) fp32, with seq_lens: the NEW_KV launch of `rope_decode_attention` (q is the q heads' view of a
-    fused projection's output). The key is tuned (at capacity) by a plain launch first: the NEW_KV launch writes the
-    cache, and shares the plain launch's tuning key (the same tensors' dtypes: the plain launch passes an fp32
-    stand-in for inv_freq), so it reuses that choice.
+    rope = (cos, sin), (B, >= hd/2) in q's dtype, with seq_lens: the NEW_KV launch of `rope_decode_attention` (q is
+    the q heads' view of a fused projection's output). The key is tuned (at capacity) by a plain launch first: the
+    NEW_KV launch writes the cache, and shares the plain launch's tuning key (the same tensors' dtypes: the plain
+    launch passes q as the stand-in for cos and sin), so it reuses that choice.
     """
     B, H, hd = q.shape
     _, Hkv, S, _ = k.shape
@@ -532,17 +538,17 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     with zero_on_error(counters):
         kernel[grid](
             q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
-            counters, lse if inv_freq is None else inv_freq,  # no RoPE: lse (fp32) stands in, never read
+            counters, *((q, q) if rope is None else rope),  # no RoPE: q stands in for cos and sin, never read
             Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
             q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1),
+            out.stride(0), out.stride(1), 0 if rope is None else rope[0].stride(0),
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
-            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), NEW_KV=inv_freq is not None,
+            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), NEW_KV=rope is not None,
             **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
@@ -623,14 +629,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
 
 
 def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                          n_heads: int, inv_freq: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                          n_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                          scale: float | None = None) -> torch.Tensor:
     """One decode step's RoPE, K/V cache write and attention, in the attention's own launch.
 
     `rope_and_cache_` followed by `decode_attention` are two launches per layer, and between them the GPU drains
     and refills for a few hundred bytes of work. Here each attention program rotates its query heads itself, and
     the program whose split holds the new token's slot also rotates k, writes k and v into the cache, and starts
     its softmax with the new token (its k and v are in registers, so no program reads that slot back). Same
-    answer as the two launches (same roundings; the new token is summed first instead of last).
+    answer as the two launches (same roundings; the new token is summed first instead of last). The angles come
+    as cos/sin rows, computed once per step for all layers (`rope_cache.rope_cos_sin`, or the model's
+    `RotaryEmbedding`).
 
     Args:
         qkv: (B, H + 2 * Hkv, hd) one new token per row as the fused q/k/v projection writes it (q heads, then k,
@@ -641,7 +650,7 @@ def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             slots 0..seq_lens[b] - 1. Not read on the host (the caller checks positions, as the model's decode
             step does): each must lie in 1..S.
         n_heads: H, the query heads (a multiple of Hkv).
-        inv_freq: (hd/2,) fp32 inverse frequencies (`llmlab.model.RotaryEmbedding.inv_freq`).
+        cos, sin: (B, hd), (B, 1, hd) or (B, hd/2), qkv's dtype: each row's angles (only [..., :hd/2] is read).
         scale: softmax scale, default 1/sqrt(hd).
 
     Returns:
@@ -651,10 +660,10 @@ def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         ValueError: shapes that do not fit together, odd hd, non-contiguous last dimensions.
         TypeError: unsupported or mismatched dtypes, seq_lens not an int tensor.
     """
-    check_tensors("rope_decode_attention", DTYPES, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
-    if not (qkv.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"rope_decode_attention: qkv and the caches must share one dtype, got {qkv.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
+    check_tensors("rope_decode_attention", DTYPES, qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
+    if len({qkv.dtype, k_cache.dtype, v_cache.dtype, cos.dtype, sin.dtype}) != 1:
+        raise TypeError(f"rope_decode_attention: qkv, the caches and cos/sin must share one dtype, got {qkv.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}, {cos.dtype}, {sin.dtype}")
     if qkv.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"rope_decode_attention: qkv must be (B, H + 2*Hkv, hd) and the caches (B, Hkv, S, hd), "
                          f"got {tuple(qkv.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -671,16 +680,18 @@ def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if seq_lens.shape != (B,) or seq_lens.device != qkv.device:
         raise ValueError(f"rope_decode_attention: seq_lens must be ({B},) on {qkv.device}, got "
                          f"{tuple(seq_lens.shape)} on {seq_lens.device}")
-    if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32
-            or inv_freq.shape != (hd // 2,) or inv_freq.device != qkv.device):
-        raise ValueError(f"rope_decode_attention: inv_freq must be a ({hd // 2},) fp32 tensor on {qkv.device}")
+    cos2, sin2 = cos.reshape(B, -1), sin.reshape(B, -1)
+    if cos2.shape != sin2.shape or cos2.shape[1] not in (hd, hd // 2):
+        raise ValueError(f"rope_decode_attention: cos/sin must be ({B}, {hd}) or ({B}, {hd // 2}) rows, got "
+                         f"{tuple(cos.shape)}, {tuple(sin.shape)}")
+    if cos2.stride() != sin2.stride() or cos2.stride(-1) != 1:
+        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     for name, t in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"rope_decode_attention: {name}'s last dimension must be contiguous, strides "
                              f"{t.stride()}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    return _decode(qkv[:, :n_heads], k_cache, v_cache, seq_lens, scale, inv_freq=inv_freq.contiguous())
-
+    return _decode(qkv[:, :n_heads], k_cache, v_cache, seq_lens, scale, rope=(cos2, sin2))
 
 if __name__ == "__main__":
     from triton.testing import do_bench_cudagraph

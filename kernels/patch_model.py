@@ -72,6 +72,7 @@ def _kernels():
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
+                                 rope_cos_sin=disable(rope_cache.rope_cos_sin),
                                  decode_attention=disable(decode_attention.decode_attention),
                                  rope_decode_attention=disable(decode_attention.rope_decode_attention),
                                  fused_gemv=disable(fused_gemv.fused_gemv))
@@ -149,21 +150,28 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     return lens
 
 
+def rope_in_attention() -> bool:
+    """Whether a decode step on a static cache rotates q/k and writes the cache inside the attention launch
+    (`rope_decode_attention`): yes unless LLMLAB_ROPE_IN_ATTENTION is "0" (read when a step runs — in a CUDA
+    graph, when it is captured)."""
+    return os.environ.get(ROPE_IN_ATTENTION_ENV, "1") != "0"
+
+
 def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None) -> torch.Tensor:
     """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
     attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd). The angles come as
-    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute — and then, unless LLMLAB_ROPE_IN_ATTENTION
-    is "0", RoPE and the cache write ride inside the attention launch (`rope_decode_attention`): one launch fewer
-    per layer."""
+    cos/sin rows, or (cos = sin = None) as `inv_freq` for the RoPE kernel to compute. With cos/sin, unless
+    LLMLAB_ROPE_IN_ATTENTION is "0", RoPE and the cache write ride inside the attention launch
+    (`rope_decode_attention`): one launch fewer per layer."""
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
     pos = _row_positions(positions, B)
     lens = _decode_lens(kv_cache, positions, B)  # first: it checks the positions before anything is written
-    if inv_freq is not None and os.environ.get(ROPE_IN_ATTENTION_ENV, "1") != "0":
-        return K.rope_decode_attention(qkv, k_all, v_all, lens, n_heads=H, inv_freq=inv_freq)  # (B, H, hd)
-    if inv_freq is None:
-        cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
+    if inv_freq is None:  # one angle row per row (rows may share one): (B, hd), or (B, hd/2) from rope_cos_sin
+        cos, sin = cos.reshape(-1, cos.shape[-1]).expand(B, -1), sin.reshape(-1, sin.shape[-1]).expand(B, -1)
+        if rope_in_attention():
+            return K.rope_decode_attention(qkv, k_all, v_all, lens, n_heads=H, cos=cos, sin=sin)  # (B, H, hd)
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
     return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False)  # (B, H, hd)
 
@@ -265,18 +273,23 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
-    Per layer, five or six launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) +
-    K/V cache write + attention (`rope_decode_attention`; plus a merge launch when the attention splits the cache
-    and does not merge in its last program); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
-    residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    Per layer, five or six launches instead of ten: RMSNorm + q/k/v GEMV; RoPE + K/V cache write + attention
+    (`rope_decode_attention`, with the step's cos/sin computed once before the layers; plus a merge launch when the
+    attention splits the cache and does not merge in its last program); o GEMV + residual add; RMSNorm + gate/up
+    GEMV; SwiGLU + down GEMV + residual add. (LLMLAB_ROPE_IN_ATTENTION=0: RoPE + cache write as a launch of its
+    own, the angles computed in it.) h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
+    cos = sin = None
+    if rope_in_attention():  # the angles once for all layers (one launch), read by each layer's attention
+        cos, sin = K.rope_cos_sin(_row_positions(positions, 1), inv_freq, h.dtype)  # (1, hd/2) each
+        inv_freq = None
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
         qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
-        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), cos, sin, positions, kv_cache,
                                      inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")

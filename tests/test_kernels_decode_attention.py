@@ -406,12 +406,20 @@ def _new_token_case(B, H, Hkv, S, hd, lens, dtype=torch.float32, seed=0):
 
 
 def _rope_then_attention(qkv, k, v, seq_lens, H, inv_freq):
-    """The two-launch path it replaces: rope_and_cache_ (q rotated in place, k/v written), then decode_attention."""
+    """The two-launch path it replaces: rope_and_cache_ (angles from inv_freq; q rotated in place, k/v written),
+    then decode_attention."""
     from llmlab.kernels.rope_cache import rope_and_cache_
 
     qkv, k, v = qkv.clone(), k.clone(), v.clone()
     rope_and_cache_(qkv, None, None, seq_lens - 1, k, v, n_heads=H, inv_freq=inv_freq)
     return decode_attention(qkv[:, :H], k, v, seq_lens=seq_lens), k, v
+
+
+def _angles(seq_lens, inv_freq, dtype):
+    """(cos, sin) rows (B, hd/2) of each row's new-token position, by the one-launch table kernel."""
+    from llmlab.kernels.rope_cache import rope_cos_sin
+
+    return rope_cos_sin(seq_lens - 1, inv_freq, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
@@ -426,10 +434,11 @@ def test_rope_decode_attention_equals_rope_then_attention(B, H, Hkv, S, hd, lens
     qkv, k, v, seq_lens, inv_freq = _new_token_case(B, H, Hkv, S, hd, lens, dtype, seed=S + hd)
     want, k_want, v_want = _rope_then_attention(qkv, k, v, seq_lens, H, inv_freq)
     qkv_before = qkv.clone()
+    cos, sin = _angles(seq_lens, inv_freq, dtype)
     if splits is None:
-        got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=H, inv_freq=inv_freq)
+        got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=H, cos=cos, sin=sin)
     else:  # an explicit split count: the new token's slot lands in different splits
-        got = da._decode(qkv[:, :H], k, v, seq_lens, hd ** -0.5, num_splits=splits, inv_freq=inv_freq)
+        got = da._decode(qkv[:, :H], k, v, seq_lens, hd ** -0.5, num_splits=splits, rope=(cos, sin))
     assert not got.isnan().any()  # no NaN slot (past a row's end, or its new slot before the write) was read
     torch.testing.assert_close(got, want, **TOL[dtype])
     exact = {} if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)  # fp32 lanes: the same arithmetic
@@ -440,16 +449,40 @@ def test_rope_decode_attention_equals_rope_then_attention(B, H, Hkv, S, hd, lens
 
 def test_rope_decode_attention_rejects_what_it_cannot_take():
     qkv, k, v, seq_lens, inv_freq = _new_token_case(1, 4, 2, 8, 16, [3])
+    cos, sin = _angles(seq_lens, inv_freq, torch.float32)
     with pytest.raises(ValueError, match="does not hold 6 q heads"):
-        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=6, inv_freq=inv_freq)
-    with pytest.raises(ValueError, match=r"inv_freq must be a \(8,\) fp32"):
-        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, inv_freq=inv_freq[:4])
+        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=6, cos=cos, sin=sin)
+    with pytest.raises(ValueError, match=r"cos/sin must be \(1, 16\) or \(1, 8\) rows"):
+        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, cos=cos[:, :4], sin=sin[:, :4])
     with pytest.raises(TypeError, match="seq_lens must be"):
-        da.rope_decode_attention(qkv, k, v, seq_lens.float(), n_heads=4, inv_freq=inv_freq)
+        da.rope_decode_attention(qkv, k, v, seq_lens.float(), n_heads=4, cos=cos, sin=sin)
     with pytest.raises(ValueError, match=r"seq_lens must be \(1,\)"):
-        da.rope_decode_attention(qkv, k, v, seq_lens.repeat(2), n_heads=4, inv_freq=inv_freq)
+        da.rope_decode_attention(qkv, k, v, seq_lens.repeat(2), n_heads=4, cos=cos, sin=sin)
     with pytest.raises(ValueError, match="hd even"):
-        da.rope_decode_attention(qkv[..., :15], k[..., :15], v[..., :15], seq_lens, n_heads=4,
-                                 inv_freq=inv_freq[:7])
-    got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, inv_freq=inv_freq)  # still usable afterwards
+        da.rope_decode_attention(qkv[..., :15], k[..., :15], v[..., :15], seq_lens, n_heads=4, cos=cos, sin=sin)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, cos=cos.half(), sin=sin.half())
+    got = da.rope_decode_attention(qkv, k, v, seq_lens, n_heads=4, cos=cos, sin=sin)  # still usable afterwards
     assert got.shape == (1, 4, 16) and not got.isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *GPU_DTYPES])
+def test_rope_cos_sin_equals_the_models_rotary_embedding(dtype):
+    """The per-step angle table: RotaryEmbedding's cos/sin rows (fp32 angles, rounded to the dtype), positions up
+    to 100K (where the angle needs its range reduction), one launch for all rows."""
+    from llmlab.config import ModelConfig
+    from llmlab.kernels.rope_cache import rope_cos_sin
+    from llmlab.model import RotaryEmbedding
+
+    cfg = ModelConfig(dim=64, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, intermediate_size=64,
+                      max_seq_len=200_000)
+    rope = RotaryEmbedding(cfg).to(DEV)
+    pos = torch.tensor([0, 1, 777, 99_999], device=DEV)
+    cos, sin = rope_cos_sin(pos, rope.inv_freq, dtype)
+    want_cos, want_sin = rope(pos[:, None], dtype)  # (B, 1, hd): two equal halves
+    hd = cfg.dim // cfg.n_heads
+    tol = dict(atol=1e-5, rtol=0) if dtype == torch.float32 else dict(atol=1e-2, rtol=0)
+    torch.testing.assert_close(cos, want_cos.reshape(4, hd)[:, :hd // 2], **tol)
+    torch.testing.assert_close(sin, want_sin.reshape(4, hd)[:, :hd // 2], **tol)
+    with pytest.raises(TypeError, match="positions must be an int32/int64"):
+        rope_cos_sin(pos.float(), rope.inv_freq, dtype)

@@ -142,10 +142,10 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     L = model.config.n_layers
     prefill = {"rmsnorm": 2 * L + 1, "swiglu": L}  # the prompt takes the per-module path
-    if overrides:  # not fusable: every decode step runs the per-module kernels too (batch-path RoPE: cos/sin)
-        assert calls == {"rmsnorm": 5 * (2 * L + 1), "swiglu": 5 * L, "rope_and_cache_": 4 * L}
+    rope = {"rope_decode_attention" if rope_in_attention == "1" else "rope_and_cache_": 4 * L}
+    if overrides:  # not fusable: every decode step runs the per-module kernels too
+        assert calls == {"rmsnorm": 5 * (2 * L + 1), "swiglu": 5 * L, **rope}
     else:
-        rope = {"rope_decode_attention" if rope_in_attention == "1" else "rope_and_cache_": 4 * L}
         assert calls == {"fused_gemv": 4 * 4 * L, "rmsnorm": prefill["rmsnorm"] + 4, "swiglu": prefill["swiglu"],
                          **rope}
 

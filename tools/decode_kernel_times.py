@@ -48,8 +48,13 @@ def main(model: str, setting: str, out: str, steps: int = 16) -> None:
     print(f"{'per tok':>8} {'mean us':>8} {'us/tok':>8}  kernel (per decode step; prefill kernels listed too)")
     for r in rows[:25]:
         print(f"{r['per_token']:8.1f} {r['mean_us']:8.2f} {r['us_per_token']:8.1f}  {r['kernel']}")
+    import torch
+    import triton
+
     with open(out, "w") as f:
-        json.dump({"model": model, "settings": settings, "pdl": os.environ.get("LLMLAB_PDL", "1"),
+        json.dump({"device": torch.cuda.get_device_name(), "commit": os.environ.get("LLMLAB_COMMIT", "?"),
+                   "versions": {"torch": torch.__version__, "triton": triton.__version__},
+                   "model": model, "settings": settings, "pdl": os.environ.get("LLMLAB_PDL", "1"),
                    "rope_in_attention": os.environ.get("LLMLAB_ROPE_IN_ATTENTION", "1"),
                    "summary": {k: v for k, v in s.items() if isinstance(v, (int, float, str, type(None)))},
                    "kernels": rows}, f, indent=1)
