@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, tune_bench, zero_on_error
+from ._util import (PREFETCH_LANES, autotune_configs, check_tensors, pdl_kwargs, pdl_supported, prefetch_args,
+                    tune_bench, zero_on_error)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -96,7 +97,8 @@ MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, cos_ptr, sin_ptr,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, cos_ptr, sin_ptr, pf0_ptr, pf0_bytes, pf1_ptr,
+    pf1_bytes,
     # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
     Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
@@ -110,6 +112,7 @@ def _decode_split_kernel(
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, NEW_KV: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -123,7 +126,15 @@ def _decode_split_kernel(
     NEW_KV (`rope_decode_attention`, needs HAS_LENS): q_ptr is a fused q/k/v projection's output for the new
     token at slot seq_len - 1, not yet rotated: every program applies RoPE to its q heads (cos/sin of the row's
     angles from cos_ptr/sin_ptr), the split holding that slot rotates the new k, writes k and v into the cache there
-    and starts its softmax with the new token; the loops read only the slots before it."""
+    and starts its softmax with the new token; the loops read only the slots before it.
+    PREFETCH (0, 1, 2): first, before anything else, ask the L2 for this program's share of the first PREFETCH
+    buffers (pf*_ptr, pf*_bytes: the weights of the GEMVs that come next; see `prefetch_args`)."""
+    if PREFETCH >= 1:  # constant weights: allowed before gdc_wait, and nothing waits for them
+        part = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        parts = tl.num_programs(0) * tl.num_programs(1)
+        _prefetch_l2(pf0_ptr, pf0_bytes, part, parts, PF_LANES)
+        if PREFETCH >= 2:
+            _prefetch_l2(pf1_ptr, pf1_bytes, part, parts, PF_LANES)
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         tl.extra.cuda.gdc_wait()
@@ -204,6 +215,21 @@ def _decode_split_kernel(
                             HD, tl.num_programs(1), stride_oh, stride_os, stride_lh, stride_outh,
                             BLOCK_HM, BLOCK_S, BLOCK_D)
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
+
+
+@triton.jit
+def _prefetch_l2(ptr, nbytes, part, parts, LANES: tl.constexpr):
+    """Ask the L2 for this program's share (`part` of `parts`) of bytes [0, nbytes) at ptr (uint8 pointer, 16-byte
+    aligned, nbytes a multiple of 16 and >= 16): LANES bulk prefetches of a 16-byte multiple each. Returns at once;
+    nothing waits for the data."""
+    lane = tl.arange(0, LANES)
+    n = parts * LANES
+    total = nbytes.to(tl.int64)
+    chunk = ((total + n - 1) // n + 15) // 16 * 16
+    start = tl.minimum((part * LANES + lane).to(tl.int64) * chunk, total - 16)
+    size = tl.maximum(tl.minimum(chunk, total - start), 16).to(tl.int32)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                              [ptr + start, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -484,7 +510,7 @@ _TUNED_AT_CAPACITY: set = set()
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
             num_splits: int | None = None, config: triton.Config | None = None,
-            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch=None) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
@@ -495,6 +521,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     the q heads' view of a fused projection's output). The key is tuned (at capacity) by a plain launch first: the
     NEW_KV launch writes the cache, and shares the plain launch's tuning key (the same tensors' dtypes: the plain
     launch passes q as the stand-in for cos and sin), so it reuses that choice.
+    prefetch: up to two tensors for the L2 to fetch while the kernel runs (`prefetch_args`).
     """
     B, H, hd = q.shape
     _, Hkv, S, _ = k.shape
@@ -535,10 +562,12 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     block_d = max(16, triton.next_power_of_2(hd))
     block_hm = triton.next_power_of_2(n_rep)
     counters = _split_counters(q.device, B * Hkv)
+    pf_slots, n_pf = prefetch_args(prefetch, q.device, counters.view(torch.uint8))
     with zero_on_error(counters):
         kernel[grid](
             q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
             counters, *((q, q) if rope is None else rope),  # no RoPE: q stands in for cos and sin, never read
+            *pf_slots,
             Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
             q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), k.stride(2),
@@ -549,6 +578,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
             BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), NEW_KV=rope is not None,
+            PREFETCH=n_pf, PF_LANES=PREFETCH_LANES,
             **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
@@ -562,7 +592,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
                      scale: float | None = None, num_splits: int | None = None,
-                     check_lens: bool = True) -> torch.Tensor:
+                     check_lens: bool = True, prefetch=None) -> torch.Tensor:
     """One decode step of GQA attention, flash-decoding style (split over the sequence, merged by log-sum-exp).
 
     Args:
@@ -576,6 +606,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             split length (`SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
+        prefetch: up to two tensors (e.g. the weights of the GEMVs that follow) for the L2 to fetch while the
+            kernel runs: at short context attention waits on latency and leaves the memory bus mostly idle. A
+            hint with no effect on the result; ignored in the interpreter, before sm_90, with LLMLAB_L2_PREFETCH=0,
+            and for a tensor that is not contiguous and 16-byte aligned.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
@@ -625,12 +659,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
                          f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None).view(q_shape)
+    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
+                   prefetch=prefetch).view(q_shape)
 
 
 def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                           n_heads: int, cos: torch.Tensor, sin: torch.Tensor,
-                          scale: float | None = None) -> torch.Tensor:
+                          scale: float | None = None, prefetch=None) -> torch.Tensor:
     """One decode step's RoPE, K/V cache write and attention, in the attention's own launch.
 
     `rope_and_cache_` followed by `decode_attention` are two launches per layer, and between them the GPU drains
@@ -652,6 +687,7 @@ def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         n_heads: H, the query heads (a multiple of Hkv).
         cos, sin: (B, hd), (B, 1, hd) or (B, hd/2), qkv's dtype: each row's angles (only [..., :hd/2] is read).
         scale: softmax scale, default 1/sqrt(hd).
+        prefetch: as `decode_attention`'s.
 
     Returns:
         (B, H, hd) in qkv's dtype.
@@ -691,7 +727,7 @@ def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             raise ValueError(f"rope_decode_attention: {name}'s last dimension must be contiguous, strides "
                              f"{t.stride()}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    return _decode(qkv[:, :n_heads], k_cache, v_cache, seq_lens, scale, rope=(cos2, sin2))
+    return _decode(qkv[:, :n_heads], k_cache, v_cache, seq_lens, scale, rope=(cos2, sin2), prefetch=prefetch)
 
 if __name__ == "__main__":
     from triton.testing import do_bench_cudagraph

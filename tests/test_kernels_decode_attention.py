@@ -486,3 +486,44 @@ def test_rope_cos_sin_equals_the_models_rotary_embedding(dtype):
     torch.testing.assert_close(sin, want_sin.reshape(4, hd)[:, :hd // 2], **tol)
     with pytest.raises(TypeError, match="positions must be an int32/int64"):
         rope_cos_sin(pos.float(), rope.inv_freq, dtype)
+
+
+# --- the L2 prefetch hint --------------------------------------------------------------------------------------
+
+def test_prefetch_slots_take_whole_aligned_tensors_and_fill_the_rest_with_the_stand_in(monkeypatch):
+    from llmlab.kernels import _util
+
+    monkeypatch.setattr(_util, "prefetch_supported", lambda device: True)
+    stand_in = torch.zeros(16, dtype=torch.uint8)
+    w = torch.randn(10, 7)  # 280 bytes: the first 272 (a multiple of 16) are fetched
+    slots, n = _util.prefetch_args((w,), torch.device("cpu"), stand_in)
+    assert n == 1 and slots[0].dtype == torch.uint8 and slots[0].data_ptr() == w.data_ptr() and slots[1] == 272
+    assert slots[2] is stand_in and slots[3] == 16
+    skipped = (torch.randn(64)[1:],  # 4 bytes past an aligned start
+               torch.randn(2),  # 8 bytes
+               torch.randn(8, 8).t())  # not contiguous
+    for t in skipped:
+        assert _util.prefetch_args((t,), torch.device("cpu"), stand_in)[1] == 0
+    slots, n = _util.prefetch_args((w, w, w), torch.device("cpu"), stand_in)  # two slots at most
+    assert n == 2 and slots[3] == 272
+    monkeypatch.setenv(_util.PREFETCH_ENV, "0")
+    monkeypatch.setattr(_util, "prefetch_supported", lambda device: False)
+    assert _util.prefetch_args((w,), torch.device("cpu"), stand_in)[1] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S, lens", [(384, [300]), (8192, [8192])])
+def test_prefetching_weights_into_the_l2_does_not_change_the_answer(S, lens):
+    q, k, v = _qkv(1, 32, 8, S, 64, torch.bfloat16, seed=S)
+    seq_lens = torch.tensor(lens, device=DEV)
+    w1 = torch.randn(2048, 2048, device=DEV, dtype=torch.bfloat16)
+    w2 = torch.randn(3072, 2048, device=DEV, dtype=torch.bfloat16)
+    want = decode_attention(q, k, v, seq_lens=seq_lens)
+    got = decode_attention(q, k, v, seq_lens=seq_lens, prefetch=(w1, w2))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    qkv, kc, vc, sl, inv_freq = _new_token_case(1, 32, 8, S, 64, lens, torch.bfloat16, seed=S)
+    cos, sin = _angles(sl, inv_freq, torch.bfloat16)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = da.rope_decode_attention(qkv, kc, vc, sl, n_heads=32, cos=cos, sin=sin)
+    got = da.rope_decode_attention(qkv, kc2, vc2, sl, n_heads=32, cos=cos, sin=sin, prefetch=(w2,))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)

@@ -110,7 +110,7 @@ def test_patched_model_matches_with_a_static_cache(monkeypatch):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("rope_in_attention", ["1", "0"], ids=["rope-in-attention", "rope-launch"])
+@pytest.mark.parametrize("rope_in_attention", ["0", "1"], ids=["rope-launch", "rope-in-attention"])
 @pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["llama", "qkv-bias"])
 def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(monkeypatch, overrides,
                                                                                rope_in_attention):
