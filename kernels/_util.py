@@ -126,39 +126,6 @@ def pdl_kwargs(device: torch.device) -> dict:
     return {"PDL": on, **({"launch_pdl": True} if on else {})}
 
 
-# L2 prefetch (Hopper's cp.async.bulk.prefetch.L2, https://docs.nvidia.com/cuda/parallel-thread-execution/index.html
-# #data-movement-and-conversion-instructions-cp-async-bulk-prefetch): a kernel that leaves the memory bus idle —
-# decode attention over a short context reads a few MB in several microseconds, waiting on latency — can ask the L2
-# to fetch the weights the NEXT kernels will read, without waiting for them. Those GEMVs then read from the L2. A
-# megakernel does the same ("Look Ma, No Bubbles", https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles).
-PREFETCH_ENV = "LLMLAB_L2_PREFETCH"  # "0" switches it off (to measure with and without)
-PREFETCH_LANES = 128  # one prefetch per thread of a 4-warp program
-
-
-def prefetch_supported(device: torch.device) -> bool:
-    """True where the kernels may issue L2 prefetches: `pdl_supported` (sm_90+, not the interpreter) and
-    LLMLAB_L2_PREFETCH is not "0" (read at each call)."""
-    return os.environ.get(PREFETCH_ENV, "1") != "0" and pdl_supported(device)
-
-
-def prefetch_args(tensors, device: torch.device, stand_in: torch.Tensor) -> tuple[list, int]:
-    """([ptr0, bytes0, ptr1, bytes1], how many to prefetch) for a kernel's two prefetch slots.
-
-    tensors: up to two tensors to pull into the L2 (None or () for none); each whole tensor's storage span from
-    its first element, rounded down to a multiple of 16 bytes; one that is not 16-byte aligned or under 16 bytes is
-    left out. stand_in: a uint8 tensor on `device` passed in an unused slot (so every launch has the same argument
-    dtypes — the autotuners key on them). Returns count 0 where `prefetch_supported` is False."""
-    slots, n = [], 0
-    for t in (tensors or ())[:2] if prefetch_supported(device) else ():
-        nbytes = (t.numel() * t.element_size()) // 16 * 16
-        if t.device == device and t.is_contiguous() and t.data_ptr() % 16 == 0 and nbytes >= 16:
-            slots += [t.view(-1).view(torch.uint8), nbytes]
-            n += 1
-    while len(slots) < 4:
-        slots += [stand_in, 16]
-    return slots, n
-
-
 @contextlib.contextmanager
 def zero_on_error(counters: torch.Tensor):
     """Around a launch of a kernel whose programs count themselves done on `counters` (the split-K GEMVs, decode

@@ -31,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import (PREFETCH_LANES, autotune_configs, check_tensors, pdl_kwargs, pdl_supported, prefetch_args,
-                    tune_bench, zero_on_error)
+from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, tune_bench, zero_on_error
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -97,8 +96,7 @@ MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, cos_ptr, sin_ptr, pf0_ptr, pf0_bytes, pf1_ptr,
-    pf1_bytes,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
     # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
     Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
@@ -107,12 +105,11 @@ def _decode_split_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    stride_outb, stride_outh, stride_cb,
+    stride_outb, stride_outh,
     # meta-parameters
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, NEW_KV: tl.constexpr,
-    PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -122,19 +119,7 @@ def _decode_split_kernel(
     (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
     the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split.
     FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
-    so there is no merge kernel to launch.
-    NEW_KV (`rope_decode_attention`, needs HAS_LENS): q_ptr is a fused q/k/v projection's output for the new
-    token at slot seq_len - 1, not yet rotated: every program applies RoPE to its q heads (cos/sin of the row's
-    angles from cos_ptr/sin_ptr), the split holding that slot rotates the new k, writes k and v into the cache there
-    and starts its softmax with the new token; the loops read only the slots before it.
-    PREFETCH (0, 1, 2): first, before anything else, ask the L2 for this program's share of the first PREFETCH
-    buffers (pf*_ptr, pf*_bytes: the weights of the GEMVs that come next; see `prefetch_args`)."""
-    if PREFETCH >= 1:  # constant weights: allowed before gdc_wait, and nothing waits for them
-        part = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        parts = tl.num_programs(0) * tl.num_programs(1)
-        _prefetch_l2(pf0_ptr, pf0_bytes, part, parts, PF_LANES)
-        if PREFETCH >= 2:
-            _prefetch_l2(pf1_ptr, pf1_bytes, part, parts, PF_LANES)
+    so there is no merge kernel to launch."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         tl.extra.cuda.gdc_wait()
@@ -168,12 +153,6 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    if NEW_KV:  # RoPE, the cache write and the new token's score, before the loop over the cached slots
-        q, m_i, l_i, acc = _new_token(q_ptr + b * stride_qb, cos_ptr + b * stride_cb, sin_ptr + b * stride_cb,
-                                      k_base, v_base, q, m_i, l_i, acc,
-                                      seq_len - 1, start, end, kvh, Hkv * N_REP, Hkv, HD, heads, hmask, d, dmask,
-                                      scale, stride_qh, stride_ks, stride_vs)
-        end = tl.minimum(end, seq_len - 1)  # the new token's slot is not read back: it came in registers
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
@@ -215,62 +194,6 @@ def _decode_split_kernel(
                             HD, tl.num_programs(1), stride_oh, stride_os, stride_lh, stride_outh,
                             BLOCK_HM, BLOCK_S, BLOCK_D)
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
-
-
-@triton.jit
-def _prefetch_l2(ptr, nbytes, part, parts, LANES: tl.constexpr):
-    """Ask the L2 for this program's share (`part` of `parts`) of bytes [0, nbytes) at ptr (uint8 pointer, 16-byte
-    aligned, nbytes a multiple of 16 and >= 16): LANES bulk prefetches of a 16-byte multiple each. Returns at once;
-    nothing waits for the data."""
-    lane = tl.arange(0, LANES)
-    n = parts * LANES
-    total = nbytes.to(tl.int64)
-    chunk = ((total + n - 1) // n + 15) // 16 * 16
-    start = tl.minimum((part * LANES + lane).to(tl.int64) * chunk, total - 16)
-    size = tl.maximum(tl.minimum(chunk, total - start), 16).to(tl.int32)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                              [ptr + start, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _new_token(row, cos_row, sin_row, k_base, v_base, q, m_i, l_i, acc, pos, start, end, kvh, H, Hkv, HD, heads, hmask, d,
-               dmask, scale, stride_qh, stride_ks, stride_vs):
-    """NEW_KV's prologue for one program: row = the new token's q/k/v projection output (H q heads, Hkv k heads, Hkv
-    v heads of HD each, stride_qh apart), pos = its cache slot, cos_row/sin_row = cos and sin of its angles
-    (HD/2 of them, the activation dtype). Returns q rotated (BLOCK_H, BLOCK_D) in the
-    activation dtype, and the softmax state (m_i, l_i, acc) holding the new token for the split that covers pos
-    (start <= pos < end; that split also writes the rotated k and v at pos), an empty state for the others.
-
-    RoPE as `rope_cache.py` (rotate half: lane d pairs with d +- HD/2; fp32, rounded to the activation dtype as
-    the unfused path stores q and k), the score as the loop's dot: rounded q times rounded k, in fp32. The angles
-    come as a table, not computed here: accurate sin/cos of a large angle is a long instruction sequence (fp64
-    range reduction, a slow path with local memory), which in call AL made this kernel 2x slower (7.1 vs 3.5 us)
-    when every program ran it."""
-    dt = row.dtype.element_ty
-    half = HD // 2
-    lo = d < half
-    partner = tl.where(lo, d + half, d - half)
-    i = tl.where(lo, d, d - half)
-    c = tl.load(cos_row + i, mask=dmask, other=0.0).to(tl.float32)  # (BLOCK_D,)
-    s = tl.load(sin_row + i, mask=dmask, other=0.0).to(tl.float32)
-    s = tl.where(lo, -s, s)  # rot(x)[d] = x[d] c - x[d + half] s (first half), x[d] c + x[d - half] s (second)
-    qp = tl.load(row + heads[:, None] * stride_qh + partner[None, :], mask=hmask[:, None] & dmask[None, :],
-                 other=0.0).to(tl.float32)
-    q = (q.to(tl.float32) * c[None, :] + qp * s[None, :]).to(dt)
-    k_row = row + (H + kvh) * stride_qh
-    k_new = tl.load(k_row + d, mask=dmask, other=0.0).to(tl.float32)
-    k_new = (k_new * c + tl.load(k_row + partner, mask=dmask, other=0.0).to(tl.float32) * s).to(dt)
-    v_new = tl.load(row + (H + Hkv + kvh) * stride_qh + d, mask=dmask, other=0.0)
-    slot = pos + 0 * d  # the slot on every lane (a vector mask: the interpreter takes no scalar & vector)
-    owner = (start <= slot) & (slot < end)  # (BLOCK_D,), all lanes alike
-    tl.store(k_base + pos * stride_ks + d, k_new.to(k_base.dtype.element_ty), mask=dmask & owner)
-    tl.store(v_base + pos * stride_vs + d, v_new.to(v_base.dtype.element_ty), mask=dmask & owner)
-    owner = (start <= pos) & (pos < end)
-    score = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale  # (BLOCK_H,)
-    m_i = tl.where(owner, score, m_i)
-    l_i = tl.where(owner, 1.0, l_i)  # exp(score - m_i) = 1
-    acc = tl.where(owner, acc + v_new.to(tl.float32)[None, :], acc)
-    return q, m_i, l_i, acc
 
 
 @triton.jit
@@ -509,19 +432,13 @@ _TUNED_AT_CAPACITY: set = set()
 
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
-            num_splits: int | None = None, config: triton.Config | None = None,
-            rope: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch=None) -> torch.Tensor:
+            num_splits: int | None = None, config: triton.Config | None = None) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
     Neither num_splits nor config: the autotuned kernel (`_decode_split_tuned`). Otherwise the plain jit kernel
     with `config` (default `_NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
     if num_splits is given, SPLIT_N = 0: S shared out over that many programs per (sequence, KV head).
-    rope = (cos, sin), (B, >= hd/2) in q's dtype, with seq_lens: the NEW_KV launch of `rope_decode_attention` (q is
-    the q heads' view of a fused projection's output). The key is tuned (at capacity) by a plain launch first: the
-    NEW_KV launch writes the cache, and shares the plain launch's tuning key (the same tensors' dtypes: the plain
-    launch passes q as the stand-in for cos and sin), so it reuses that choice.
-    prefetch: up to two tensors for the L2 to fetch while the kernel runs (`prefetch_args`).
     """
     B, H, hd = q.shape
     _, Hkv, S, _ = k.shape
@@ -562,23 +479,20 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     block_d = max(16, triton.next_power_of_2(hd))
     block_hm = triton.next_power_of_2(n_rep)
     counters = _split_counters(q.device, B * Hkv)
-    pf_slots, n_pf = prefetch_args(prefetch, q.device, counters.view(torch.uint8))
     with zero_on_error(counters):
         kernel[grid](
             q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
-            counters, *((q, q) if rope is None else rope),  # no RoPE: q stands in for cos and sin, never read
-            *pf_slots,
+            counters,
             Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
             q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1), 0 if rope is None else rope[0].stride(0),
+            out.stride(0), out.stride(1),
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
-            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), NEW_KV=rope is not None,
-            PREFETCH=n_pf, PF_LANES=PREFETCH_LANES,
+            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
             **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
@@ -592,7 +506,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
                      scale: float | None = None, num_splits: int | None = None,
-                     check_lens: bool = True, prefetch=None) -> torch.Tensor:
+                     check_lens: bool = True) -> torch.Tensor:
     """One decode step of GQA attention, flash-decoding style (split over the sequence, merged by log-sum-exp).
 
     Args:
@@ -606,10 +520,6 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             split length (`SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
-        prefetch: up to two tensors (e.g. the weights of the GEMVs that follow) for the L2 to fetch while the
-            kernel runs: at short context attention waits on latency and leaves the memory bus mostly idle. A
-            hint with no effect on the result; ignored in the interpreter, before sm_90, with LLMLAB_L2_PREFETCH=0,
-            and for a tensor that is not contiguous and 16-byte aligned.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
@@ -659,75 +569,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
                          f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
-                   prefetch=prefetch).view(q_shape)
+    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None).view(q_shape)
 
-
-def rope_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                          n_heads: int, cos: torch.Tensor, sin: torch.Tensor,
-                          scale: float | None = None, prefetch=None) -> torch.Tensor:
-    """One decode step's RoPE, K/V cache write and attention, in the attention's own launch.
-
-    `rope_and_cache_` followed by `decode_attention` are two launches per layer, and between them the GPU drains
-    and refills for a few hundred bytes of work. Here each attention program rotates its query heads itself, and
-    the program whose split holds the new token's slot also rotates k, writes k and v into the cache, and starts
-    its softmax with the new token (its k and v are in registers, so no program reads that slot back). Same
-    answer as the two launches (same roundings; the new token is summed first instead of last). The angles come
-    as cos/sin rows, computed once per step for all layers (`rope_cache.rope_cos_sin`, or the model's
-    `RotaryEmbedding`).
-
-    Args:
-        qkv: (B, H + 2 * Hkv, hd) one new token per row as the fused q/k/v projection writes it (q heads, then k,
-            then v; NOT rotated — and left so: q is not rotated in place, unlike `rope_and_cache_`); last
-            dimension contiguous.
-        k_cache, v_cache: (B, Hkv, S, hd) one layer of a static cache, last dimension contiguous, qkv's dtype.
-        seq_lens: (B,) int32/int64 on the device: row b's new token goes to slot seq_lens[b] - 1 and attends to
-            slots 0..seq_lens[b] - 1. Not read on the host (the caller checks positions, as the model's decode
-            step does): each must lie in 1..S.
-        n_heads: H, the query heads (a multiple of Hkv).
-        cos, sin: (B, hd), (B, 1, hd) or (B, hd/2), qkv's dtype: each row's angles (only [..., :hd/2] is read).
-        scale: softmax scale, default 1/sqrt(hd).
-        prefetch: as `decode_attention`'s.
-
-    Returns:
-        (B, H, hd) in qkv's dtype.
-
-    Raises:
-        ValueError: shapes that do not fit together, odd hd, non-contiguous last dimensions.
-        TypeError: unsupported or mismatched dtypes, seq_lens not an int tensor.
-    """
-    check_tensors("rope_decode_attention", DTYPES, qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
-    if len({qkv.dtype, k_cache.dtype, v_cache.dtype, cos.dtype, sin.dtype}) != 1:
-        raise TypeError(f"rope_decode_attention: qkv, the caches and cos/sin must share one dtype, got {qkv.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}, {cos.dtype}, {sin.dtype}")
-    if qkv.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"rope_decode_attention: qkv must be (B, H + 2*Hkv, hd) and the caches (B, Hkv, S, hd), "
-                         f"got {tuple(qkv.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    B, heads, hd = qkv.shape
-    Hkv = k_cache.shape[1]
-    if (heads != n_heads + 2 * Hkv or n_heads % Hkv or k_cache.shape[0] != B or k_cache.shape[3] != hd
-            or hd % 2 or k_cache.shape[2] == 0):
-        raise ValueError(f"rope_decode_attention: qkv {tuple(qkv.shape)} does not hold {n_heads} q heads + 2 x "
-                         f"{Hkv} k/v heads of the cache {tuple(k_cache.shape)} (n_heads a multiple of Hkv, hd even, "
-                         f"S >= 1)")
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"rope_decode_attention: seq_lens must be a ({B},) int32/int64 tensor, got "
-                        f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)}")
-    if seq_lens.shape != (B,) or seq_lens.device != qkv.device:
-        raise ValueError(f"rope_decode_attention: seq_lens must be ({B},) on {qkv.device}, got "
-                         f"{tuple(seq_lens.shape)} on {seq_lens.device}")
-    cos2, sin2 = cos.reshape(B, -1), sin.reshape(B, -1)
-    if cos2.shape != sin2.shape or cos2.shape[1] not in (hd, hd // 2):
-        raise ValueError(f"rope_decode_attention: cos/sin must be ({B}, {hd}) or ({B}, {hd // 2}) rows, got "
-                         f"{tuple(cos.shape)}, {tuple(sin.shape)}")
-    if cos2.stride() != sin2.stride() or cos2.stride(-1) != 1:
-        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
-    for name, t in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"rope_decode_attention: {name}'s last dimension must be contiguous, strides "
-                             f"{t.stride()}")
-    scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    return _decode(qkv[:, :n_heads], k_cache, v_cache, seq_lens, scale, rope=(cos2, sin2), prefetch=prefetch)
 
 if __name__ == "__main__":
     from triton.testing import do_bench_cudagraph

@@ -99,7 +99,7 @@ def _fused_gemv_kernel(
     stride_wn,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr = "",
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     dt = x_ptr.dtype.element_ty
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,8 +110,7 @@ def _fused_gemv_kernel(
     if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
         tl.extra.cuda.gdc_launch_dependents()
     # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
-    w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0,
-                eviction_policy=EVICT)  # (BLOCK_N, BLOCK_K)
+    w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     xk, sq = _x_tile(x_ptr, nw_ptr, rk, rk < K, K, PROLOGUE)
@@ -120,8 +119,7 @@ def _fused_gemv_kernel(
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < K
-        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy=EVICT)  # what it moves
+        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # what it moves
         xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)
         sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
@@ -135,7 +133,7 @@ def _fused_gemv_kernel(
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
-               swiglu: bool = False, residual: torch.Tensor | None = None, stream: bool = False) -> torch.Tensor:
+               swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """y = [residual +] weight @ prologue(x) for ONE token, in one launch.
 
     Args:
@@ -145,9 +143,6 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         norm_weight: (K,) RMSNorm weight: x is normalized first (`llmlab.model.RMSNorm`, eps `eps`).
         swiglu: x is [gate | up]: silu(gate) * up is the GEMV's input. Not together with norm_weight.
         residual: (..., N) one row, same dtype: added to the output.
-        stream: read the weight with the L2's evict-first priority: a big weight streamed once then leaves the
-            L2's other lines alone (e.g. weights an attention kernel prefetched for later GEMVs). No effect on the
-            result.
 
     Returns:
         (..., N): x's leading dimensions with the last one N, in x's dtype.
@@ -193,8 +188,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
         N, K, float(eps),
         weight.stride(0),
-        PROLOGUE=prologue, HAS_RES=residual is not None, EVICT="evict_first" if stream else "",
-        **pdl_kwargs(x.device),
+        PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
     )
     return y
 

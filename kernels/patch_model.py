@@ -18,10 +18,7 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
   method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
-  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`): six launches per layer
-  (seven if the attention needs a merge launch), and the attention prefetches the next GEMVs' weights into the L2.
-  (LLMLAB_ROPE_IN_ATTENTION=1 moves RoPE with the K/V cache write into the attention launch,
-  `rope_decode_attention`: one launch fewer, but not faster — see `rope_in_attention`.)
+  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer.
 
 What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -31,17 +28,15 @@ interpreter) falls back to the PyTorch path with one warning saying why.
 from __future__ import annotations
 
 import functools
-import os
 import types
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-from ._util import PREFETCH_ENV, interpret_mode, triton_status
+from ._util import interpret_mode, triton_status
 
 _warned: set[str] = set()
-ROPE_IN_ATTENTION_ENV = "LLMLAB_ROPE_IN_ATTENTION"  # "1": RoPE + cache write inside the attention launch
 
 
 def _warn_once(reason: str) -> None:
@@ -73,9 +68,7 @@ def _kernels():
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
-                                 rope_cos_sin=disable(rope_cache.rope_cos_sin),
                                  decode_attention=disable(decode_attention.decode_attention),
-                                 rope_decode_attention=disable(decode_attention.rope_decode_attention),
                                  fused_gemv=disable(fused_gemv.fused_gemv))
 
 
@@ -151,37 +144,19 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     return lens
 
 
-def rope_in_attention() -> bool:
-    """Whether a decode step on a static cache rotates q/k and writes the cache inside the attention launch
-    (`rope_decode_attention`): only with LLMLAB_ROPE_IN_ATTENTION=1 (read when a step runs — in a CUDA graph, when
-    it is captured). Off by default because it measured no faster (H200, Llama-3.2-1B shape, bs=1, calls AL/AM):
-    the RoPE launch it removes was already hidden by programmatic dependent launch, while every attention program
-    now does the rotation before its loop — chat 1060 vs 1054 tokens/s (noise), the 8K workload 777 vs 795 (-2%).
-    With sin/cos computed in every program (call AL) it was 5% slower still."""
-    return os.environ.get(ROPE_IN_ATTENTION_ENV, "0") == "1"
-
-
-def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None,
-                             prefetch=None) -> torch.Tensor:
+def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None) -> torch.Tensor:
     """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
     attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd). The angles come as
-    cos/sin rows, or (cos = sin = None) as `inv_freq` for the RoPE kernel to compute. With cos/sin and
-    `rope_in_attention()`, RoPE and the cache write ride inside the attention launch (`rope_decode_attention`).
-    prefetch: weights for the L2 to fetch meanwhile
-    (`decode_attention`'s argument)."""
+    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute."""
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
     pos = _row_positions(positions, B)
     lens = _decode_lens(kv_cache, positions, B)  # first: it checks the positions before anything is written
-    if inv_freq is None:  # one angle row per row (rows may share one): (B, hd), or (B, hd/2) from rope_cos_sin
-        cos, sin = cos.reshape(-1, cos.shape[-1]).expand(B, -1), sin.reshape(-1, sin.shape[-1]).expand(B, -1)
-        if rope_in_attention():
-            return K.rope_decode_attention(qkv, k_all, v_all, lens, n_heads=H, cos=cos, sin=sin,
-                                           prefetch=prefetch)  # (B, H, hd)
+    if inv_freq is None:
+        cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
-    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False,
-                              prefetch=prefetch)  # (B, H, hd)
+    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False)  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -281,40 +256,22 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
-    Per layer, six or seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) +
-    K/V cache write; attention (plus a merge launch when it splits the cache and does not merge in its last
-    program); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV + residual add. (With
-    `rope_in_attention()`: RoPE and the cache write inside the attention launch, `rope_decode_attention`, the
-    step's cos/sin computed once before the layers.)
-
-    The attention of a short context leaves the memory bus mostly idle, so it also asks the L2 to fetch the weights
-    of the GEMVs after it (`decode_attention`'s prefetch): the o projection's, and the next layer's q/k/v weight —
-    the MLP's GEMVs between then stream their weights with evict-first priority, so those lines stay. With
-    LLMLAB_L2_PREFETCH=o only the o projection's; =0 none. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
+    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
+    residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
-    cos = sin = None
-    if rope_in_attention():  # the angles once for all layers (one launch), read by each layer's attention
-        cos, sin = K.rope_cos_sin(_row_positions(positions, 1), inv_freq, h.dtype)  # (1, hd/2) each
-        inv_freq = None
-    layers = list(model.layers)
-    w_qkvs = [_fused_linear(layer.self_attn, "_llmlab_fused_qkv")[0] for layer in layers]
-    plan = os.environ.get(PREFETCH_ENV, "1")
-    for i, layer in enumerate(layers):
+    for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-        qkv = K.fused_gemv(h, w_qkvs[i], norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
-        prefetch = () if plan == "0" else (attn.o_proj.weight,)
-        if plan not in ("0", "o") and i + 1 < len(layers):
-            prefetch += (w_qkvs[i + 1],)
-        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), cos, sin, positions, kv_cache,
-                                     inv_freq=inv_freq, prefetch=prefetch)
+        w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
+        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+                                     inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
-        stream = len(prefetch) == 2  # keep the next q/k/v weight in the L2 while these stream through
-        gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, stream=stream)  # [gate | up]
-        h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h,
-                         stream=stream)  # h + down(silu(gate) * up)
+        gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]
+        h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h)  # h + down(silu(gate) * up)
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
 

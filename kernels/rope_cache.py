@@ -44,21 +44,6 @@ def rope_and_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 @triton.jit
-def rope_angles(pos, freq_ptr, i, mask, dt: tl.constexpr):
-    """cos and sin of angle pos * inv_freq[i] (i: lanes of one half of a head, HALF = hd/2 of them), fp32 values
-    rounded to the activation dtype dt, as `llmlab.model.RotaryEmbedding` builds its cos/sin rows.
-
-    The angle is brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0, and at
-    position 100K the angle is ~1e5 rad. (Not cheap: fp64 arithmetic and libdevice's sin/cos with their slow path
-    add ~3000 instructions; compute it once per step and row, as `rope_cos_sin` does, where many programs need it.)"""
-    ang = pos.to(tl.float32) * tl.load(freq_ptr + i, mask=mask, other=0.0)
-    a64 = ang.to(tl.float64)
-    two_pi = tl.full((), 6.283185307179586, tl.float64)
-    red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
-    return tl.cos(red).to(dt).to(tl.float32), tl.sin(red).to(dt).to(tl.float32)
-
-
-@triton.jit
 def _rope_cache_kernel(
     # pointers
     x_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr,
@@ -86,7 +71,14 @@ def _rope_cache_kernel(
     mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
     if h < H + HKV:  # q or k: rotate
         if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
-            c, s = rope_angles(pos, cos_ptr, i, mask, x1.dtype)
+            ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
+            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
+            # and at position 100K the angle is ~1e5 rad
+            a64 = ang.to(tl.float64)
+            two_pi = tl.full((), 6.283185307179586, tl.float64)
+            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
+            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
+            s = tl.sin(red).to(x1.dtype).to(tl.float32)
         else:
             c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
             s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
@@ -173,55 +165,6 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
         HALF=hd // 2, BLOCK_HALF=triton.next_power_of_2(hd // 2), FROM_FREQ=inv_freq is not None,
         **pdl_kwargs(qkv.device),
     )
-
-
-@triton.jit
-def _rope_table_kernel(pos_ptr, freq_ptr, cos_ptr, sin_ptr, HALF, stride_pb, stride_cb,
-                       BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    b = tl.program_id(0)
-    i = tl.arange(0, BLOCK_HALF)
-    mask = i < HALF
-    c, s = rope_angles(tl.load(pos_ptr + b * stride_pb), freq_ptr, i, mask, cos_ptr.dtype.element_ty)
-    tl.store(cos_ptr + b * stride_cb + i, c.to(cos_ptr.dtype.element_ty), mask=mask)
-    tl.store(sin_ptr + b * stride_cb + i, s.to(sin_ptr.dtype.element_ty), mask=mask)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of each row's RoPE angles, position * inv_freq, as `llmlab.model.RotaryEmbedding` computes them
-    (fp32 angles, values rounded to `dtype`), in one launch: a decode step computes them once and every layer's
-    `rope_decode_attention` reads them.
-
-    Args:
-        positions: (B,) int32/int64 on the device (one position per row).
-        inv_freq: (hd/2,) fp32 inverse frequencies on the same device.
-        dtype: the activations' dtype.
-
-    Returns:
-        (cos, sin), each (B, hd/2) in `dtype` (the first half of RotaryEmbedding's (B, hd) rows; the second half
-        repeats it).
-
-    Raises:
-        TypeError / ValueError: positions not an int (B,) tensor, inv_freq not (hd/2,) fp32 on that device.
-    """
-    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"rope_cos_sin: positions must be an int32/int64 tensor, got "
-                        f"{getattr(positions, 'dtype', type(positions).__name__)}")
-    if positions.dim() != 1:
-        raise ValueError(f"rope_cos_sin: positions must be (B,), got {tuple(positions.shape)}")
-    if inv_freq.dtype != torch.float32 or inv_freq.dim() != 1 or inv_freq.device != positions.device:
-        raise ValueError(f"rope_cos_sin: inv_freq must be a (hd/2,) fp32 tensor on {positions.device}, got "
-                         f"{tuple(inv_freq.shape)} {inv_freq.dtype} on {inv_freq.device}")
-    B, half = positions.shape[0], inv_freq.shape[0]
-    cos = torch.empty(B, half, dtype=dtype, device=positions.device)
-    sin = torch.empty_like(cos)
-    check_tensors("rope_cos_sin", DTYPES, inv_freq=inv_freq, cos=cos)
-    _rope_table_kernel[(B,)](positions, inv_freq.contiguous(), cos, sin, half, positions.stride(0), cos.stride(0),
-                             BLOCK_HALF=triton.next_power_of_2(half), **pdl_kwargs(positions.device))
-    return cos, sin
 
 
 if __name__ == "__main__":

@@ -106,10 +106,3 @@ def test_a_strided_norm_weight_is_read_correctly():
     nw = torch.randn(60, device=DEV)[::2]  # a view with stride 2
     torch.testing.assert_close(fused_gemv(x, w, norm_weight=nw), fused_gemv_reference(x, w, norm_weight=nw),
                                **TOL[torch.float32])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_streaming_the_weight_evict_first_gives_the_same_answer(dtype):
-    """stream=True only changes the L2 priority of the weight's loads (a hint): the output is bit for bit the same."""
-    x, w, kw = _case(999, 1001, "norm+residual", dtype, seed=3)
-    torch.testing.assert_close(fused_gemv(x, w, stream=True, **kw), fused_gemv(x, w, **kw), atol=0, rtol=0)

@@ -110,17 +110,12 @@ def test_patched_model_matches_with_a_static_cache(monkeypatch):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("rope_in_attention", ["0", "1"], ids=["rope-launch", "rope-in-attention"])
 @pytest.mark.parametrize("overrides", [{}, {"attention_bias": True}], ids=["llama", "qkv-bias"])
-def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(monkeypatch, overrides,
-                                                                               rope_in_attention):
-    """Batch 1, one token, static cache (the CUDA-graph decode at batch 1): four fused GEMVs per layer, RoPE and the
-    cache write inside the attention launch (or, with LLMLAB_ROPE_IN_ATTENTION=0, their own launch), no separate
-    RMSNorm/SwiGLU launches except the final norm — and the same logits as the PyTorch path. A model the fused step
-    does not cover (biases) takes the per-module path and matches too."""
+def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(monkeypatch, overrides):
+    """Batch 1, one token, static cache (the CUDA-graph decode at batch 1): four fused GEMVs per layer and no
+    separate RMSNorm/SwiGLU launches except the final norm — and the same logits as the PyTorch path. A model the
+    fused step does not cover (biases) takes the per-module path and matches too."""
     from llmlab.static_cache import StaticKVCache
-
-    monkeypatch.setenv(patch_model.ROPE_IN_ATTENTION_ENV, rope_in_attention)
 
     model = tiny_model(seed=4, **overrides).to(DEV)
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4)).to(DEV)
@@ -135,19 +130,16 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
         return outs
 
     ref = run()
-    calls = _count_calls(monkeypatch, ("fused_gemv", "rmsnorm", "swiglu", "rope_decode_attention",
-                                       "rope_and_cache_"))
+    calls = _count_calls(monkeypatch, ("fused_gemv", "rmsnorm", "swiglu"))
     got = _run_patched(model, run)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     L = model.config.n_layers
     prefill = {"rmsnorm": 2 * L + 1, "swiglu": L}  # the prompt takes the per-module path
-    rope = {"rope_decode_attention" if rope_in_attention == "1" else "rope_and_cache_": 4 * L}
     if overrides:  # not fusable: every decode step runs the per-module kernels too
-        assert calls == {"rmsnorm": 5 * (2 * L + 1), "swiglu": 5 * L, **rope}
+        assert calls == {"rmsnorm": 5 * (2 * L + 1), "swiglu": 5 * L}
     else:
-        assert calls == {"fused_gemv": 4 * 4 * L, "rmsnorm": prefill["rmsnorm"] + 4, "swiglu": prefill["swiglu"],
-                         **rope}
+        assert calls == {"fused_gemv": 4 * 4 * L, "rmsnorm": prefill["rmsnorm"] + 4, "swiglu": prefill["swiglu"]}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for tensors the interpreter cannot take")

@@ -55,7 +55,6 @@ def main(model: str, setting: str, out: str, steps: int = 16) -> None:
         json.dump({"device": torch.cuda.get_device_name(), "commit": os.environ.get("LLMLAB_COMMIT", "?"),
                    "versions": {"torch": torch.__version__, "triton": triton.__version__},
                    "model": model, "settings": settings, "pdl": os.environ.get("LLMLAB_PDL", "1"),
-                   "rope_in_attention": os.environ.get("LLMLAB_ROPE_IN_ATTENTION", "1"),
                    "summary": {k: v for k, v in s.items() if isinstance(v, (int, float, str, type(None)))},
                    "kernels": rows}, f, indent=1)
 

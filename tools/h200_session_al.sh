@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# RECORD of call AL at commit 1aeb7ee: rope_decode_attention (first form) was measured no
+# faster and taken out again (see data/runs/2026-11-30_h200_call-al.log); its env switches do nothing at later commits.
 # Device call AL (session 7): RoPE + the K/V cache write moved into the decode-attention launch
 # (`rope_decode_attention`, one launch fewer per layer in the batch-1 decode step). GPU tests of it; the chat
 # workload's Triton rung with it off and on (LLMLAB_ROPE_IN_ATTENTION); each kernel's own time per token

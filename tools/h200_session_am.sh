@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# RECORD of call AM at commit 8e06020: rope_decode_attention with the cos/sin table was measured no
+# faster and taken out again (see data/runs/2026-11-30_h200_call-am.log); its env switches do nothing at later commits.
 # Device call AM (session 7): RoPE + the K/V cache write inside the decode-attention launch, now reading the step's
 # cos/sin from a table computed once per step (`rope_cos_sin`) instead of computing sin/cos in every program (call
 # AL: that made the split kernel 7.1 us against 3.5 and the chat rung 5% slower). GPU tests; the chat Triton rung

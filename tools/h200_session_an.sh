@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# RECORD of call AN at commit 0397480: the L2 prefetch was measured no
+# faster and taken out again (see data/runs/2026-11-30_h200_call-an.log); its env switches do nothing at later commits.
 # Device call AN (session 7): the batch-1 decode step's attention asks the L2 to fetch the weights of the GEMVs after
 # it (cp.async.bulk.prefetch.L2): the o projection's, and the next layer's q/k/v weight (the MLP GEMVs between then
 # read with evict-first priority). GPU tests; the chat Triton rung with LLMLAB_L2_PREFETCH=0 / o / 1; each kernel's
