@@ -230,7 +230,9 @@ def _int4_matmul_kernel(
 # autotuned package, `..._kernels_micro_20261130T184948Z.json`): int4 2.14x / 2.35x / 1.92x / 1.93x and int8 1.80x /
 # 1.91x / 1.89x / 1.97x at 14336 x 4096, 4096 x 14336, 6144 x 4096, 4096 x 4096 (int8 was 1.64-1.66x at 6144 x 4096
 # with every earlier config). The tensor-core try (`int4_mma_gemv.py`: weights in the mma fragment order, ~2.5
-# instructions per weight) was slower, 25 us: one warp per scheduler stalled on shared memory (call AG).
+# instructions per weight) was slower, 25 us: one warp per scheduler stalled on shared memory (call AG). So was a
+# persistent form (call AP, `tools/exp_int4_persistent.py`): programs walking 2-8 (row block, split) items in one
+# pipelined loop ran 1.1-2x slower, worse with more items each — what this kernel needs is warps in flight.
 # The configs: the ones that won somewhere in the sweeps of calls W, X, AE and AI (every config timed by CUDA-graph
 # replay at the 8B shapes, `tools/exp_quant_gemv.py`).
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
