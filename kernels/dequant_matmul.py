@@ -362,6 +362,24 @@ def _split4(x):
     return x0, x1, x2, x3
 
 
+@triton.jit
+def _int4_word_sums(w, top, x):
+    """(BLOCK_N, J) int32 words w (code i at bits 4i; top = w >> 12) and their x as a (J, 8) fp32 tile ->
+    sum_i (code_i - 8) x_i * 2^-X_EXP per (row, word): one FMA chain per (row, word), in one thread, the codes'
+    offset of 8 taken off as 8 x the word's x sum (see `_field`, `_lift`)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
+    sx = (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * (8.0 * 2.0 ** -X_EXP)  # (J,): the codes' offset of 8
+    part = _field(w, 0, 4) * _lift(x0, 0)[None, :] - sx[None, :]
+    part += _field(w, 4, 4) * _lift(x1, 4)[None, :]
+    part += _field(w, 8, 4) * _lift(x2, 8)[None, :]
+    part += _field(w, 12, 4) * _lift(x3, 12)[None, :]
+    part += _field(w, 16, 4) * _lift(x4, 16)[None, :]
+    part += _field(top, 8, 4) * _lift(x5, 8)[None, :]
+    part += _field(top, 12, 4) * _lift(x6, 12)[None, :]
+    part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
+    return part
+
+
 @triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _gemv1_prune},
                  do_bench=tune_bench)
 @triton.jit
@@ -389,17 +407,7 @@ def _int4_gemv_kernel(
                     mask=n_mask[:, None], other=0)  # (BLOCK_N, J): word j holds weights 8j..8j+7, code i at bit 4i
         top = w >> 12  # codes 5, 6, 7 (bits 20..31) down to bits 8..19, inside the fp32 mantissa
         x = tl.load(x_ptr + (k0 + 8 * rj[:, None] + ri[None, :]) * stride_xk).to(tl.float32)  # (J, 8)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # x_i: the x of code i of each word
-        sx = (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * (8.0 * 2.0 ** -X_EXP)  # (J,): the codes' offset of 8
-        # (BLOCK_N, J): sum_i (code_i - 8) x_i * 2^-X_EXP as one FMA chain per (row, word), in one thread
-        part = _field(w, 0, 4) * _lift(x0, 0)[None, :] - sx[None, :]
-        part += _field(w, 4, 4) * _lift(x1, 4)[None, :]
-        part += _field(w, 8, 4) * _lift(x2, 8)[None, :]
-        part += _field(w, 12, 4) * _lift(x3, 12)[None, :]
-        part += _field(w, 16, 4) * _lift(x4, 16)[None, :]
-        part += _field(top, 8, 4) * _lift(x5, 8)[None, :]
-        part += _field(top, 12, 4) * _lift(x6, 12)[None, :]
-        part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
+        part = _int4_word_sums(w, top, x)  # (BLOCK_N, J)
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * (s * 2.0 ** (X_EXP // 2))[:, None]  # one scale per row (the tile lies in one group), lifted
         # by half of 2^X_EXP so that small parts times small scales do not underflow

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from llmlab.kernels import dequant_matmul as dq
-from llmlab.kernels.dequant_matmul import X_EXP, _field, _lift, _split8
+from llmlab.kernels.dequant_matmul import X_EXP, _int4_word_sums
 
 
 @triton.jit
@@ -57,16 +57,7 @@ def _int4_gemv_persistent(
         kk = k0 + 8 * rj[:, None] + ri[None, :]
         x = tl.load(x_ptr + kk * stride_xk, mask=(kk < K) & (kk * 0 + live.to(tl.int32) > 0),
                     other=0.0).to(tl.float32)  # (J, 8); zero on a dead tile, so its offset term is zero too
-        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)
-        sx = (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * (8.0 * 2.0 ** -X_EXP)
-        part = _field(w, 0, 4) * _lift(x0, 0)[None, :] - sx[None, :]
-        part += _field(w, 4, 4) * _lift(x1, 4)[None, :]
-        part += _field(w, 8, 4) * _lift(x2, 8)[None, :]
-        part += _field(w, 12, 4) * _lift(x3, 12)[None, :]
-        part += _field(w, 16, 4) * _lift(x4, 16)[None, :]
-        part += _field(top, 8, 4) * _lift(x5, 8)[None, :]
-        part += _field(top, 12, 4) * _lift(x6, 12)[None, :]
-        part += _field(top, 16, 4) * _lift(x7, 16)[None, :]
+        part = _int4_word_sums(w, top, x)  # the package kernel's arithmetic
         s = tl.load(s_ptr + rn * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * (s * 2.0 ** (X_EXP // 2))[:, None]
         if (kt == T - 1) & (item < n_items):  # the item's last tile: its sums out, then start the next item
