@@ -27,6 +27,9 @@ import triton
 import triton.language as tl
 
 from ._util import autotune_configs, check_tensors, tune_bench, zero_on_error
+from .split_k import scratch as _scratch
+from .split_k import split_k_range as _split_k_range
+from .split_k import split_k_store as _split_k_store
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 16
@@ -240,7 +243,6 @@ _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (8, 256, 1, 1, 4), (32, 256, 4, 2, 3), (8, 256, 2, 1, 4), (16, 128, 2, 1, 4),
     (32, 128, 2, 1, 4), (64, 128, 4, 2, 4),  # call AE's sweep (int4 14336 x 4096: 14.6 vs 16.5 us)
     (32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (4, 512, 1, 1, 4), (8, 512, 1, 1, 3), (4, 256, 1, 1, 4)]  # call AI's
-MAX_SPLIT_K = 8  # the scratch buffers hold this many partial rows
 GEMV1_CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st},
                                                 num_warps=w) for n, k, sk, w, st in _GEMV1_SHAPES],
                                  # the interpreter's one config splits K, so the CPU tests run the split path
@@ -255,39 +257,6 @@ def _gemv1_prune(configs, named_args, **kwargs):
     kept = [c for c in configs if G is None or G % c.kwargs["BLOCK_K"] == 0]
     kept = kept or [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})]
     return [c for c in kept if c.kwargs["SPLIT_K"] <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or kept[:1]
-
-
-@triton.jit
-def _split_k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """[k_start, k_end) of this program's split: whole K tiles, as even as they come (the last may be short or
-    empty)."""
-    tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = tl.program_id(1) * tiles * BLOCK_K
-    return k_start, tl.minimum(k_start + tiles * BLOCK_K, K)
-
-
-@triton.jit
-def _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K: tl.constexpr):
-    """Write this program's (BLOCK_N,) fp32 sums y: straight to the output with one split; else as partial row
-    `split` of the scratch, then count this split done, and if it was the last of its row block, add the SPLIT_K
-    partials in split order and write the output, then zero the counter for the next launch.
-
-    Memory order: the barrier makes every thread's partial store come before the counter's update, which is an
-    acq_rel atomic (release: the stores are visible to whoever reads the count after it; acquire: the last program
-    sees the other splits' stores); the last program reads the partials with .cg loads (from L2, not a stale L1)."""
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        pid_n = tl.program_id(0)
-        tl.store(ws_ptr + tl.program_id(1) * stride_ws + rn, y, mask=n_mask)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")  # how many splits finished before this one
-        if done == SPLIT_K - 1:
-            total = tl.load(ws_ptr + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(ws_ptr + s * stride_ws + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + rn * stride_yn, total.to(y_ptr.dtype.element_ty), mask=n_mask)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -533,26 +502,6 @@ def _int4_tile_kernel(
 # -- the wrappers --------------------------------------------------------------------------------------------------
 
 _warned_large_m = False
-_split_scratch: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The M = 1 GEMVs' split-K scratch for outputs of size N on `device`: partial sums (MAX_SPLIT_K, N) fp32 and
-    one counter per row block (N,) int32, zero between launches (each launch's last split zeroes its counters).
-
-    Kept for the life of the process, one pair per (device, N) — a CUDA graph that captured a launch keeps using
-    these addresses, so they are never freed or replaced. Shared by every launch with that N: launches on one stream
-    (in order, from any host thread) are safe; two streams running GEMVs of one N at the same moment are not, nor
-    are several host threads running them at once in the CPU interpreter (where a launch runs in its caller's
-    thread — and the interpreter itself is not thread-safe).
-    """
-    key = (device, N)
-    if key not in _split_scratch:
-        _split_scratch[key] = (torch.empty(MAX_SPLIT_K, N, dtype=torch.float32, device=device),
-                               torch.zeros(N, dtype=torch.int32, device=device))
-    return _split_scratch[key]
-
-
 def _word_rows(w: torch.Tensor, row_bytes: int, word: int) -> bool:
     """Can the GEMV read w's rows as `word`-byte words? Contiguous rows, each starting on a word boundary. Other
     layouts (a strided view) take the tl.dot kernel, which reads any strides."""

@@ -29,7 +29,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench
+from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench, zero_on_error
+from .split_k import MAX_SPLIT_K, scratch, split_k_range, split_k_sum
+
+SQ_ROW = tl.constexpr(MAX_SPLIT_K)  # the scratch rows of the partial sums of x^2 start here (RMSNorm + split-K)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -91,45 +94,67 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
 @triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench)
 @triton.jit
 def _fused_gemv_kernel(
-    # pointers
-    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr,
+    # pointers (ws, cnt: the split-K scratch, `split_k.py`)
+    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr, ws_ptr, cnt_ptr,
     # sizes
     N, K, eps,
     # strides (elements)
-    stride_wn,
+    stride_wn, stride_ws,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1,
 ):
+    """Program (row block, split): rows rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
+    each split writes its partial row sums — and, for the RMSNorm prologue, its partial sum of x^2 — to the scratch,
+    and the row block's last split adds them (`split_k_sum`) and does the epilogue (rstd, residual) and the store."""
     dt = x_ptr.dtype.element_ty
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rn[:, None] * stride_wn
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_lo, k_hi = split_k_range(K, BLOCK_K, SPLIT_K)
 
     if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
         tl.extra.cuda.gdc_launch_dependents()
     # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
-    w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    kk = k_lo + rk
+    w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < k_hi)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    xk, sq = _x_tile(x_ptr, nw_ptr, rk, rk < K, K, PROLOGUE)
+    xk, sq = _x_tile(x_ptr, nw_ptr, kk, kk < k_hi, K, PROLOGUE)
     # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
     acc = w.to(tl.float32) * xk[None, :]
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
-        k_mask = kk < K
+        k_mask = kk < k_hi
         w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # what it moves
         xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)
         sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32
+    ssq = tl.sum(sq, axis=0)  # this program's share of sum(x^2) (RMSNorm)
+    out_mask = n_mask
+    if SPLIT_K > 1:  # the splits' sums added by the row block's last split, which goes on; the others store nothing
+        if PROLOGUE == 1:  # this split's sum of x^2 as scratch row SQ_ROW + split, stored before
+            # split_k_sum's barrier and release: the last split sees it
+            tl.store(ws_ptr + (SQ_ROW + tl.program_id(1)) * stride_ws + rn, ssq + tl.zeros_like(y),
+                     mask=n_mask)
+        y, out_mask = split_k_sum(y, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, 0, SPLIT_K)
+        if PROLOGUE == 1:  # (BLOCK_N,): the same total on every row
+            ssq = tl.load(ws_ptr + SQ_ROW * stride_ws + rn, mask=out_mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                ssq += tl.load(ws_ptr + (SQ_ROW + s) * stride_ws + rn, mask=out_mask, other=0.0,
+                               cache_modifier=".cg")
     if PROLOGUE == 1:  # one pass: x is not normalized (nor rounded) before the products, the row sum is scaled
-        y = y / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+        y = y / tl.sqrt(ssq / K + eps)
     if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
-        r = tl.load(res_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + rn, mask=out_mask, other=0.0).to(tl.float32)
         y = y.to(dt).to(tl.float32) + r
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
@@ -184,12 +209,14 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
                          f"residual.contiguous()")
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
-        N, K, float(eps),
-        weight.stride(0),
-        PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
-    )
+    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)  # partial sums, then partial sums of x^2 (RMSNorm)
+    with zero_on_error(cnt):
+        _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
+            x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y, ws, cnt,
+            N, K, float(eps),
+            weight.stride(0), ws.stride(0),
+            PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
+        )
     return y
 
 

@@ -47,7 +47,9 @@ import triton
 import triton.language as tl
 
 from ._util import autotune_configs, check_tensors, tune_bench, zero_on_error
-from .dequant_matmul import _scratch, _split_k_range, _split_k_store
+from .split_k import scratch as _scratch
+from .split_k import split_k_range as _split_k_range
+from .split_k import split_k_store as _split_k_store
 
 TILE = 16  # the mma's M and K
 CHUNK_K = 64  # four k-steps: one lane's 16-byte load

@@ -54,18 +54,41 @@ def test_fused_gemv_matches_the_unfused_ops(size, fusion, dtype):
         torch.testing.assert_close(got, fused_gemv_reference(x, w, **kw), **TOL[dtype])
 
 
+def _launch(x, w, kw, fusion, block_n, block_k, stages, split_k=1):
+    """The kernel run directly with one config (the interpreter's autotuner has only its default)."""
+    import triton
+
+    from llmlab.kernels.fused_gemv import NONE, RMSNORM, SWIGLU
+    from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
+
+    N, K = w.shape
+    y = torch.full((1, N), float("nan"), device=DEV)
+    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
+    prologue = SWIGLU if kw["swiglu"] else RMSNORM if "norm_weight" in kw else NONE
+    _fused_gemv_kernel.fn[(triton.cdiv(N, block_n), split_k)](
+        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
+        PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+        SPLIT_K=split_k)
+    assert not cnt.any()  # each row block's last split zeroed its counter for the next launch
+    return y
+
+
 @pytest.mark.parametrize("block_n, block_k, stages", [(2, 1024, 3), (4, 512, 1), (32, 128, 2)])
 def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k, stages):
     """The interpreter runs one config; the GPU may choose any: run some others through the kernel directly."""
-    import triton
+    x, w, kw = _case(37, 999, "norm+residual", torch.float32, seed=3)
+    torch.testing.assert_close(_launch(x, w, kw, "norm+residual", block_n, block_k, stages),
+                               fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
 
-    N, K = 37, 999
-    x, w, kw = _case(N, K, "norm+residual", torch.float32, seed=3)
-    y = torch.full((1, N), float("nan"), device=DEV)
-    _fused_gemv_kernel.fn[(triton.cdiv(N, block_n),)](
-        x, w, kw["norm_weight"], kw["residual"], y, N, K, 1e-5, w.stride(0),
-        PROLOGUE=1, HAS_RES=True, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages)
-    torch.testing.assert_close(y, fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("split_k, block_k", [(2, 64), (3, 32), (8, 256)])  # (8, 256): 4 splits get no K tile
+def test_split_k_adds_the_splits_and_does_the_epilogue_once(fusion, split_k, block_k):
+    """K shared by several programs per row block: partial sums (and, for RMSNorm, partial sums of x^2) added by
+    the last split, which alone applies rstd and the residual — the same answer as one program per row."""
+    x, w, kw = _case(37, 999, fusion, torch.float32, seed=split_k)
+    torch.testing.assert_close(_launch(x, w, kw, fusion, 16, block_k, 1, split_k),
+                               fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
 
 
 def test_fp16_norm_prologue_with_large_inputs_stays_finite():

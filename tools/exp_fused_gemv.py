@@ -1,6 +1,8 @@
 """Device experiment (call Z): every config of the fused one-token GEMV (kernels/fused_gemv.py) at the 1B model's
 decode shapes, timed by CUDA-graph replay (distinct weight copies, several times the L2), against cuBLAS bf16 and
-against the config the autotuner picks (`tune_bench`). Prints tables; writes JSON to argv[1]."""
+against the config the autotuner picks (`tune_bench`). Prints tables; writes JSON to argv[1]. argv[2] == "splitk":
+also the split-K candidates below (session 7, not yet run: the down projection, 2048 x 8192, streamed at 76% of
+the copy bandwidth in call AO against 94% for gate/up — few rows, long K)."""
 
 import json
 import sys
@@ -10,10 +12,16 @@ import triton
 
 from llmlab.kernels import fused_gemv as fg
 from llmlab.kernels.bench_kernels import _graph_ms
+from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 out = []
+SPLIT_SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st, "SPLIT_K": sk}, num_warps=w)
+               for n, k, w, st, sk in [(2, 512, 1, 4, 2), (4, 512, 1, 4, 2), (4, 256, 1, 4, 4), (8, 256, 1, 4, 4),
+                                       (2, 1024, 4, 3, 2), (4, 512, 4, 3, 4), (8, 512, 4, 3, 2), (16, 256, 4, 3, 4),
+                                       (4, 512, 1, 4, 8), (8, 512, 2, 4, 4)]]
+configs = fg.CONFIGS + (SPLIT_SWEEP if sys.argv[2:] == ["splitk"] else [])
 # (N, K, fusion) of one Llama-3.2-1B layer's four GEMVs and the LM head
 for N, K, kind in [(3072, 2048, "norm"), (2048, 2048, "res"), (16384, 2048, "norm"), (2048, 8192, "swiglu"),
                    (128256, 2048, "norm")]:
@@ -29,13 +37,14 @@ for N, K, kind in [(3072, 2048, "norm"), (2048, 2048, "res"), (16384, 2048, "nor
     tuned = str(fg._fused_gemv_kernel.best_config)
     ref = fg.fused_gemv_reference(x, Ws[0], norm_weight=nw, swiglu=kind == "swiglu", residual=res).float()
     rows = []
-    for cfg in fg.CONFIGS:
+    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
+    for cfg in configs:
         meta = dict(cfg.all_kwargs())
 
         def launch(W, y, meta=meta):
-            return lambda: fg._fused_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]),)](
-                x, W, x if nw is None else nw, x if res is None else res, y, N, K, 1e-5, W.stride(0),
-                PROLOGUE=prologue, HAS_RES=res is not None, PDL=False, **meta)
+            return lambda: fg._fused_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
+                x, W, x if nw is None else nw, x if res is None else res, y, ws, cnt, N, K, 1e-5, W.stride(0),
+                ws.stride(0), PROLOGUE=prologue, HAS_RES=res is not None, PDL=False, **meta)
         y = torch.full((1, N), float("nan"), device=dev, dtype=dt)
         launch(Ws[0], y)()
         torch.cuda.synchronize()
