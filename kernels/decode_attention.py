@@ -544,6 +544,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     _, Hkv, S, _ = k.shape
     if k.shape[0] != B or k.shape[3] != hd:
         raise ValueError(f"decode_attention: k/v {tuple(k.shape)} do not match q {tuple(q_shape)} in B or hd")
+    if min(B, H, Hkv, hd) < 1:
+        raise ValueError(f"decode_attention: batch, heads, KV heads and head_dim must be >= 1, got q "
+                         f"{tuple(q_shape)} and k/v {tuple(k.shape)}")
     if H % Hkv:
         raise ValueError(f"decode_attention: {H} query heads are not a multiple of {Hkv} KV heads")
     if S == 0:
@@ -555,7 +558,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         if not isinstance(seq_lens, torch.Tensor):
             raise TypeError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}, got "
                             f"{type(seq_lens).__name__}; pass torch.tensor(lengths, device=q.device)")
-        if seq_lens.shape != (B,) or seq_lens.device != q.device or seq_lens.is_floating_point():
+        if (seq_lens.shape != (B,) or seq_lens.device != q.device or seq_lens.is_floating_point()
+                or seq_lens.dtype == torch.bool):
             raise ValueError(f"decode_attention: seq_lens must be a ({B},) int tensor on {q.device}, got shape "
                              f"{tuple(seq_lens.shape)} {seq_lens.dtype} on {seq_lens.device}")
         capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -563,6 +567,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             raise ValueError(f"decode_attention: seq_lens must lie in 1..{S}, got {seq_lens.tolist()}")
         if seq_lens.dtype not in (torch.int32, torch.int64):
             seq_lens = seq_lens.to(torch.int32)
+        seq_lens = seq_lens.contiguous()  # the kernel reads lens_ptr + b: a strided view would be read wrongly
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
                                    or num_splits < 1):
         raise ValueError(f"decode_attention: num_splits must be a whole number >= 1 (or None for the tuned "

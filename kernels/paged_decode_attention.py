@@ -12,6 +12,7 @@ in place — no gather into a contiguous copy.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import triton
@@ -126,7 +127,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         like q, in q's dtype.
 
     Raises:
-        ValueError: shape mismatches, H not a multiple of Hkv, seq_lens out of range. TypeError: dtypes.
+        ValueError: shape mismatches, H not a multiple of Hkv, num_splits < 1; with check_lens, seq_lens out of
+            range or block ids (within the lengths) outside the pool. TypeError: dtypes, non-tensor tables/lengths.
     """
     check_tensors("paged_decode_attention", DTYPES, q=q, k_pool=k_pool, v_pool=v_pool)
     if not (q.dtype == k_pool.dtype == v_pool.dtype):
@@ -144,10 +146,17 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         raise ValueError(f"paged_decode_attention: head_dim of q ({hd}) and of the pools ({k_pool.shape[3]}) differ")
     if H % Hkv:
         raise ValueError(f"paged_decode_attention: {H} query heads are not a multiple of {Hkv} KV heads")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.is_floating_point():
+    if min(B, H, Hkv, hd, bs) < 1:
+        raise ValueError(f"paged_decode_attention: batch, heads, KV heads, head_dim and block size must be >= 1, "
+                         f"got q {tuple(q_shape)} and pools {tuple(k_pool.shape)}")
+    if not isinstance(block_tables, torch.Tensor) or not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"paged_decode_attention: block_tables and seq_lens must be int tensors on {q.device}, got "
+                        f"{type(block_tables).__name__} and {type(seq_lens).__name__}; pass torch.tensor(...)")
+    if (block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.is_floating_point()
+            or block_tables.dtype == torch.bool):
         raise ValueError(f"paged_decode_attention: block_tables must be a (B={B}, max_blocks) int tensor, got "
                          f"{tuple(block_tables.shape)} {block_tables.dtype}")
-    if seq_lens.shape != (B,) or seq_lens.is_floating_point():
+    if seq_lens.shape != (B,) or seq_lens.is_floating_point() or seq_lens.dtype == torch.bool:
         raise ValueError(f"paged_decode_attention: seq_lens must be a ({B},) int tensor")
     for t in (block_tables, seq_lens):
         if t.device != q.device:
@@ -159,6 +168,20 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if check_lens and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_len):
         raise ValueError(f"paged_decode_attention: seq_lens must lie in 1..{max_len} (max_blocks x block_size), "
                          f"got {seq_lens.tolist()}")
+    if check_lens:  # the block ids a sequence reads (its first cdiv(len, block_size) entries) must be in the pool
+        used = torch.arange(block_tables.shape[1], device=q.device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
+        ids = block_tables[used]
+        if int(ids.min()) < 0 or int(ids.max()) >= k_pool.shape[0]:
+            raise ValueError(f"paged_decode_attention: block_tables hold ids outside the pool's "
+                             f"{k_pool.shape[0]} blocks (0..{k_pool.shape[0] - 1}) within the sequences' lengths: "
+                             f"min {int(ids.min())}, max {int(ids.max())}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
+                                   or num_splits < 1):
+        raise ValueError(f"paged_decode_attention: num_splits must be a whole number >= 1 (or None), got "
+                         f"{num_splits!r}")
+    # the kernel reads block_tables[b, j] at b * stride(0) + j and seq_lens[b] at b: make both dense
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
     n_blocks = block_tables.shape[1]
@@ -175,7 +198,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     o_part = torch.empty(B, H, splits, hd, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     _paged_split_kernel[(B * Hkv, splits)](
-        q, k_pool, v_pool, block_tables, seq_lens.to(torch.int32), o_part, lse,
+        q, k_pool, v_pool, block_tables, seq_lens, o_part, lse,
         Hkv, n_rep, hd, bs, blocks_per_split, scale,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),

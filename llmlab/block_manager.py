@@ -181,6 +181,21 @@ class BlockManager:
                 self.hash_to_block.setdefault(h, table[i])
             prev = h
 
+    def forget_prefix(self, seq_id: Hashable, first_token: int = 0) -> None:
+        """Unregister the prefix hashes of `seq_id`'s blocks from the one holding token `first_token` on.
+
+        Hashes are registered when blocks are allocated or appended, before their K/V are written: a caller whose
+        writes did not happen (a prefill interrupted or failed) must call this, or a later request with the same
+        prefix would reuse blocks that hold garbage. The blocks stay allocated (free them as usual).
+
+        Raises:
+            KeyError: unknown sequence.
+        """
+        for block in self._table(seq_id)[max(0, first_token) // self.block_size:]:
+            h = self.block_hash.pop(block, None)
+            if h is not None and self.hash_to_block.get(h) == block:
+                del self.hash_to_block[h]
+
     def can_append(self, seq_id: Hashable, n: int = 1) -> bool:
         """Whether `append(seq_id, n)` would succeed now."""
         return self._append_cost(seq_id, n) <= self.num_free

@@ -171,10 +171,10 @@ class LLM:
         cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
         `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
-        Raises ValueError for an empty prompt, one longer than the context, or bad
-        sampling settings (and for the fast switches without the KV cache, cuda_graphs on a CPU model); TypeError
+        Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
+        generates from it), one longer than the context, or bad sampling settings (and for the fast switches without the KV cache, cuda_graphs on a CPU model); TypeError
         for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that
-        is not an int, an on/off argument that is not a bool); the model is untouched by a failed call.
+        is not an int, a sampling setting that is not a number, an on/off argument that is not a bool); the model is untouched by a failed call.
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache.
         """

@@ -20,6 +20,7 @@ Every turn reports TTFT (ms), the tokens prefilled and the tokens reused.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -82,8 +83,26 @@ class Conversation:
 
     @torch.inference_mode()
     def say(self, message: list[int], max_new_tokens: int = 32, eos_token_id: int | None = None) -> Turn:
-        """Append `message` (token ids) to the conversation and generate a greedy reply (appended too)."""
-        prompt = self.history + list(message)
+        """Append `message` (token ids) to the conversation and generate a greedy reply (appended too).
+
+        Raises:
+            TypeError: message not a list (or 1-D int tensor) of token ids, max_new_tokens not an int.
+            ValueError: an empty message, ids outside the vocabulary, max_new_tokens < 1, the conversation past
+                max_seq_len. The conversation is unchanged by a failed (or interrupted) turn.
+        """
+        if isinstance(message, torch.Tensor) and message.dim() == 1 and not message.is_floating_point():
+            message = message.tolist()
+        if isinstance(message, (str, bytes)) or not all(isinstance(t, numbers.Integral) for t in message):
+            raise TypeError(f"message must be a list of int token ids (encode text with llm.encode first), got "
+                            f"{type(message).__name__}")
+        vocab = self.model.config.vocab_size
+        if not message or not all(0 <= int(t) < vocab for t in message):
+            raise ValueError(f"message must hold 1 or more token ids in 0..{vocab - 1}, got {list(message)[:8]}...")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: a turn generates at least one token")
+        prompt = self.history + [int(t) for t in message]
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ValueError(f"the conversation would reach {len(prompt) + max_new_tokens} tokens, beyond "
                              f"max_seq_len={self.max_seq_len}; start a new conversation")
@@ -99,19 +118,25 @@ class Conversation:
             if 0 in cache.blocks.tables:
                 cache.blocks.free(0)  # the blocks keep contents + hashes: the prompt below finds them
             reused = cache.blocks.allocate(0, prompt)
-        logits = self._forward(prompt[reused:], reused, cache)
-        reply = [int(logits.argmax())]
-        _sync(self.device)
-        ttft = (time.perf_counter() - t0) * 1e3
-        pos = len(prompt)
-        while len(reply) < max_new_tokens and reply[-1] != eos_token_id:
-            if self.mode == "paged":
-                for src, dst in cache.blocks.append(0, [reply[-1]]):
-                    cache.copy_block(src, dst)
-            logits = self._forward([reply[-1]], pos, cache)
-            reply.append(int(logits.argmax()))
-            pos += 1
-        _sync(self.device)
+        try:
+            logits = self._forward(prompt[reused:], reused, cache)
+            reply = [int(logits.argmax())]
+            _sync(self.device)
+            ttft = (time.perf_counter() - t0) * 1e3
+            pos = len(prompt)
+            while len(reply) < max_new_tokens and reply[-1] != eos_token_id:
+                if self.mode == "paged":
+                    for src, dst in cache.blocks.append(0, [reply[-1]]):
+                        cache.copy_block(src, dst)
+                logits = self._forward([reply[-1]], pos, cache)
+                reply.append(int(logits.argmax()))
+                pos += 1
+            _sync(self.device)
+        except BaseException:  # an error or an interrupt (Ctrl-C) part-way: the history is left as it was, and
+            if self.mode == "paged":  # blocks hashed for tokens whose K/V may not be written must not be reused
+                cache.blocks.forget_prefix(0, reused)
+                cache.blocks.free(0)
+            raise
         total = (time.perf_counter() - t0) * 1e3
         self.history = prompt + reply
         self.cached = len(self.history) - 1  # the last reply token was never fed to the model

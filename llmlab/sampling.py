@@ -8,6 +8,9 @@ https://arxiv.org/abs/1904.09751). Everything stays on the logits' device: no ho
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 import torch.nn.functional as F
 
@@ -36,9 +39,14 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise ValueError, naming the argument and the valid range, for settings that make no distribution."""
-    if temperature is None or not temperature >= 0:  # also catches NaN
-        raise ValueError(f"temperature={temperature} is invalid: use 0 for greedy decoding or a positive number")
+    """Raise ValueError, naming the argument and the valid range, for settings that make no distribution (and
+    TypeError for a setting that is not a number)."""
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"{name}={value!r} is not a number: pass e.g. temperature=0.8, top_k=50, top_p=0.9")
+    if temperature is None or not 0 <= temperature < math.inf:  # also catches NaN
+        raise ValueError(f"temperature={temperature} is invalid: use 0 for greedy decoding or a finite positive "
+                         f"number")
     if top_k is not None and (int(top_k) != top_k or top_k < 1):
         raise ValueError(f"top_k={top_k} is invalid: use a whole number >= 1, or None to keep every token")
     if top_p is not None and not 0.0 < top_p <= 1.0:

@@ -47,7 +47,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     """Run every setting `repeats` times (after one warm-up) and print a table of medians.
 
     Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
-    the first setting's), text.
+    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text.
     """
     llm = LLM.load(model, device=device, dtype=dtype)
     print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
@@ -69,6 +69,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
             "tpot_ms": statistics.median(r.tpot_ms for r in runs),
             "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
             "same_tokens": tokens == reference,
+            "tpot_spread": max(r.tpot_ms for r in runs) / max(min(r.tpot_ms for r in runs), 1e-9),
             "text": runs[0].text,
             "note": setting.note,
         })
@@ -80,6 +81,11 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows):
         print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "
                  "at fp32 they must be identical: try --dtype fp32)")
+    noisy = [r["setting"] for r in rows if r["tpot_spread"] > 1.5]
+    if noisy:
+        print_fn(f"(TPOT varied more than 1.5x between runs of {', '.join(noisy)}: something else is using this "
+                 f"machine, and the medians may not rank the settings. On a small or shared CPU, "
+                 f"OMP_NUM_THREADS=1 llmlab tour is often steadier and faster)")
     for step, why in skipped:
         print_fn(f"{step.label:<16}skipped: {why}")
     sample = (prompt + rows[-1]["text"]).strip()

@@ -388,3 +388,19 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     monkeypatch.setattr(da, "_decode_split_kernel", real)
     torch.testing.assert_close(decode_attention(q, k, v, num_splits=4), decode_attention_reference(q, k, v),
                                **TOL[torch.float32])
+
+
+def test_strided_lengths_and_empty_dimensions():
+    """seq_lens as a strided view means its values (the kernel reads it densely); zero heads or head_dim and
+    bool lengths are refused with a message, not a ZeroDivisionError or a silent read."""
+    q, k, v = _qkv(2, 4, 2, 20, 16)
+    spread = torch.tensor([5, 0, 20, 0], device=DEV)
+    for lens in (spread[::2], spread[::2].int()):
+        torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens),
+                                   decode_attention_reference(q, k, v, torch.tensor([5, 20])), **TOL[torch.float32])
+    with pytest.raises(ValueError, match="must be >= 1"):
+        decode_attention(q[:, :0], k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="must be >= 1"):
+        decode_attention(q[..., :0], k[..., :0], v[..., :0])
+    with pytest.raises(ValueError, match="seq_lens must be a"):
+        decode_attention(q, k, v, seq_lens=torch.tensor([True, True], device=DEV))

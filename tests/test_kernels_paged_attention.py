@@ -80,3 +80,34 @@ def test_rejects_bad_inputs():
         paged_decode_attention(q, kp, vp, tables.float(), lens)
     with pytest.raises(ValueError, match="not a multiple"):
         paged_decode_attention(q[:, :3], kp, vp, tables, lens)
+
+
+def test_strided_block_tables_and_lengths_are_read_as_their_values():
+    """A transposed or sliced block table, and a strided int32 lengths view, mean what their values say."""
+    q, kp, vp, tables, lens = _paged([40, 7, 33], seed=11)
+    want = paged_decode_attention_reference(q, kp, vp, tables, lens)
+    transposed = tables.t().contiguous().t()  # same values, stride (1, B)
+    wide = torch.zeros(tables.shape[0], 2 * tables.shape[1], dtype=tables.dtype, device=DEV)
+    wide[:, ::2] = tables  # a [:, ::2] view: stride (2 max_blocks, 2)
+    spread = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEV)
+    spread[::2] = lens
+    for t, n in ((transposed, lens), (wide[:, ::2], lens), (tables, spread[::2])):
+        torch.testing.assert_close(paged_decode_attention(q, kp, vp, t, n, num_splits=2), want, **TOL[torch.float32])
+
+
+def test_block_ids_outside_the_pool_and_bad_split_counts_are_refused():
+    q, kp, vp, tables, lens = _paged([20])
+    for bad_id in (kp.shape[0], -1):
+        bad = tables.clone()
+        bad[0, 1] = bad_id  # block 1 holds tokens 16..19: read
+        with pytest.raises(ValueError, match=f"outside the pool's {kp.shape[0]} blocks"):
+            paged_decode_attention(q, kp, vp, bad, lens)
+    past = torch.cat([tables, torch.full_like(tables[:, :1], -1)], dim=1)  # an entry past the length: never read
+    torch.testing.assert_close(paged_decode_attention(q, kp, vp, past, lens),
+                               paged_decode_attention(q, kp, vp, tables, lens))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="num_splits must be a whole number"):
+            paged_decode_attention(q, kp, vp, tables, lens, num_splits=bad)
+    with pytest.raises(TypeError, match="must be int tensors"):
+        paged_decode_attention(q, kp, vp, tables.tolist(), lens)
+    assert torch.isfinite(paged_decode_attention(q, kp, vp, tables, lens)).all()  # still usable

@@ -58,3 +58,39 @@ def test_conversation_too_long(model):
     c = Conversation(model, "contiguous", max_seq_len=40)
     with pytest.raises(ValueError, match="beyond max_seq_len=40"):
         c.say(MESSAGES[0], max_new_tokens=8)
+
+
+@pytest.mark.parametrize("mode", ["none", "contiguous", "paged"])
+def test_a_turn_interrupted_in_its_prefill_leaves_nothing_to_reuse(model, mode):
+    """Ctrl-C (or an error) inside a turn's prefill: the paged cache had already hashed the prompt's blocks, whose
+    K/V were never written — the retried turn must not reuse them, and must reply as an uninterrupted one."""
+    want = Conversation(model, "none").say(MESSAGES[0], max_new_tokens=8).reply
+    conv = Conversation(model, mode)
+    layer = model.layers[1]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    layer.forward = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            conv.say(MESSAGES[0], max_new_tokens=8)
+    finally:
+        del layer.forward
+    turn = conv.say(MESSAGES[0], max_new_tokens=8)
+    assert turn.reply == want
+    assert turn.reused == 0  # nothing of the interrupted turn was reused
+    if mode == "paged":
+        conv.cache.blocks.check()
+
+
+def test_bad_messages_and_lengths_are_refused_and_the_conversation_goes_on(model):
+    conv = Conversation(model, "paged")
+    for bad, err in (("hello", TypeError), ([], ValueError), ([10 ** 6], ValueError), ([-1], ValueError)):
+        with pytest.raises(err, match="message must"):
+            conv.say(bad, max_new_tokens=4)
+    for n, err in ((0, ValueError), (-2, ValueError), (2.5, TypeError)):
+        with pytest.raises(err, match="max_new_tokens"):
+            conv.say(MESSAGES[1], max_new_tokens=n)
+    assert conv.say(MESSAGES[1], max_new_tokens=4).reply == Conversation(model, "none").say(
+        MESSAGES[1], max_new_tokens=4).reply
