@@ -78,6 +78,8 @@ def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def _check_group(K: int, group_size: int) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"int4: group_size must be an int (e.g. 128), got {group_size!r}")
     if group_size <= 0 or group_size % 2:
         raise ValueError(f"int4: group_size must be a positive even number, got {group_size}")
     if K % group_size:
@@ -92,7 +94,7 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor,
 
     Raises:
         ValueError: w is not a 2-D float tensor; group_size does not divide K (the message names both and the fix),
-            or is odd.
+            or is odd. TypeError: group_size not an int.
     """
     _check_weight("quantize_int4", w)
     N, K = w.shape
@@ -605,7 +607,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
         raise ValueError(f"int4_matmul: packed must be (N, K/2) and scales (N, K/G), got {tuple(packed.shape)} "
                          f"and {tuple(scales.shape)}")
     if packed.device != x.device or scales.device != x.device:
-        raise ValueError(f"int4_matmul: x, packed, scales must be on one device")
+        raise ValueError(f"int4_matmul: x, packed, scales must be on one device ({x.device}, {packed.device}, "
+                         f"{scales.device}); move them with .to(x.device)")
     N, K = packed.shape[0], 2 * packed.shape[1]
     if K == 0:
         raise ValueError(f"int4_matmul: packed {tuple(packed.shape)} holds no weights per row (K = 0)")

@@ -173,7 +173,8 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         (..., N): x's leading dimensions with the last one N, in x's dtype.
 
     Raises:
-        ValueError: more than one row, shapes that do not fit, both prologues, a non-contiguous x or weight rows.
+        ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
+            or weight rows.
         TypeError: unsupported or mismatched dtypes (see `check_tensors`).
     """
     tensors = {"x": x, "weight": weight}
@@ -189,6 +190,8 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         raise ValueError(f"fused_gemv: weight must be (N, K) with contiguous rows, got {tuple(weight.shape)} "
                          f"strides {weight.stride()}")
     N, K = weight.shape
+    if N == 0 or K == 0:
+        raise ValueError(f"fused_gemv: weight {tuple(weight.shape)} is empty; N and K must be >= 1")
     k_in = 2 * K if swiglu else K
     if x.dim() == 0 or x.shape[-1] != k_in or x.numel() != k_in:
         raise ValueError(f"fused_gemv: x must be one row of {k_in} numbers "

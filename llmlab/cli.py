@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tour", help="the main job: each setting's TTFT, TPOT and tokens/s on the default model")
     _model_args(t)
     t.add_argument("--prompt", default="The list")
-    t.add_argument("--max-new-tokens", type=int, default=128)
+    t.add_argument("--max-new-tokens", type=_positive_int, default=128)
     t.add_argument("--repeats", type=_positive_int, default=3)
 
     r = sub.add_parser("record", help="on an NVIDIA GPU: record GPU-Util / SM activity / DRAM bandwidth traces of "
@@ -111,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--model", default="default", help="'default', a preset (random weights) or a model folder")
     pr.add_argument("--setting", default="", metavar="KEY=VALUE,...",
                     help="switch values, e.g. cuda_graphs=true (default: the defaults)")
-    pr.add_argument("--steps", type=int, default=8, help="decode steps to profile (default 8)")
-    pr.add_argument("--prompt-tokens", type=int, default=128)
-    pr.add_argument("--batch", type=int, default=1)
+    pr.add_argument("--steps", type=_positive_int, default=8, help="decode steps to profile (default 8)")
+    pr.add_argument("--prompt-tokens", type=_positive_int, default=128)
+    pr.add_argument("--batch", type=_positive_int, default=1)
     pr.add_argument("--trace", default=None, help="Chrome trace file to write (.json or .json.gz)")
     pr.add_argument("--device", default="auto")
     pr.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])

@@ -42,6 +42,13 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"  # what to write into config.json
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate_size",
+                     "max_seq_len"):
+            value = getattr(self, name)
+            if value is None and name in ("n_kv_heads", "head_dim"):
+                continue  # derived below
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: model sizes must be whole numbers >= 1")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.head_dim is None:

@@ -210,12 +210,15 @@ def generate(
 
     Raises:
         ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
-            vocabulary, max_new_tokens < 1, bad sampling settings. TypeError: prompt ids that are not ints (or
+            vocabulary, max_new_tokens < 1, bad sampling settings, a cache_factory with use_cache=False. TypeError: prompt ids that are not ints (or
             None), a max_new_tokens or seed that is not an int, use_cache / pin_memory not a bool. Checked before
             any work, so the model is untouched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(use_cache=use_cache, pin_memory=pin_memory)
+    if cache_factory is not None and not use_cache:
+        raise ValueError("cache_factory builds the KV cache, but use_cache=False runs without one: turn the cache on "
+                         "or drop cache_factory")
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     ids = prepare_prompt(model, prompt_ids, max_new_tokens)

@@ -40,8 +40,18 @@ def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) ->
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element_size(dtype)
 
 
+def _check_counts(**counts) -> None:
+    """ValueError naming the first count that is not a whole number >= 0 (>= 1 for block_size)."""
+    for name, value in counts.items():
+        low = 1 if name == "block_size" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r}: must be a whole number >= {low}")
+
+
 def cache_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of a contiguous cache for `batch` sequences of `tokens` tokens."""
+    """Bytes of a contiguous cache for `batch` sequences of `tokens` tokens. Raises ValueError for a negative
+    or non-integer count."""
+    _check_counts(tokens=tokens, batch=batch)
     return batch * tokens * bytes_per_token(config, dtype)
 
 
@@ -61,9 +71,10 @@ def calculator(presets: list[str] | None = None, context: int = 8192, batch: int
                dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """One row per (preset, attention variant): KB per token and GB for `batch` x `context` tokens.
 
-    presets: names from `llmlab.config.PRESETS` (default: all).
+    presets: names from `llmlab.config.PRESETS` (default: all). Raises ValueError for a negative context or batch.
     """
     from .config import PRESETS
+    _check_counts(context=context, batch=batch)
     rows = []
     for name in presets or list(PRESETS):
         config = ModelConfig.from_preset(name)
@@ -154,8 +165,12 @@ def waste(lengths: list[int], max_seq_len: int, block_size: int = 16) -> list[Wa
     """Reserved vs used slots for contiguous max-length preallocation and for a paged cache.
 
     Contiguous: every sequence reserves max_seq_len slots (it may grow that long; the server cannot know). Paged:
-    ceil(length / block_size) blocks each, so at most block_size - 1 slots wasted per sequence.
+    ceil(length / block_size) blocks each, so at most block_size - 1 slots wasted per sequence. Raises ValueError
+    for a block_size < 1 or a negative length.
     """
+    _check_counts(max_seq_len=max_seq_len, block_size=block_size)
+    for n in lengths:
+        _check_counts(length=n)
     used = sum(lengths)
     return [Waste("max-length preallocation", len(lengths) * max_seq_len, used),
             Waste(f"paged (block_size={block_size})", sum(-(-n // block_size) * block_size for n in lengths), used)]

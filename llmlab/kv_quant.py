@@ -47,7 +47,9 @@ def quantize(x: torch.Tensor, kind: str = "int8") -> tuple[torch.Tensor, torch.T
     """x: (..., hd) float -> (q (..., hd) int8 / float8_e4m3fn, scale (..., 1) fp32), one scale per vector.
 
     int8: q = round(x / s).clamp(-127, 127), s = amax / 127. fp8: q = (x / s) cast to e4m3, s = amax / 448.
+    Raises ValueError for another kind (see `storage_dtype`).
     """
+    storage_dtype(kind)  # an unknown kind: the error names the known ones
     x32 = x.float()
     scale = x32.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / QMAX[kind]  # (..., 1)
     y = x32 / scale

@@ -149,7 +149,7 @@ register(Switch("pinned_memory", "pinned memory", False,
 # -- lab 03: the paged KV cache (llmlab.paged_cache) ----------------------------------------------------------
 
 def _paged_kv(llm: LLM, value: bool, kwargs: dict) -> LLM:
-    if value:
+    if value and kwargs.get("use_cache", True):  # with the KV cache off there is no cache to page
         from .paged_cache import PagedKVCache
         kwargs["cache_factory"] = PagedKVCache  # eager decode only; the static-cache fast paths keep their cache
     return llm

@@ -413,3 +413,61 @@ def test_cli_process_exit_code(tmp_path):
     assert proc.returncode == 2
     assert "llmlab: error:" in proc.stderr and str(missing) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- found by a fresh user's run (session 7): each refused with a message that names the argument -----------------
+
+@pytest.mark.parametrize("size", ["n_layers", "vocab_size", "dim", "max_seq_len", "intermediate_size"])
+@pytest.mark.parametrize("bad", [0, -5])
+def test_model_sizes_below_one_are_refused(size, bad):
+    with pytest.raises(ValueError, match=f"{size}={bad}: model sizes must be whole numbers >= 1"):
+        ModelConfig(**{size: bad})
+
+
+def test_sampling_settings_that_are_not_numbers_or_infinite(good):
+    _, llm, _ = good
+    with pytest.raises(TypeError, match="temperature='0.8' is not a number"):
+        llm.generate(PROMPT, temperature="0.8")
+    with pytest.raises(TypeError, match="top_k='5' is not a number"):
+        llm.generate(PROMPT, temperature=1.0, top_k="5")
+    with pytest.raises(ValueError, match="temperature=inf is invalid"):
+        llm.generate(PROMPT, temperature=float("inf"))
+    still_works(good)
+
+
+def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_off(good):
+    from llmlab.paged_cache import PagedKVCache
+    from llmlab.switches import apply_switches
+
+    _, llm, before = good
+    with pytest.raises(ValueError, match="cache_factory builds the KV cache, but use_cache=False"):
+        llm.generate(PROMPT, use_cache=False, cache_factory=PagedKVCache)
+    run_llm, kwargs = apply_switches(llm, {"kv_cache": False, "paged_kv": True})  # a dashboard can ask for both
+    assert "cache_factory" not in kwargs
+    assert run_llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, **kwargs).token_ids == before
+    still_works(good)
+
+
+def test_counts_and_kinds_of_the_memory_helpers():
+    from llmlab import kv_memory, kv_quant
+    from llmlab.kernels.dequant_matmul import quantize_int4
+
+    cfg = ModelConfig.from_preset("llama-3.2-1b")
+    with pytest.raises(ValueError, match="tokens=-5: must be a whole number >= 0"):
+        kv_memory.cache_bytes(cfg, -5)
+    with pytest.raises(ValueError, match="context=-1"):
+        kv_memory.calculator(["llama-3.2-1b"], context=-1)
+    with pytest.raises(ValueError, match="block_size=0: must be a whole number >= 1"):
+        kv_memory.waste([5, 9], 16, block_size=0)
+    assert kv_memory.cache_bytes(cfg, 0) == 0
+    with pytest.raises(ValueError, match="unknown KV quantization 'int4'"):
+        kv_quant.quantize(torch.randn(2, 8), "int4")
+    with pytest.raises(TypeError, match="group_size must be an int"):
+        quantize_int4(torch.randn(4, 128), 64.0)
+
+
+def test_cli_counts_below_one_are_refused_before_any_work(capsys):
+    for argv in (["profile", "--batch", "0"], ["tour", "--max-new-tokens", "0"], ["profile", "--steps", "-1"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "is not a positive whole number" in capsys.readouterr().err

@@ -102,6 +102,7 @@ def test_fp16_norm_prologue_with_large_inputs_stays_finite():
 
 @pytest.mark.parametrize("bad, message", [
     (lambda x, w: dict(x=torch.zeros(2, 64, device=DEV), weight=w), "one row"),
+    (lambda x, w: dict(x=x[:, :0], weight=w[:, :0], norm_weight=torch.ones(0, device=DEV)), "is empty"),
     (lambda x, w: dict(x=x[:, :32], weight=w), "one row of 64"),
     (lambda x, w: dict(x=torch.randn(64, 2, device=DEV)[:, 0][None], weight=w), "not contiguous"),
     (lambda x, w: dict(x=torch.tensor(1.0, device=DEV), weight=w), "one row of 64"),
