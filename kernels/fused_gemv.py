@@ -107,6 +107,7 @@ def _fused_gemv_kernel(
     """Program (row block, split): rows rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
     each split writes its partial row sums — and, for the RMSNorm prologue, its partial sum of x^2 — to the scratch,
     and the row block's last split adds them (`split_k_sum`) and does the epilogue (rstd, residual) and the store."""
+    tl.static_assert(SPLIT_K <= SQ_ROW, "SPLIT_K beyond the scratch's MAX_SPLIT_K partial rows")
     dt = x_ptr.dtype.element_ty
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N

@@ -144,11 +144,11 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     _, Hkv, bs, _ = k_pool.shape
     if k_pool.shape[3] != hd:
         raise ValueError(f"paged_decode_attention: head_dim of q ({hd}) and of the pools ({k_pool.shape[3]}) differ")
-    if H % Hkv:
-        raise ValueError(f"paged_decode_attention: {H} query heads are not a multiple of {Hkv} KV heads")
     if min(B, H, Hkv, hd, bs) < 1:
         raise ValueError(f"paged_decode_attention: batch, heads, KV heads, head_dim and block size must be >= 1, "
                          f"got q {tuple(q_shape)} and pools {tuple(k_pool.shape)}")
+    if H % Hkv:
+        raise ValueError(f"paged_decode_attention: {H} query heads are not a multiple of {Hkv} KV heads")
     if not isinstance(block_tables, torch.Tensor) or not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"paged_decode_attention: block_tables and seq_lens must be int tensors on {q.device}, got "
                         f"{type(block_tables).__name__} and {type(seq_lens).__name__}; pass torch.tensor(...)")
@@ -169,7 +169,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         raise ValueError(f"paged_decode_attention: seq_lens must lie in 1..{max_len} (max_blocks x block_size), "
                          f"got {seq_lens.tolist()}")
     if check_lens:  # the block ids a sequence reads (its first cdiv(len, block_size) entries) must be in the pool
-        used = torch.arange(block_tables.shape[1], device=q.device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
+        n_used = (seq_lens.long() + bs - 1) // bs  # in int64: a small int dtype would wrap
+        used = torch.arange(block_tables.shape[1], device=q.device)[None, :] < n_used[:, None]
         ids = block_tables[used]
         if int(ids.min()) < 0 or int(ids.max()) >= k_pool.shape[0]:
             raise ValueError(f"paged_decode_attention: block_tables hold ids outside the pool's "

@@ -86,15 +86,17 @@ class Conversation:
         """Append `message` (token ids) to the conversation and generate a greedy reply (appended too).
 
         Raises:
-            TypeError: message not a list (or 1-D int tensor) of token ids, max_new_tokens not an int.
+            TypeError: message not token ids (a list, 1-D int tensor or array), max_new_tokens not an int.
             ValueError: an empty message, ids outside the vocabulary, max_new_tokens < 1, the conversation past
                 max_seq_len. The conversation is unchanged by a failed (or interrupted) turn.
         """
-        if isinstance(message, torch.Tensor) and message.dim() == 1 and not message.is_floating_point():
-            message = message.tolist()
-        if isinstance(message, (str, bytes)) or not all(isinstance(t, numbers.Integral) for t in message):
-            raise TypeError(f"message must be a list of int token ids (encode text with llm.encode first), got "
-                            f"{type(message).__name__}")
+        if isinstance(message, (str, bytes)):
+            raise TypeError("message must be a list of int token ids (encode text with llm.encode first), got text")
+        kind = type(message).__name__
+        message = message.tolist() if hasattr(message, "tolist") else list(message)  # a tensor, array, generator
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in message):
+            raise TypeError(f"message must be a list of int token ids (encode text with llm.encode first), got a "
+                            f"{kind} of {sorted({type(t).__name__ for t in message})}")
         vocab = self.model.config.vocab_size
         if not message or not all(0 <= int(t) < vocab for t in message):
             raise ValueError(f"message must hold 1 or more token ids in 0..{vocab - 1}, got {list(message)[:8]}...")

@@ -130,3 +130,27 @@ def test_a_strided_norm_weight_is_read_correctly():
     nw = torch.randn(60, device=DEV)[::2]  # a view with stride 2
     torch.testing.assert_close(fused_gemv(x, w, norm_weight=nw), fused_gemv_reference(x, w, norm_weight=nw),
                                **TOL[torch.float32])
+
+
+def test_split_k_only_the_last_split_stores():
+    """The interpreter runs the splits in order, so the last to finish is always the last launched — unless the
+    counter says otherwise: with it preset so that split 0 counts as the last, split 0 alone must write y (its own
+    partial plus the zeroed scratch rows), and splits 1 and 2 must write nothing."""
+    import triton
+
+    from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
+
+    N, K, split_k, block_k = 37, 999, 3, 32
+    x, w, kw = _case(N, K, "plain", torch.float32, seed=9)
+    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
+    ws.zero_()
+    cnt.fill_(split_k - 1)  # every row block's first split to arrive sees "all others done"
+    y = torch.full((1, N), float("nan"), device=DEV)
+    try:
+        _fused_gemv_kernel.fn[(triton.cdiv(N, 16), split_k)](
+            x, w, x, x, y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
+            PROLOGUE=0, HAS_RES=False, PDL=False, BLOCK_N=16, BLOCK_K=block_k, STAGES=1, SPLIT_K=split_k)
+    finally:
+        cnt.zero_()
+    k0 = triton.cdiv(triton.cdiv(K, block_k), split_k) * block_k  # split 0's K range: [0, k0)
+    torch.testing.assert_close(y, x[:, :k0] @ w[:, :k0].T, **TOL[torch.float32])

@@ -111,3 +111,11 @@ def test_block_ids_outside_the_pool_and_bad_split_counts_are_refused():
     with pytest.raises(TypeError, match="must be int tensors"):
         paged_decode_attention(q, kp, vp, tables.tolist(), lens)
     assert torch.isfinite(paged_decode_attention(q, kp, vp, tables, lens)).all()  # still usable
+
+
+def test_zero_kv_heads_and_small_int_lengths():
+    q, kp, vp, tables, lens = _paged([20])
+    with pytest.raises(ValueError, match="must be >= 1"):
+        paged_decode_attention(q, kp[:, :0], vp[:, :0], tables, lens)
+    want = paged_decode_attention(q, kp, vp, tables, lens)
+    torch.testing.assert_close(paged_decode_attention(q, kp, vp, tables, lens.to(torch.uint8)), want)

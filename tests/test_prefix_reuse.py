@@ -94,3 +94,14 @@ def test_bad_messages_and_lengths_are_refused_and_the_conversation_goes_on(model
             conv.say(MESSAGES[1], max_new_tokens=n)
     assert conv.say(MESSAGES[1], max_new_tokens=4).reply == Conversation(model, "none").say(
         MESSAGES[1], max_new_tokens=4).reply
+
+
+def test_a_message_as_an_array_tensor_or_generator(model):
+    import numpy as np
+    import torch
+
+    want = Conversation(model, "none").say(MESSAGES[1], max_new_tokens=4).reply
+    for message in (np.array(MESSAGES[1]), torch.tensor(MESSAGES[1]), (t for t in MESSAGES[1])):
+        assert Conversation(model, "paged").say(message, max_new_tokens=4).reply == want
+    with pytest.raises(TypeError, match="message must be a list of int token ids"):
+        Conversation(model, "paged").say(torch.tensor(MESSAGES[1]).float(), max_new_tokens=4)
