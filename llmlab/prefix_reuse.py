@@ -20,12 +20,12 @@ Every turn reports TTFT (ms), the tokens prefilled and the tokens reused.
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass
 
 import torch
 
+from .generate import prepare_prompt
 from .kv_cache import KVCache
 from .paged_cache import PagedKVCache
 
@@ -86,25 +86,16 @@ class Conversation:
         """Append `message` (token ids) to the conversation and generate a greedy reply (appended too).
 
         Raises:
-            TypeError: message not token ids (a list, 1-D int tensor or array), max_new_tokens not an int.
-            ValueError: an empty message, ids outside the vocabulary, max_new_tokens < 1, the conversation past
-                max_seq_len. The conversation is unchanged by a failed (or interrupted) turn.
+            TypeError / ValueError: as `llmlab.generate.prepare_prompt` for the message (not token ids, empty, ids
+                outside the vocabulary) and max_new_tokens; ValueError for more than one sequence or the
+                conversation past max_seq_len. The conversation is unchanged by a failed (or interrupted) turn.
         """
-        if isinstance(message, (str, bytes)):
-            raise TypeError("message must be a list of int token ids (encode text with llm.encode first), got text")
-        kind = type(message).__name__
-        message = message.tolist() if hasattr(message, "tolist") else list(message)  # a tensor, array, generator
-        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in message):
-            raise TypeError(f"message must be a list of int token ids (encode text with llm.encode first), got a "
-                            f"{kind} of {sorted({type(t).__name__ for t in message})}")
-        vocab = self.model.config.vocab_size
-        if not message or not all(0 <= int(t) < vocab for t in message):
-            raise ValueError(f"message must hold 1 or more token ids in 0..{vocab - 1}, got {list(message)[:8]}...")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens}: a turn generates at least one token")
-        prompt = self.history + [int(t) for t in message]
+        if hasattr(message, "__next__"):  # a generator or other one-pass iterator: take its ids once
+            message = list(message)
+        ids = prepare_prompt(self.model, message, max_new_tokens)  # types, emptiness, vocabulary, max_new_tokens
+        if ids.shape[0] != 1:
+            raise ValueError(f"message must be one sequence of token ids, got a batch of {ids.shape[0]}")
+        prompt = self.history + ids[0].tolist()
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ValueError(f"the conversation would reach {len(prompt) + max_new_tokens} tokens, beyond "
                              f"max_seq_len={self.max_seq_len}; start a new conversation")

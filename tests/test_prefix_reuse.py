@@ -86,8 +86,11 @@ def test_a_turn_interrupted_in_its_prefill_leaves_nothing_to_reuse(model, mode):
 
 def test_bad_messages_and_lengths_are_refused_and_the_conversation_goes_on(model):
     conv = Conversation(model, "paged")
-    for bad, err in (("hello", TypeError), ([], ValueError), ([10 ** 6], ValueError), ([-1], ValueError)):
-        with pytest.raises(err, match="message must"):
+    for bad, err, says in (("hello", TypeError, "the prompt is 'hello'"), ([], ValueError, "the prompt is empty"),
+                           ([10 ** 6], ValueError, "outside the model's vocabulary"),
+                           ([-1], ValueError, "outside the model's vocabulary"),
+                           ([[1, 2], [3, 4]], ValueError, "one sequence")):
+        with pytest.raises(err, match=says):
             conv.say(bad, max_new_tokens=4)
     for n, err in ((0, ValueError), (-2, ValueError), (2.5, TypeError)):
         with pytest.raises(err, match="max_new_tokens"):
@@ -103,5 +106,5 @@ def test_a_message_as_an_array_tensor_or_generator(model):
     want = Conversation(model, "none").say(MESSAGES[1], max_new_tokens=4).reply
     for message in (np.array(MESSAGES[1]), torch.tensor(MESSAGES[1]), (t for t in MESSAGES[1])):
         assert Conversation(model, "paged").say(message, max_new_tokens=4).reply == want
-    with pytest.raises(TypeError, match="message must be a list of int token ids"):
+    with pytest.raises(TypeError, match="holds float32 values"):
         Conversation(model, "paged").say(torch.tensor(MESSAGES[1]).float(), max_new_tokens=4)
