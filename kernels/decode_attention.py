@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import os
 
 import torch
 import triton
@@ -76,6 +77,10 @@ _SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
 SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
                  for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
 FUSED_MAX_SPLITS = 8
+# EXPERIMENT (session 8, call AQ): with seq_lens (the model's static cache) offer the fused merge too when the cache
+# holds at most this many keys (the chat workload's 1024-slot cache: 16 x (split 4.0 + merge 1.7 us) per token in
+# call AM); 0 = never, as call R found at 8K. Set by LLMLAB_EXP_FUSED_LENS for an A/B of the model.
+FUSED_LENS_MAX_S = int(os.environ.get("LLMLAB_EXP_FUSED_LENS", "0"))
 # the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
 # split into several programs and go through the merge
 _DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
@@ -354,7 +359,7 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
         keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
                 or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
     return [c for c in keep if not c.kwargs.get("FUSED_MERGE")
-            or (not has_lens and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
+            or ((not has_lens or s_bucket <= FUSED_LENS_MAX_S) and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
 
 
 def _prune(configs, nargs, **kwargs) -> list:

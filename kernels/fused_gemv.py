@@ -24,6 +24,8 @@ explain why a 1B model at batch 1 is dominated by such small kernels.)
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -69,9 +71,24 @@ _SHAPES = [(2, 1024, 4, 3), (4, 512, 4, 3), (4, 1024, 4, 3), (8, 512, 4, 3), (8,
            (2, 2048, 8, 2), (4, 2048, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 1), (4, 512, 4, 1),
            (8, 512, 4, 2), (4, 1024, 4, 4),
            (2, 512, 1, 4), (4, 512, 1, 4), (4, 256, 1, 6), (8, 256, 1, 4), (2, 1024, 1, 4), (8, 512, 2, 4)]
+# Split-K candidates (BLOCK_N, BLOCK_K, warps, STAGES, SPLIT_K): the down projection (2048 x 8192) streamed at 76% of
+# the copy bandwidth in call AO against 94% for gate/up (few rows, long K), the q/k/v and o projections at 56-60%.
+# EXPERIMENT (session 8, call AQ): offered to the autotuner only with LLMLAB_EXP_SPLITK=1, for an A/B of the model.
+SPLIT_SHAPES = [(2, 512, 1, 4, 2), (4, 512, 1, 4, 2), (4, 256, 1, 4, 4), (8, 256, 1, 4, 4), (2, 1024, 4, 3, 2),
+                (4, 512, 4, 3, 4), (8, 512, 4, 3, 2), (16, 256, 4, 3, 4), (4, 512, 1, 4, 8), (8, 512, 2, 4, 4),
+                (4, 256, 1, 4, 2), (2, 256, 1, 4, 4)]
+SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st, "SPLIT_K": sk}, num_warps=w)
+                 for n, k, w, st, sk in SPLIT_SHAPES]
 CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
-                            for n, k, w, st in _SHAPES],
+                            for n, k, w, st in _SHAPES]
+                           + (SPLIT_CONFIGS if os.environ.get("LLMLAB_EXP_SPLITK") == "1" else []),
                            default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop split-K configs that would leave a split without a K tile (more splits than tiles)."""
+    K = named_args["K"]
+    return [c for c in configs if c.kwargs.get("SPLIT_K", 1) <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or configs[:1]
 
 
 @triton.jit
@@ -91,7 +108,8 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench)
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench,
+                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fused_gemv_kernel(
     # pointers (ws, cnt: the split-K scratch, `split_k.py`)
