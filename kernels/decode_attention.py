@@ -93,6 +93,7 @@ _NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, n
 # and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
 # LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
 USE_PDL = None
+MERGE_TRIGGER = tl.constexpr(os.environ.get("LLMLAB_EXP_MERGE_TRIGGER", "0") == "1")  # EXPERIMENT (call AR)
 
 MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
 MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
@@ -257,6 +258,8 @@ def _decode_merge_kernel(
     o_base = o_ptr + b * stride_ob + h * stride_oh
     lse_base = lse_ptr + b * stride_lb + h * stride_lh
     if PDL:  # launched before the split kernel ended: wait until it has, and its partials are visible
+        if MERGE_TRIGGER:  # EXPERIMENT (call AR): let the next kernel (the o projection) launch now, too
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     m_i = tl.full([], float("-inf"), tl.float32)  # running max of the lse: finite after the first chunk
     l_i = tl.zeros([], tl.float32)  # running sum of exp(lse - m_i)

@@ -85,9 +85,23 @@ CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES":
                            default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
 
 
+# EXPERIMENT (call AR, LLMLAB_EXP_WHOLE_ROW=1): for a GEMV of at most WHOLE_ROW_MAX_ELEMS weights (the q/k/v and o
+# projections of the 1B model), only configs whose first tile is the whole row (BLOCK_K >= K): the program loads ALL
+# of its weights before `gdc_wait`, so with PDL those bytes stream while the kernel before it (attention, the down
+# projection) still runs, and after the wait only x is read.
+WHOLE_ROW = os.environ.get("LLMLAB_EXP_WHOLE_ROW") == "1"
+WHOLE_ROW_MAX_ELEMS = 8 << 20
+WHOLE_ROW_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": 1}, num_warps=w)
+                     for n, k, w in [(1, 2048, 4), (2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8)]]
+if WHOLE_ROW and len(CONFIGS) > 1:
+    CONFIGS = CONFIGS + WHOLE_ROW_CONFIGS
+
+
 def _prune(configs, named_args, **kwargs):
     """Drop split-K configs that would leave a split without a K tile (more splits than tiles)."""
     K = named_args["K"]
+    if WHOLE_ROW and named_args["N"] * K <= WHOLE_ROW_MAX_ELEMS:
+        configs = [c for c in configs if c.kwargs["BLOCK_K"] >= K and c.kwargs.get("SPLIT_K", 1) == 1] or configs
     return [c for c in configs if c.kwargs.get("SPLIT_K", 1) <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or configs[:1]
 
 

@@ -133,9 +133,12 @@ def test_a_strided_norm_weight_is_read_correctly():
 
 
 def test_split_k_only_the_last_split_stores():
-    """The interpreter runs the splits in order, so the last to finish is always the last launched — unless the
-    counter says otherwise: with it preset so that split 0 counts as the last, split 0 alone must write y (its own
-    partial plus the zeroed scratch rows), and splits 1 and 2 must write nothing."""
+    """Which split stores y is decided by the counter, not by launch order (on a GPU the splits finish in any order;
+    call AQ caught the first form of this test assuming the interpreter's order). Both halves are deterministic:
+    1. every split's count lands far below SPLIT_K - 1 (the counter preset to -100): no split is the last, so none
+       may write y — it stays NaN;
+    2. only split 0 launched (grid (., 1)) with the counter preset to SPLIT_K - 1: split 0 is the last, and writes
+       its own partial plus the zeroed scratch rows of the others."""
     import triton
 
     from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
@@ -143,14 +146,19 @@ def test_split_k_only_the_last_split_stores():
     N, K, split_k, block_k = 37, 999, 3, 32
     x, w, kw = _case(N, K, "plain", torch.float32, seed=9)
     ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
-    ws.zero_()
-    cnt.fill_(split_k - 1)  # every row block's first split to arrive sees "all others done"
-    y = torch.full((1, N), float("nan"), device=DEV)
-    try:
-        _fused_gemv_kernel.fn[(triton.cdiv(N, 16), split_k)](
-            x, w, x, x, y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
-            PROLOGUE=0, HAS_RES=False, PDL=False, BLOCK_N=16, BLOCK_K=block_k, STAGES=1, SPLIT_K=split_k)
-    finally:
-        cnt.zero_()
+
+    def launch(splits_in_grid, preset):
+        y = torch.full((1, N), float("nan"), device=DEV)
+        ws.zero_()
+        cnt.fill_(preset)
+        try:
+            _fused_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
+                x, w, x, x, y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
+                PROLOGUE=0, HAS_RES=False, PDL=False, BLOCK_N=16, BLOCK_K=block_k, STAGES=1, SPLIT_K=split_k)
+        finally:
+            cnt.zero_()
+        return y
+
+    assert torch.isnan(launch(split_k, -100)).all()
     k0 = triton.cdiv(triton.cdiv(K, block_k), split_k) * block_k  # split 0's K range: [0, k0)
-    torch.testing.assert_close(y, x[:, :k0] @ w[:, :k0].T, **TOL[torch.float32])
+    torch.testing.assert_close(launch(1, split_k - 1), x[:, :k0] @ w[:, :k0].T, **TOL[torch.float32])
