@@ -155,12 +155,12 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
 
     # the batch-1 decode GEMVs of Llama-3.2-1B with their fused prologue/epilogue, against the unfused ops (cuBLAS)
     gemvs = [(96, 64, "norm")] if smoke else [(3072, 2048, "norm"), (2048, 2048, "residual"),
-                                              (16384, 2048, "norm"), (2048, 8192, "swiglu+residual")]
+                                              (16384, 2048, "norm+swiglu_out"), (2048, 8192, "residual")]
     for Ng, Kg, fusion in gemvs if "gemv" in want else ():
         def make_gemv(Ng=Ng, Kg=Kg, fusion=fusion):
-            w, x = rand(Ng, Kg) * Kg ** -0.5, rand(1, 2 * Kg if "swiglu" in fusion else Kg)
-            kw = dict(norm_weight=rand(Kg) if fusion == "norm" else None, swiglu="swiglu" in fusion,
-                      residual=rand(1, Ng) if "residual" in fusion else None)
+            w, x = rand(Ng, Kg) * Kg ** -0.5, rand(1, 2 * Kg if "swiglu+" in fusion else Kg)
+            kw = dict(norm_weight=rand(Kg) if "norm" in fusion else None, swiglu="swiglu+" in fusion,
+                      residual=rand(1, Ng) if "residual" in fusion else None, swiglu_out="swiglu_out" in fusion)
             return (lambda: fused_gemv(x, w, **kw)), (lambda: fused_gemv_reference(x, w, **kw))
         add("fused_gemv", [1, Ng, Kg], Ng * Kg * es, make_gemv, fusion=fusion)
         rows[-2]["max_rel_err"] = _check(*make_gemv())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import os
 
 import torch
 import triton
@@ -77,10 +76,6 @@ _SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
 SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
                  for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
 FUSED_MAX_SPLITS = 8
-# EXPERIMENT (session 8, call AQ): with seq_lens (the model's static cache) offer the fused merge too when the cache
-# holds at most this many keys (the chat workload's 1024-slot cache: 16 x (split 4.0 + merge 1.7 us) per token in
-# call AM); 0 = never, as call R found at 8K. Set by LLMLAB_EXP_FUSED_LENS for an A/B of the model.
-FUSED_LENS_MAX_S = int(os.environ.get("LLMLAB_EXP_FUSED_LENS", "0"))
 # the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
 # split into several programs and go through the merge
 _DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
@@ -93,7 +88,6 @@ _NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, n
 # and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
 # LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
 USE_PDL = None
-MERGE_TRIGGER = tl.constexpr(os.environ.get("LLMLAB_EXP_MERGE_TRIGGER", "0") == "1")  # EXPERIMENT (call AR)
 
 MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
 MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
@@ -245,11 +239,12 @@ def _decode_merge_kernel(
     # strides (elements); the split index of lse is contiguous
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     # meta-parameters
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr = False,
 ):
     """Program b * H + h: out[b, h] = sum_s exp(lse_s) o_s / sum_s exp(lse_s), over the first num_splits splits,
     BLOCK_S splits at a time with a running max (the same online rescaling as the split kernel's softmax), so any
-    split count fits in registers."""
+    split count fits in registers. TRIGGER (with PDL): let the next kernel launch at this one's start (see
+    `decode_attention`'s trigger_next)."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -258,7 +253,7 @@ def _decode_merge_kernel(
     o_base = o_ptr + b * stride_ob + h * stride_oh
     lse_base = lse_ptr + b * stride_lb + h * stride_lh
     if PDL:  # launched before the split kernel ended: wait until it has, and its partials are visible
-        if MERGE_TRIGGER:  # EXPERIMENT (call AR): let the next kernel (the o projection) launch now, too
+        if TRIGGER:
             tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     m_i = tl.full([], float("-inf"), tl.float32)  # running max of the lse: finite after the first chunk
@@ -297,9 +292,11 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
     return _counters[key]
 
 
-def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch.Tensor) -> None:
+def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch.Tensor,
+                trigger_next: bool = False) -> None:
     """Merge the first `splits` partials of o_part (B, H, >= splits, hd) fp32 and lse (B, H, >= splits) fp32
-    (split index contiguous) into out (B, H, hd), any float dtype. One launch, B * H programs."""
+    (split index contiguous) into out (B, H, hd), any float dtype. One launch, B * H programs. trigger_next: as
+    `decode_attention`'s."""
     B, H, _, hd = o_part.shape
     BLOCK_D = triton.next_power_of_2(hd)
     _decode_merge_kernel[(B * H,)](
@@ -308,7 +305,7 @@ def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_S=min(triton.next_power_of_2(splits), max(1, MERGE_TILE // BLOCK_D)), BLOCK_D=BLOCK_D,
-        **_pdl_kwargs(out.device),
+        TRIGGER=trigger_next, **_pdl_kwargs(out.device),
     )
 
 
@@ -362,7 +359,7 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
         keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
                 or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
     return [c for c in keep if not c.kwargs.get("FUSED_MERGE")
-            or ((not has_lens or s_bucket <= FUSED_LENS_MAX_S) and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
+            or (not has_lens and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
 
 
 def _prune(configs, nargs, **kwargs) -> list:
@@ -440,7 +437,8 @@ _TUNED_AT_CAPACITY: set = set()
 
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
-            num_splits: int | None = None, config: triton.Config | None = None) -> torch.Tensor:
+            num_splits: int | None = None, config: triton.Config | None = None,
+            trigger_next: bool = False) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
@@ -508,13 +506,13 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     ran = kernel.best_config.kwargs if tuned else meta
     splits = triton.cdiv(S, ran["SPLIT_N"]) if tuned else max_splits
     if splits > 1 and not ran["FUSED_MERGE"]:  # one split, or the fused merge: the split kernel already wrote `out`
-        _merge_into(o_part, lse, splits, out)
+        _merge_into(o_part, lse, splits, out, trigger_next)
     return out
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
                      scale: float | None = None, num_splits: int | None = None,
-                     check_lens: bool = True) -> torch.Tensor:
+                     check_lens: bool = True, trigger_next: bool = False) -> torch.Tensor:
     """One decode step of GQA attention, flash-decoding style (split over the sequence, merged by log-sum-exp).
 
     Args:
@@ -528,6 +526,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             split length (`SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
+        trigger_next: with PDL, the merge kernel lets the NEXT kernel launch at its start (`gdc_launch_dependents`),
+            so a next kernel with work that does not depend on the attention — the model's o projection loads
+            its weights before it waits (`fused_gemv`) — does it while the attention runs. Measured on the H200
+            (call AR): the 1B chat decode step 13 us faster with it (16 layers); but a chain of attention calls
+            alone ran 15% slower at 8K keys (the next split kernel's programs, which have nothing to do before
+            they wait, then sit on the SMs), so it is off unless the caller knows what comes next.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
@@ -582,7 +586,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
                          f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
-    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None).view(q_shape)
+    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
+                   trigger_next=bool(trigger_next)).view(q_shape)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,13 @@ its whole input vector anyway (every output row needs all of x):
   pass (x is K numbers, read from L2 — nothing next to the N x K weights) and scales its outputs at the end;
 * SwiGLU prologue: x is the gate/up projection's output [gate | up] (2K numbers), and the program computes
   silu(gate) * up as it reads them;
-* residual epilogue: y = residual + W x, the residual stream's add done on the way out.
+* residual epilogue: y = residual + W x, the residual stream's add done on the way out;
+* SwiGLU epilogue (`swiglu_out`): W is the fused [gate; up] projection, and each program computes gate row n and
+  up row n together and writes silu(gate) * up. Better than the SwiGLU prologue of the down projection that
+  follows: there EVERY program re-reads the whole [gate | up] (2K numbers, as many bytes from L2 as its own
+  weights at 4 rows per program) and recomputes all K sigmoids; here each sigmoid is computed once.
 
-A Llama layer's decode step then has four GEMVs (norm + qkv, o + add, norm + gate/up, swiglu + down + add) instead
+A Llama layer's decode step then has four GEMVs (norm + qkv, o + add, norm + gate/up + swiglu, down + add) instead
 of four GEMVs and five small kernels. The SwiGLU and residual roundings to the activation dtype are done where the
 unfused ops do them; the normalized x is not rounded (the one-pass form above), so in bf16 the result differs from
 the unfused ops' by about one bf16 rounding of x (relative 2^-8 per element, averaging out over K); in fp32 they
@@ -23,8 +27,6 @@ explain why a 1B model at batch 1 is dominated by such small kernels.)
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +43,9 @@ NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
 
 
 def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
-                         eps: float = 1e-5, swiglu: bool = False,
-                         residual: torch.Tensor | None = None) -> torch.Tensor:
-    """The unfused ops, as `llmlab.model` runs them: [RMSNorm or SwiGLU] -> F.linear -> [+ residual].
+                         eps: float = 1e-5, swiglu: bool = False, residual: torch.Tensor | None = None,
+                         swiglu_out: bool = False) -> torch.Tensor:
+    """The unfused ops, as `llmlab.model` runs them: [RMSNorm or SwiGLU] -> F.linear -> [SwiGLU] -> [+ residual].
 
     Bytes (bf16, 1B model's down projection, K = 8192): eager reads gate and up and writes the product (3 x 16 KB),
     the GEMV reads W (33.5 MB), the add reads two rows and writes one — four launches; fused: one launch, the same
@@ -56,6 +58,9 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
         x32 = x.float()
         x = norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     y = F.linear(x, weight)
+    if swiglu_out:  # y is [gate | up]
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     return y if residual is None else residual + y
 
 
@@ -71,37 +76,42 @@ _SHAPES = [(2, 1024, 4, 3), (4, 512, 4, 3), (4, 1024, 4, 3), (8, 512, 4, 3), (8,
            (2, 2048, 8, 2), (4, 2048, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 1), (4, 512, 4, 1),
            (8, 512, 4, 2), (4, 1024, 4, 4),
            (2, 512, 1, 4), (4, 512, 1, 4), (4, 256, 1, 6), (8, 256, 1, 4), (2, 1024, 1, 4), (8, 512, 2, 4)]
-# Split-K candidates (BLOCK_N, BLOCK_K, warps, STAGES, SPLIT_K): the down projection (2048 x 8192) streamed at 76% of
-# the copy bandwidth in call AO against 94% for gate/up (few rows, long K), the q/k/v and o projections at 56-60%.
-# EXPERIMENT (session 8, call AQ): offered to the autotuner only with LLMLAB_EXP_SPLITK=1, for an A/B of the model.
-SPLIT_SHAPES = [(2, 512, 1, 4, 2), (4, 512, 1, 4, 2), (4, 256, 1, 4, 4), (8, 256, 1, 4, 4), (2, 1024, 4, 3, 2),
-                (4, 512, 4, 3, 4), (8, 512, 4, 3, 2), (16, 256, 4, 3, 4), (4, 512, 1, 4, 8), (8, 512, 2, 4, 4),
-                (4, 256, 1, 4, 2), (2, 256, 1, 4, 4)]
-SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st, "SPLIT_K": sk}, num_warps=w)
-                 for n, k, w, st, sk in SPLIT_SHAPES]
-CONFIGS = autotune_configs([triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
-                            for n, k, w, st in _SHAPES]
-                           + (SPLIT_CONFIGS if os.environ.get("LLMLAB_EXP_SPLITK") == "1" else []),
-                           default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
+_STREAM_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w) for n, k, w, st in _SHAPES]
+CONFIGS = autotune_configs(_STREAM_CONFIGS, default=triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "STAGES": 1}))
 
-
-# EXPERIMENT (call AR, LLMLAB_EXP_WHOLE_ROW=1): for a GEMV of at most WHOLE_ROW_MAX_ELEMS weights (the q/k/v and o
-# projections of the 1B model), only configs whose first tile is the whole row (BLOCK_K >= K): the program loads ALL
-# of its weights before `gdc_wait`, so with PDL those bytes stream while the kernel before it (attention, the down
-# projection) still runs, and after the wait only x is read.
-WHOLE_ROW = os.environ.get("LLMLAB_EXP_WHOLE_ROW") == "1"
-WHOLE_ROW_MAX_ELEMS = 8 << 20
-WHOLE_ROW_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": 1}, num_warps=w)
-                     for n, k, w in [(1, 2048, 4), (2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8)]]
-if WHOLE_ROW and len(CONFIGS) > 1:
+# Small GEMVs load their WHOLE weight rows before they wait for the kernel before them. The weights do not depend on
+# that kernel, and with PDL a GEMV's programs launch while it still runs (`pdl_enabled` in _util.py; every kernel of
+# the decode step lets the next one launch at its start): a program whose first tile is its whole row (BLOCK_K >= K)
+# has all of its bytes in flight — or already in registers — when the wait ends, and then only reads x. For the 1B
+# model's q/k/v (12.6 MB) and o (8.4 MB) projections this overlaps their weight reads with the previous layer's
+# down projection (q/k/v) and with the attention (o). Measured on the H200 (call AR, chat rung): TPOT 0.898 -> 0.845 ms, and
+# 0.829 ms with the attention's merge letting the o projection launch early (`decode_attention`'s trigger_next).
+# The autotuner alone does not find this (it times a GEMV after itself, call AQ: it picked 512-wide tiles), so for
+# weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200: 132 SMs x 256 KB = 33 MB), since
+# every program of the grid holds its rows at once — only whole-row configs are offered (`_prune`). Larger GEMVs
+# (gate/up 67 MB, down 33.5 MB) cannot hold theirs and stream as before.
+WHOLE_ROW_MAX_BYTES = 16 << 20
+WHOLE_ROW_CONFIGS = [c for c in (triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": 1}, num_warps=w)
+                                  for k in (256, 512, 1024, 2048, 4096)
+                                  for n, w in [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)])
+                     if c not in _STREAM_CONFIGS]  # (two are in _SHAPES already, and stay there for large GEMVs)
+if len(CONFIGS) > 1:  # autotuning (the interpreter, and LLMLAB_TRITON_AUTOTUNE=0, run the one default config)
     CONFIGS = CONFIGS + WHOLE_ROW_CONFIGS
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop split-K configs that would leave a split without a K tile (more splits than tiles)."""
-    K = named_args["K"]
-    if WHOLE_ROW and named_args["N"] * K <= WHOLE_ROW_MAX_ELEMS:
-        configs = [c for c in configs if c.kwargs["BLOCK_K"] >= K and c.kwargs.get("SPLIT_K", 1) == 1] or configs
+    """The autotuner's early_config_prune: weights up to WHOLE_ROW_MAX_BYTES get only the whole-row configs with
+    the shortest BLOCK_K >= K (see above); larger ones all the others. Split-K configs (none tuned today: call AQ
+    found none faster) keep at least one K tile per split."""
+    N, K = named_args["N"], named_args["K"]  # N: outputs; the weight has 2N rows with GLU
+    rows = 2 * N if kwargs.get("GLU", named_args.get("GLU", False)) else N  # (a constexpr comes as a keyword)
+    small = rows * K * named_args["w_ptr"].element_size() <= WHOLE_ROW_MAX_BYTES
+    whole = [c for c in configs if c.kwargs["BLOCK_K"] >= K]
+    if small and whole:
+        shortest = min(c.kwargs["BLOCK_K"] for c in whole)
+        configs = [c for c in whole if c.kwargs["BLOCK_K"] == shortest]
+    else:
+        configs = [c for c in configs if c not in WHOLE_ROW_CONFIGS] or configs
     return [c for c in configs if c.kwargs.get("SPLIT_K", 1) <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or configs[:1]
 
 
@@ -122,7 +132,7 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES"], do_bench=tune_bench,
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "GLU"], do_bench=tune_bench,
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fused_gemv_kernel(
@@ -134,17 +144,26 @@ def _fused_gemv_kernel(
     stride_wn, stride_ws,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, GLU: tl.constexpr = False,
 ):
-    """Program (row block, split): rows rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
+    """Program (row block, split): outputs rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
     each split writes its partial row sums — and, for the RMSNorm prologue, its partial sum of x^2 — to the scratch,
-    and the row block's last split adds them (`split_k_sum`) and does the epilogue (rstd, residual) and the store."""
+    and the row block's last split adds them (`split_k_sum`) and does the epilogue (rstd, residual) and the store.
+    GLU: the weight is [gate; up] (2N rows): the program reads gate row n and up row N + n for each of its BLOCK_N
+    outputs (side by side, lanes 2j and 2j + 1) and writes silu(gate) * up — the SwiGLU epilogue."""
     tl.static_assert(SPLIT_K <= SQ_ROW, "SPLIT_K beyond the scratch's MAX_SPLIT_K partial rows")
+    tl.static_assert(not GLU or SPLIT_K == 1, "the SwiGLU epilogue is not split over K")
     dt = x_ptr.dtype.element_ty
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GLU:  # weight row of lane r: gate row n (r even) or up row N + n (r odd), n = the lane's output
+        r = tl.arange(0, 2 * BLOCK_N)
+        rn = tl.program_id(0) * BLOCK_N + r // 2
+        rw = rn + (r % 2) * N
+    else:
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rw = rn
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + rn[:, None] * stride_wn
+    w_rows = w_ptr + rw[:, None] * stride_wn
     if SPLIT_K == 1:
         k_lo = 0
         k_hi = K
@@ -168,7 +187,7 @@ def _fused_gemv_kernel(
         xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)
         sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
-    y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32
+    y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32 — (2 BLOCK_N,) with GLU
     ssq = tl.sum(sq, axis=0)  # this program's share of sum(x^2) (RMSNorm)
     out_mask = n_mask
     if SPLIT_K > 1:  # the splits' sums added by the row block's last split, which goes on; the others store nothing
@@ -184,6 +203,12 @@ def _fused_gemv_kernel(
                                cache_modifier=".cg")
     if PROLOGUE == 1:  # one pass: x is not normalized (nor rounded) before the products, the row sum is scaled
         y = y / tl.sqrt(ssq / K + eps)
+    if GLU:  # (gate, up) pairs -> silu(gate) * up, each rounded where the unfused ops round (GEMV output, F.silu,
+        g, u = tl.split(tl.reshape(y, (BLOCK_N, 2)))  # the product)
+        g = g.to(dt).to(tl.float32)
+        y = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u.to(dt).to(tl.float32)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_mask = rn < N
     if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
         r = tl.load(res_ptr + rn, mask=out_mask, other=0.0).to(tl.float32)
         y = y.to(dt).to(tl.float32) + r
@@ -191,8 +216,9 @@ def _fused_gemv_kernel(
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
-               swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """y = [residual +] weight @ prologue(x) for ONE token, in one launch.
+               swiglu: bool = False, residual: torch.Tensor | None = None,
+               swiglu_out: bool = False) -> torch.Tensor:
+    """y = [residual +] epilogue(weight @ prologue(x)) for ONE token, in one launch.
 
     Args:
         x: (..., K_in) holding one row (numel == K_in), fp32 / fp16 / bf16 (fp32 in the CPU interpreter),
@@ -201,13 +227,16 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         norm_weight: (K,) RMSNorm weight: x is normalized first (`llmlab.model.RMSNorm`, eps `eps`).
         swiglu: x is [gate | up]: silu(gate) * up is the GEMV's input. Not together with norm_weight.
         residual: (..., N) one row, same dtype: added to the output.
+        swiglu_out: weight is a fused [gate; up] projection (2I, K): the output is silu(gate) * up, (..., I) — the
+            SwiGLU done on the way out, so the down projection after it reads I numbers with no prologue (instead
+            of 2I with `swiglu`). Not together with residual.
 
     Returns:
-        (..., N): x's leading dimensions with the last one N, in x's dtype.
+        (..., N): x's leading dimensions with the last one N (N / 2 with swiglu_out), in x's dtype.
 
     Raises:
         ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
-            or weight rows.
+            or weight rows; swiglu_out with an odd number of weight rows or with a residual.
         TypeError: unsupported or mismatched dtypes (see `check_tensors`).
     """
     tensors = {"x": x, "weight": weight}
@@ -238,20 +267,25 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         if norm_weight.shape != (K,):
             raise ValueError(f"fused_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
         norm_weight = norm_weight.contiguous()  # the kernel reads it at offsets 0..K-1
+    if swiglu_out and (N % 2 or residual is not None):
+        raise ValueError(f"fused_gemv: swiglu_out needs a [gate; up] weight with an even number of rows (got {N}) "
+                         f"and no residual (got {'one' if residual is not None else 'none'}); add the residual "
+                         f"in the next GEMV")
     if residual is not None and (residual.dim() == 0 or residual.shape[-1] != N or residual.numel() != N):
         raise ValueError(f"fused_gemv: residual must be one row of {N}, got {tuple(residual.shape)}")
     if residual is not None and not residual.is_contiguous():
         raise ValueError(f"fused_gemv: residual is not contiguous (strides {residual.stride()}); pass "
                          f"residual.contiguous()")
-    y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    n_out = N // 2 if swiglu_out else N
+    y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
     ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)  # partial sums, then partial sums of x^2 (RMSNorm)
     with zero_on_error(cnt):
-        _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
+        _fused_gemv_kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
             x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y, ws, cnt,
-            N, K, float(eps),
+            n_out, K, float(eps),
             weight.stride(0), ws.stride(0),
-            PROLOGUE=prologue, HAS_RES=residual is not None, **pdl_kwargs(x.device),
+            PROLOGUE=prologue, HAS_RES=residual is not None, GLU=bool(swiglu_out), **pdl_kwargs(x.device),
         )
     return y
 

@@ -156,7 +156,9 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     if inv_freq is None:
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
-    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False)  # (B, H, hd)
+    # the next kernel is the o projection, which loads its weights before it waits: let it launch during the merge
+    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False,
+                              trigger_next=True)  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -253,6 +255,9 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
     return all(p.dtype == h.dtype for p in model.layers.parameters())
 
 
+_GLU_OUT = __import__("os").environ.get("LLMLAB_EXP_GLU_OUT", "1") == "1"  # EXPERIMENT (call AS): A/B switch
+
+
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
@@ -270,8 +275,12 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
                                      inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
-        gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]
-        h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h)  # h + down(silu(gate) * up)
+        if _GLU_OUT:
+            act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # silu(gate) * up
+            h = K.fused_gemv(act, mlp.down_proj.weight, residual=h)  # h + down(act)
+        else:
+            gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]
+            h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h)  # h + down(silu(gate) * up)
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
 

@@ -404,3 +404,18 @@ def test_strided_lengths_and_empty_dimensions():
         decode_attention(q[..., :0], k[..., :0], v[..., :0])
     with pytest.raises(ValueError, match="seq_lens must be a"):
         decode_attention(q, k, v, seq_lens=torch.tensor([True, True], device=DEV))
+
+
+def test_trigger_next_changes_nothing_in_the_answer(monkeypatch):
+    """trigger_next only lets the next kernel launch earlier (PDL, on a GPU that has it): same output, with and
+    without lengths, with the merge kernel running (several splits, the split kernel's own merge off)."""
+    monkeypatch.setattr(da, "FUSE_MERGE", False)
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 8, 64, device=DEV), torch.randn(2, 2, 300, 64, device=DEV), torch.randn(2, 2, 300, 64,
+                                                                                                    device=DEV)
+    lens = torch.tensor([300, 41], device=DEV)
+    for seq_lens in (None, lens):
+        ref = decode_attention_reference(q, k, v, seq_lens)
+        for trigger in (False, True):
+            out = decode_attention(q, k, v, seq_lens=seq_lens, num_splits=3, trigger_next=trigger)
+            torch.testing.assert_close(out, ref, **TOL[torch.float32])

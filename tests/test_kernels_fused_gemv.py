@@ -54,7 +54,29 @@ def test_fused_gemv_matches_the_unfused_ops(size, fusion, dtype):
         torch.testing.assert_close(got, fused_gemv_reference(x, w, **kw), **TOL[dtype])
 
 
-def _launch(x, w, kw, fusion, block_n, block_k, stages, split_k=1):
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("size", SIZES)
+def test_swiglu_epilogue_matches_the_unfused_ops(size, norm, dtype):
+    """swiglu_out: a [gate; up] weight (2I rows) -> silu(gate) * up (I outputs), with or without the RMSNorm
+    prologue; the size in the output tiling (I), then in the K tiling."""
+    for n_out, K in ((size, 64), (24, size)):
+        x, w, kw = _case(2 * n_out, K, "norm" if norm else "plain", dtype, seed=size)
+        got = fused_gemv(x, w, swiglu_out=True, **kw)
+        assert got.shape == (1, n_out) and got.dtype == dtype
+        torch.testing.assert_close(got, fused_gemv_reference(x, w, swiglu_out=True, **kw), **TOL[dtype])
+
+
+@pytest.mark.parametrize("block_n, block_k, stages", [(1, 1024, 1), (8, 128, 2), (4, 256, 3)])
+def test_swiglu_epilogue_over_other_tile_shapes(block_n, block_k, stages):
+    """The GPU autotuner's other tiles for the SwiGLU epilogue: one output (two weight rows) per program, the
+    whole row in one tile, a pipelined loop."""
+    x, w, kw = _case(2 * 37, 999, "norm", torch.float32, seed=block_n)
+    torch.testing.assert_close(_launch(x, w, kw, "norm", block_n, block_k, stages, glu=True),
+                               fused_gemv_reference(x, w, swiglu_out=True, **kw), **TOL[torch.float32])
+
+
+def _launch(x, w, kw, fusion, block_n, block_k, stages, split_k=1, glu=False):
     """The kernel run directly with one config (the interpreter's autotuner has only its default)."""
     import triton
 
@@ -62,13 +84,14 @@ def _launch(x, w, kw, fusion, block_n, block_k, stages, split_k=1):
     from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
 
     N, K = w.shape
-    y = torch.full((1, N), float("nan"), device=DEV)
+    n_out = N // 2 if glu else N
+    y = torch.full((1, n_out), float("nan"), device=DEV)
     ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
     prologue = SWIGLU if kw["swiglu"] else RMSNORM if "norm_weight" in kw else NONE
-    _fused_gemv_kernel.fn[(triton.cdiv(N, block_n), split_k)](
-        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
-        PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
-        SPLIT_K=split_k)
+    _fused_gemv_kernel.fn[(triton.cdiv(n_out, block_n), split_k)](
+        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, ws, cnt, n_out, K, 1e-5, w.stride(0),
+        ws.stride(0), PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k,
+        STAGES=stages, SPLIT_K=split_k, GLU=glu)
     assert not cnt.any()  # each row block's last split zeroed its counter for the next launch
     return y
 
@@ -79,6 +102,34 @@ def test_other_tile_shapes_the_gpu_autotuner_may_pick(block_n, block_k, stages):
     x, w, kw = _case(37, 999, "norm+residual", torch.float32, seed=3)
     torch.testing.assert_close(_launch(x, w, kw, "norm+residual", block_n, block_k, stages),
                                fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("block_n", [1, 8])
+def test_whole_row_configs_load_the_row_in_one_tile(fusion, block_n):
+    """BLOCK_K >= K (the whole-row configs small GEMVs are tuned over): the loop after the first tile runs zero
+    times, and the masked lanes past K (999 of 1024) read nothing."""
+    x, w, kw = _case(37, 999, fusion, torch.float32, seed=block_n)
+    torch.testing.assert_close(_launch(x, w, kw, fusion, block_n, 1024, 1), fused_gemv_reference(x, w, **kw),
+                               **TOL[torch.float32])
+
+
+def test_small_weights_are_tuned_over_whole_row_configs_only():
+    """`_prune`: a weight up to WHOLE_ROW_MAX_BYTES gets the configs whose BLOCK_K is the shortest that covers K;
+    a larger one every config but the whole-row additions, as before."""
+    from llmlab.kernels import fused_gemv as fg
+
+    configs = fg._STREAM_CONFIGS + fg.WHOLE_ROW_CONFIGS  # what the GPU autotuner gets
+    bf16 = torch.empty(1, dtype=torch.bfloat16)
+    small = fg._prune(configs, {"N": 3072, "K": 2048, "w_ptr": bf16})  # the 1B model's q/k/v: 12.6 MB
+    assert small and {c.kwargs["BLOCK_K"] for c in small} == {2048}
+    assert {c.kwargs["BLOCK_K"] for c in fg._prune(configs, {"N": 96, "K": 300, "w_ptr": bf16})} == {512}
+    large = fg._prune(configs, {"N": 2048, "K": 8192, "w_ptr": bf16})  # the down projection: 33.5 MB
+    assert len(large) == len(fg._SHAPES) and not [c for c in large if c in fg.WHOLE_ROW_CONFIGS]
+    n_rows = fg.WHOLE_ROW_MAX_BYTES // (2 * 2048)  # exactly the limit in bf16; twice it in fp32
+    assert {c.kwargs["BLOCK_K"] for c in fg._prune(configs, {"N": n_rows, "K": 2048, "w_ptr": bf16})} == {2048}
+    fp32 = torch.empty(1, dtype=torch.float32)
+    assert len(fg._prune(configs, {"N": n_rows, "K": 2048, "w_ptr": fp32})) == len(fg._SHAPES)
 
 
 @pytest.mark.parametrize("fusion", FUSIONS)
@@ -112,6 +163,8 @@ def test_fp16_norm_prologue_with_large_inputs_stays_finite():
     (lambda x, w: dict(x=torch.zeros(1, 128, device=DEV), weight=w, swiglu=True,
                        norm_weight=torch.ones(64, device=DEV)), "choose one prologue"),
     (lambda x, w: dict(x=x, weight=w.t()), "contiguous rows"),
+    (lambda x, w: dict(x=x, weight=w[:63], swiglu_out=True), "even number of rows"),
+    (lambda x, w: dict(x=x, weight=w, swiglu_out=True, residual=torch.zeros(1, 64, device=DEV)), "no residual"),
 ])
 def test_bad_input_names_the_problem(bad, message):
     x, w = torch.randn(1, 64, device=DEV), torch.randn(64, 64, device=DEV)
