@@ -1,8 +1,8 @@
 """Device experiment (call Z): every config of the fused one-token GEMV (kernels/fused_gemv.py) at the 1B model's
 decode shapes, timed by CUDA-graph replay (distinct weight copies, several times the L2), against cuBLAS bf16 and
 against the config the autotuner picks (`tune_bench`). Prints tables; writes JSON to argv[1]. argv[2] == "splitk":
-also the split-K candidates `fused_gemv.SPLIT_CONFIGS` (sessions 7-8: the down projection, 2048 x 8192, streamed at
-76% of the copy bandwidth in call AO against 94% for gate/up — few rows, long K), without the LM head shape."""
+also the split-K candidates SPLIT_SWEEP, without the LM head shape (call AQ: none beat the unsplit configs; the
+down projection, 2048 x 8192, streamed at 76% of the copy bandwidth in call AO against 94% for gate/up)."""
 
 import json
 import sys
@@ -17,7 +17,10 @@ from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 out = []
-SPLIT_SWEEP = fg.SPLIT_CONFIGS
+SPLIT_SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st, "SPLIT_K": sk}, num_warps=w)
+               for n, k, w, st, sk in [(2, 512, 1, 4, 2), (4, 512, 1, 4, 2), (4, 256, 1, 4, 4), (8, 256, 1, 4, 4),
+                                       (2, 1024, 4, 3, 2), (4, 512, 4, 3, 4), (8, 512, 4, 3, 2), (16, 256, 4, 3, 4),
+                                       (4, 512, 1, 4, 8), (8, 512, 2, 4, 4), (4, 256, 1, 4, 2), (2, 256, 1, 4, 4)]]
 configs = fg.CONFIGS + (SPLIT_SWEEP if "splitk" in sys.argv[2:] else [])
 # (N, K, fusion) of one Llama-3.2-1B layer's four GEMVs and the LM head
 SHAPES = [(3072, 2048, "norm"), (2048, 2048, "res"), (16384, 2048, "norm"), (2048, 8192, "swiglu"),
