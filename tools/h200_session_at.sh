@@ -8,7 +8,7 @@ set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-560}
 source "$(dirname "$0")/h200_lib.sh"
 
-step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_kernels_fused_gemv.py -k \
+step gpu_tests 75 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_kernels_fused_gemv.py -k \
   "whole_row or swiglu_epilogue or split_k or matches_the_unfused or kernels_model" tests/test_kernels_model.py
 for round in 1 2; do
   for v in base:0:0 pre2:1:0 fusedlens:0:2048; do
