@@ -76,7 +76,6 @@ _SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
 SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
                  for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
 FUSED_MAX_SPLITS = 8
-FUSED_LENS_MAX_S = int(__import__("os").environ.get("LLMLAB_EXP_FUSED_LENS", "0"))  # EXPERIMENT (call AT)
 # the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
 # split into several programs and go through the merge
 _DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
@@ -359,11 +358,6 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
     if has_lens:
         keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
                 or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
-    if has_lens and s_bucket <= FUSED_LENS_MAX_S:  # EXPERIMENT (call AT): only the fused merge, or one split
-        forced = [c for c in keep if (c.kwargs.get("FUSED_MERGE") and 1 < splits(c) <= FUSED_MAX_SPLITS)
-                  or splits(c) == 1]
-        if forced:
-            return forced
     return [c for c in keep if not c.kwargs.get("FUSED_MERGE")
             or (not has_lens and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
 

@@ -97,11 +97,6 @@ WHOLE_ROW_CONFIGS = [c for c in (triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STA
                      if c not in _STREAM_CONFIGS]  # (two are in _SHAPES already, and stay there for large GEMVs)
 if len(CONFIGS) > 1:  # autotuning (the interpreter, and LLMLAB_TRITON_AUTOTUNE=0, run the one default config)
     CONFIGS = CONFIGS + WHOLE_ROW_CONFIGS
-# EXPERIMENT (call AT, LLMLAB_EXP_PRE2=1): large GEMVs load TWO tiles before the wait (the tail of the GEMV before)
-PRE2 = __import__("os").environ.get("LLMLAB_EXP_PRE2") == "1"
-PRE2_CONFIGS = [triton.Config({**c.kwargs, "PRE": 2}, num_warps=c.num_warps) for c in _STREAM_CONFIGS]
-if PRE2 and len(CONFIGS) > 1:
-    CONFIGS = CONFIGS + PRE2_CONFIGS
 
 
 def _prune(configs, named_args, **kwargs):
@@ -111,14 +106,12 @@ def _prune(configs, named_args, **kwargs):
     N, K = named_args["N"], named_args["K"]  # N: outputs; the weight has 2N rows with GLU
     rows = 2 * N if kwargs.get("GLU", named_args.get("GLU", False)) else N  # (a constexpr comes as a keyword)
     small = rows * K * named_args["w_ptr"].element_size() <= WHOLE_ROW_MAX_BYTES
-    whole = [c for c in configs if c.kwargs["BLOCK_K"] >= K and c.kwargs.get("PRE", 1) == 1]
+    whole = [c for c in configs if c.kwargs["BLOCK_K"] >= K]
     if small and whole:
         shortest = min(c.kwargs["BLOCK_K"] for c in whole)
         configs = [c for c in whole if c.kwargs["BLOCK_K"] == shortest]
     else:
         configs = [c for c in configs if c not in WHOLE_ROW_CONFIGS] or configs
-        if PRE2:
-            configs = [c for c in configs if c.kwargs.get("PRE", 1) == 2] or configs
     return [c for c in configs if c.kwargs.get("SPLIT_K", 1) <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or configs[:1]
 
 
@@ -152,7 +145,6 @@ def _fused_gemv_kernel(
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, GLU: tl.constexpr = False,
-    PRE: tl.constexpr = 1,
 ):
     """Program (row block, split): outputs rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
     each split writes its partial row sums — and, for the RMSNorm prologue, its partial sum of x^2 — to the scratch,
@@ -183,19 +175,12 @@ def _fused_gemv_kernel(
     # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
     kk = k_lo + rk
     w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < k_hi)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
-    if PRE == 2:  # EXPERIMENT (call AT): a second tile before the wait
-        kk1 = k_lo + BLOCK_K + rk
-        w1 = tl.load(w_rows + kk1[None, :], mask=n_mask[:, None] & (kk1 < k_hi)[None, :], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
     xk, sq = _x_tile(x_ptr, nw_ptr, kk, kk < k_hi, K, PROLOGUE)
     # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
     acc = w.to(tl.float32) * xk[None, :]
-    if PRE == 2:
-        xk1, sq1 = _x_tile(x_ptr, nw_ptr, kk1, kk1 < k_hi, K, PROLOGUE)
-        acc += w1.to(tl.float32) * xk1[None, :]
-        sq += sq1
-    for k0 in tl.range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
         k_mask = kk < k_hi
         w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # what it moves

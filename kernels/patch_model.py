@@ -255,15 +255,15 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
     return all(p.dtype == h.dtype for p in model.layers.parameters())
 
 
-_GLU_OUT = __import__("os").environ.get("LLMLAB_EXP_GLU_OUT", "1") == "1"  # EXPERIMENT (call AS): A/B switch
-
-
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
 
     Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
-    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV; SwiGLU + down GEMV +
-    residual add. h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
+    cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV + SwiGLU (the epilogue
+    writes silu(gate) * up: call AS, TPOT 0.861 -> 0.838 ms against the SwiGLU prologue in the down GEMV); down
+    GEMV + residual add. The q/k/v and o GEMVs load their weights before they wait for the kernel before them
+    (`fused_gemv`'s whole-row configs), and the attention lets the o GEMV launch during its merge (trigger_next).
+    h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
     for layer in model.layers:
@@ -275,12 +275,8 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
                                      inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
-        if _GLU_OUT:
-            act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # silu(gate) * up
-            h = K.fused_gemv(act, mlp.down_proj.weight, residual=h)  # h + down(act)
-        else:
-            gate_up = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I): [gate | up]
-            h = K.fused_gemv(gate_up, mlp.down_proj.weight, swiglu=True, residual=h)  # h + down(silu(gate) * up)
+        act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # (1, 1, I)
+        h = K.fused_gemv(act, mlp.down_proj.weight, residual=h)  # h + down(silu(gate) * up)
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
 

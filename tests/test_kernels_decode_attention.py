@@ -94,9 +94,9 @@ def _count_merges(monkeypatch) -> list:
     calls = []
     real = da._merge_into
 
-    def counting(o_part, lse, splits, out):
+    def counting(o_part, lse, splits, out, *rest):
         calls.append(splits)
-        real(o_part, lse, splits, out)
+        real(o_part, lse, splits, out, *rest)
     monkeypatch.setattr(da, "_merge_into", counting)
     return calls
 
