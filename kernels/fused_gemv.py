@@ -84,8 +84,9 @@ CONFIGS = autotune_configs(_STREAM_CONFIGS, default=triton.Config({"BLOCK_N": 16
 # the decode step lets the next one launch at its start): a program whose first tile is its whole row (BLOCK_K >= K)
 # has all of its bytes in flight — or already in registers — when the wait ends, and then only reads x. For the 1B
 # model's q/k/v (12.6 MB) and o (8.4 MB) projections this overlaps their weight reads with the previous layer's
-# down projection (q/k/v) and with the attention (o). Measured on the H200 (call AR, chat rung): TPOT 0.898 -> 0.845 ms, and
-# 0.829 ms with the attention's merge letting the o projection launch early (`decode_attention`'s trigger_next).
+# down projection (q/k/v) and with the attention (o). Measured on the H200 (call AR, chat rung): TPOT 0.898 ->
+# 0.845 ms, and 0.829 ms with the attention's merge letting the o projection launch early (`decode_attention`'s
+# trigger_next).
 # The autotuner alone does not find this (it times a GEMV after itself, call AQ: it picked 512-wide tiles), so for
 # weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200: 132 SMs x 256 KB = 33 MB), since
 # every program of the grid holds its rows at once — only whole-row configs are offered (`_prune`). Larger GEMVs
