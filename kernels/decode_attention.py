@@ -88,7 +88,6 @@ _NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, n
 # and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
 # LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
 USE_PDL = None
-LATE_TRIGGER = tl.constexpr(__import__("os").environ.get("LLMLAB_EXP_LATE_TRIGGER") == "1")  # EXPERIMENT (AV)
 
 MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
 MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
@@ -122,8 +121,7 @@ def _decode_split_kernel(
     FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
     so there is no merge kernel to launch."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
-        if not LATE_TRIGGER:  # anything, wait for the kernel before this one to complete
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // Hkv
@@ -177,8 +175,6 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if PDL and LATE_TRIGGER:  # EXPERIMENT (call AV): the next kernel launches only as the programs finish
-        tl.extra.cuda.gdc_launch_dependents()
     has = l_i > 0  # an empty split (past this sequence's end) writes o = 0, lse = -inf: it weighs 0 in the merge
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     out_mask = hmask[:, None] & dmask[None, :]
