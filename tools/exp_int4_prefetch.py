@@ -17,13 +17,12 @@ and the same split-K fixup (`split_k_store`).
 
 from __future__ import annotations
 
-import json
 import sys
 
-import torch
 import triton
 import triton.language as tl
 
+import int4_gemv_sweep
 from llmlab.kernels import dequant_matmul as dq
 from llmlab.kernels.dequant_matmul import X_EXP, _int4_word_sums
 from llmlab.kernels.split_k import split_k_range, split_k_store
@@ -92,76 +91,21 @@ def launch(x, packed, scales, y, cfg: dict):
 
 def check_small() -> None:
     """The CPU interpreter: one split, several, a short last split, N not a multiple of BLOCK_N."""
-    torch.manual_seed(0)
-    for N, K, G, cfg in [(37, 256, 64, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, EVICT=0)),
-                         (37, 256, 64, dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=3, EVICT=1)),
-                         (64, 512, 128, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, EVICT=0)),
-                         (5, 96, 32, dict(BLOCK_N=4, BLOCK_K=32, SPLIT_K=2, EVICT=0))]:
-        w = torch.randn(N, K)
-        packed, scales = dq.quantize_int4(w, G)
-        x = torch.randn(1, K)
-        y = torch.full((1, N), float("nan"))
-        launch(x, packed, scales, y, dict(cfg, num_warps=1))()
-        ref = dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales))
-        err = float((y - ref).abs().max())
-        print(N, K, G, cfg, "max err", err)
-        assert err < 1e-3, err
+    int4_gemv_sweep.check_small(launch, [
+        (37, 256, 64, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, EVICT=0)),
+        (37, 256, 64, dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=3, EVICT=1)),
+        (64, 512, 128, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, EVICT=0)),
+        (5, 96, 32, dict(BLOCK_N=4, BLOCK_K=32, SPLIT_K=2, EVICT=0))])
 
 
 SWEEP = [(n, 128, sk, nw, ev) for n in (16, 32, 64) for nw in (1, 2, 4) for sk in (1, 2, 4, 8) for ev in (0,)
          if n * 16 // (32 * nw) >= 4] + [(32, 128, 4, 1, 1), (32, 128, 8, 1, 1), (64, 128, 4, 2, 1),
                                          (32, 64, 8, 1, 0), (64, 64, 4, 1, 0), (128, 64, 4, 2, 0)]
-PACKAGE = [(32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (32, 128, 2, 1, 4)]  # the package kernel's winners (calls AI-AK)
 
 
 def sweep(out_path: str) -> None:
-    from llmlab.kernels.bench_kernels import _graph_ms
-
-    torch.manual_seed(0)
-    rows = []
-
-    def timed(name, make, N, K, ref, t_bf16, cfg):
-        try:
-            y = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            make(y)()
-            torch.cuda.synchronize()
-            err = float((y.float() - ref).norm() / ref.norm())
-            t = _graph_ms([make(torch.empty(1, N, device="cuda", dtype=torch.bfloat16), i) for i in range(8)])
-        except Exception as e:  # noqa: BLE001
-            print(f"  {name} {cfg}: FAILED {type(e).__name__}: {str(e)[:160]}")
-            return
-        rows.append(dict(N=N, K=K, impl=name, time_us=t * 1e3, speedup_vs_bf16=t_bf16 / t,
-                         bf16_us=t_bf16 * 1e3, rel_err=err, config=cfg))
-
-    for N, K in [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]:
-        W = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        t_bf16 = _graph_ms([lambda Wd=W.clone(): x @ Wd.T for _ in range(8)])
-        packed, scales = dq.quantize_int4(W, 128)
-        ref = dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales)).float()
-        sets = [(packed.clone(), scales.clone()) for _ in range(8)]
-        ws, cnt = dq._scratch(x.device, N)
-        first = len(rows)
-        for n, k, sk, nw, st in PACKAGE:
-            meta = dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, STAGES=st)
-
-            def make(y, i=0, meta=meta, nw=nw):
-                a, b = sets[i]
-                return lambda: dq._int4_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
-                    x, a, b, y, ws, cnt, N, K, x.stride(1), a.stride(0) // 4, b.stride(0), b.stride(1),
-                    y.stride(1), ws.stride(0), GROUP=128, num_warps=nw, **meta)
-            timed("package", make, N, K, ref, t_bf16, dict(meta, num_warps=nw))
-        for n, k, sk, nw, ev in SWEEP:
-            cfg = dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, EVICT=ev, num_warps=nw)
-            timed("prefetch", lambda y, i=0, cfg=cfg: launch(x, *sets[i], y, cfg), N, K, ref, t_bf16, cfg)
-        print(f"\n{N}x{K}: bf16 cuBLAS {t_bf16 * 1e3:.1f} us")
-        for r in sorted(rows[first:], key=lambda r: r["time_us"])[:10]:
-            print(f"  {r['impl']:9s} {r['time_us']:6.1f} us x{r['speedup_vs_bf16']:.2f} err {r['rel_err']:.1e} "
-                  f"{r['config']}")
-        del W, sets
-    with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__,
-                   "triton": triton.__version__}, "rows": rows}, f, indent=1)
+    int4_gemv_sweep.sweep(out_path, "prefetch", launch, [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, EVICT=ev, num_warps=nw)
+                                                         for n, k, sk, nw, ev in SWEEP])
 
 
 if __name__ == "__main__":

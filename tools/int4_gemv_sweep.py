@@ -1,0 +1,81 @@
+"""The harness shared by the M = 1 int4 GEMV experiments (`exp_int4_persistent.py`, `exp_int4_prefetch.py`): a
+correctness check in the CPU interpreter and a GPU sweep that times an experimental kernel's configs against the
+package's `_int4_gemv_kernel` (its winning configs) and cuBLAS bf16 at Llama-3.1-8B's layer shapes, group 128,
+by CUDA-graph replay over 8 weight copies (several times the L2). An experiment passes its `launch(x, packed,
+scales, y, cfg) -> callable`, where cfg holds its meta-parameters and num_warps."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import triton
+
+from llmlab.kernels import dequant_matmul as dq
+
+PACKAGE = [(32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (32, 128, 2, 1, 4)]  # the package kernel's winners (calls AI-AK)
+SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
+
+
+def check_small(launch, cases) -> None:
+    """The interpreter: each (N, K, group, cfg) of `cases` (one-warp programs) against the fp32 reference."""
+    torch.manual_seed(0)
+    for N, K, G, cfg in cases:
+        packed, scales = dq.quantize_int4(torch.randn(N, K), G)
+        x = torch.randn(1, K)
+        y = torch.full((1, N), float("nan"))
+        launch(x, packed, scales, y, dict(cfg, num_warps=1))()
+        err = float((y - dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales))).abs().max())
+        print(N, K, G, cfg, "max err", err)
+        assert err < 1e-3, err
+
+
+def sweep(out_path: str, name: str, launch, configs: list[dict]) -> None:
+    """Time every cfg of `configs` with `launch` and the package kernel's PACKAGE configs at each of SHAPES; print
+    each shape's ten fastest; write every row (time, speedup over bf16, relative error, config) to out_path."""
+    from llmlab.kernels.bench_kernels import _graph_ms
+
+    torch.manual_seed(0)
+    rows = []
+    for N, K in SHAPES:
+        W = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        t_bf16 = _graph_ms([lambda Wd=W.clone(): x @ Wd.T for _ in range(8)])
+        packed, scales = dq.quantize_int4(W, 128)
+        ref = dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales)).float()
+        sets = [(packed.clone(), scales.clone()) for _ in range(8)]
+        ws, cnt = dq._scratch(x.device, N)
+        first = len(rows)
+
+        def timed(impl, make, cfg):
+            try:
+                y = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+                make(y)()
+                torch.cuda.synchronize()
+                err = float((y.float() - ref).norm() / ref.norm())
+                t = _graph_ms([make(torch.empty(1, N, device="cuda", dtype=torch.bfloat16), i) for i in range(8)])
+            except Exception as e:  # noqa: BLE001
+                print(f"  {impl} {cfg}: FAILED {type(e).__name__}: {str(e)[:160]}")
+                return
+            rows.append(dict(N=N, K=K, impl=impl, time_us=t * 1e3, speedup_vs_bf16=t_bf16 / t,
+                             bf16_us=t_bf16 * 1e3, rel_err=err, config=cfg))
+
+        for n, k, sk, nw, st in PACKAGE:
+            meta = dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, STAGES=st)
+
+            def make(y, i=0, meta=meta, nw=nw):
+                a, b = sets[i]
+                return lambda: dq._int4_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+                    x, a, b, y, ws, cnt, N, K, x.stride(1), a.stride(0) // 4, b.stride(0), b.stride(1),
+                    y.stride(1), ws.stride(0), GROUP=128, num_warps=nw, **meta)
+            timed("package", make, dict(meta, num_warps=nw))
+        for cfg in configs:
+            timed(name, lambda y, i=0, cfg=cfg: launch(x, *sets[i], y, cfg), cfg)
+        print(f"\n{N}x{K}: bf16 cuBLAS {t_bf16 * 1e3:.1f} us")
+        for r in sorted(rows[first:], key=lambda r: r["time_us"])[:10]:
+            print(f"  {r['impl']:10s} {r['time_us']:6.1f} us x{r['speedup_vs_bf16']:.2f} err {r['rel_err']:.1e} "
+                  f"{r['config']}")
+        del W, sets
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__,
+                   "triton": triton.__version__}, "rows": rows}, f, indent=1)
