@@ -70,10 +70,18 @@ def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Ten
     """Raise a clear error unless every tensor is on one device where Triton can run and has an allowed dtype.
 
     Raises:
-        TypeError: a tensor's dtype is not in `dtypes`, or the tensors' dtypes differ.
+        TypeError: an argument that is not a tensor; a tensor's dtype is not in `dtypes`, or the tensors' dtypes
+            differ. ValueError (also): a meta tensor.
         ValueError: tensors on different devices; a CPU tensor without the interpreter, or with TRITON_INTERPRET set
             only after triton was imported (`INTERPRET_TOO_LATE`); bf16 in the interpreter.
     """
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}; convert it with "
+                            f"torch.as_tensor(...)")
+        if t.is_meta:
+            raise ValueError(f"{op}: {name} is a meta tensor (a shape without data); pass a tensor on a CUDA GPU "
+                             f"(or the CPU with TRITON_INTERPRET=1)")
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         raise ValueError(f"{op}: all tensors must be on one device, got " +
@@ -171,3 +179,18 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
     torch.cuda.synchronize()
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
     return [float(torch.quantile(times, q)) for q in quantiles]
+
+
+def check_flag(op: str, name: str, value) -> bool:
+    """`value` if it is a bool (numpy's too); else a TypeError naming the argument — a string like "no" would
+    otherwise count as True."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{op}: {name} must be True or False, got {value!r}")
+
+
+def demo_needs_cuda(module: str) -> None:
+    """The first line of a kernel file's `__main__` benchmark: a clear exit where there is no CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{module}: this benchmark times the kernel on a CUDA GPU, and there is none here. On a "
+                         f"CPU: TRITON_INTERPRET=1 python -m llmlab.kernels.bench_kernels --smoke")

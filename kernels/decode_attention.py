@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, pdl_supported, tune_bench, zero_on_error
+from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, pdl_supported,
+                    tune_bench, zero_on_error)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -564,7 +565,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     if S == 0:
         raise ValueError("decode_attention: the KV cache is empty (S = 0)")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"decode_attention: {name}'s last dimension must be contiguous, strides {t.stride()}")
     if seq_lens is not None:
         if not isinstance(seq_lens, torch.Tensor):
@@ -587,10 +588,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
     return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
-                   trigger_next=bool(trigger_next)).view(q_shape)
+                   trigger_next=check_flag("decode_attention", "trigger_next", trigger_next)).view(q_shape)
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("decode_attention")
     from triton.testing import do_bench_cudagraph
 
     B, H, Hkv, hd = 1, 32, 8, 128

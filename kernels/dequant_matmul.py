@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, tune_bench, zero_on_error
+from ._util import autotune_configs, check_tensors, demo_needs_cuda, tune_bench, zero_on_error
 from .split_k import scratch as _scratch
 from .split_k import split_k_range as _split_k_range
 from .split_k import split_k_store as _split_k_store
@@ -657,6 +657,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("dequant_matmul")
     from triton.testing import do_bench
 
     torch.manual_seed(0)

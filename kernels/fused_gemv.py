@@ -33,7 +33,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, pdl_kwargs, tune_bench, zero_on_error
+from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench,
+                    zero_on_error)
 from .split_k import MAX_SPLIT_K, scratch, split_k_range, split_k_sum
 
 SQ_ROW = tl.constexpr(MAX_SPLIT_K)  # the scratch rows of the partial sums of x^2 start here (RMSNorm + split-K)
@@ -57,6 +58,8 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
     elif norm_weight is not None:  # as llmlab.model.RMSNorm.forward
         x32 = x.float()
         x = norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    if swiglu_out and weight.shape[0] % 2:
+        raise ValueError(f"swiglu_out needs a [gate; up] weight with an even number of rows, got {weight.shape[0]}")
     y = F.linear(x, weight)
     if swiglu_out:  # y is [gate | up]
         gate, up = y.chunk(2, dim=-1)
@@ -249,7 +252,9 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     if len({t.dtype for t in tensors.values()}) != 1:
         raise TypeError("fused_gemv: x, weight, norm_weight and residual must share one dtype, got " +
                         ", ".join(f"{n} {t.dtype}" for n, t in tensors.items()))
-    if weight.dim() != 2 or weight.stride(1) != 1:
+    swiglu = check_flag("fused_gemv", "swiglu", swiglu)
+    swiglu_out = check_flag("fused_gemv", "swiglu_out", swiglu_out)
+    if weight.dim() != 2 or (weight.stride(1) != 1 and weight.shape[1] > 1):
         raise ValueError(f"fused_gemv: weight must be (N, K) with contiguous rows, got {tuple(weight.shape)} "
                          f"strides {weight.stride()}")
     N, K = weight.shape
@@ -268,10 +273,11 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         if norm_weight.shape != (K,):
             raise ValueError(f"fused_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
         norm_weight = norm_weight.contiguous()  # the kernel reads it at offsets 0..K-1
-    if swiglu_out and (N % 2 or residual is not None):
-        raise ValueError(f"fused_gemv: swiglu_out needs a [gate; up] weight with an even number of rows (got {N}) "
-                         f"and no residual (got {'one' if residual is not None else 'none'}); add the residual "
-                         f"in the next GEMV")
+    if swiglu_out and N % 2:
+        raise ValueError(f"fused_gemv: swiglu_out needs a [gate; up] weight with an even number of rows, got {N}")
+    if swiglu_out and residual is not None:
+        raise ValueError("fused_gemv: swiglu_out takes no residual (the output is silu(gate) * up); add the "
+                         "residual in the next GEMV")
     if residual is not None and (residual.dim() == 0 or residual.shape[-1] != N or residual.numel() != N):
         raise ValueError(f"fused_gemv: residual must be one row of {N}, got {tuple(residual.shape)}")
     if residual is not None and not residual.is_contiguous():
@@ -292,6 +298,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("fused_gemv")
     from triton.testing import do_bench
 
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, interpret_mode
+from ._util import check_tensors, demo_needs_cuda, interpret_mode
 from .decode_attention import decode_attention_reference, merge_splits
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -214,6 +214,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("paged_decode_attention")
     from triton.testing import do_bench
 
     B, H, Hkv, hd, bs = 8, 32, 8, 128, 16

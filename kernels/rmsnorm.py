@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors
+from ._util import check_tensors, demo_needs_cuda
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -127,6 +127,7 @@ class TritonRMSNorm(torch.nn.Module):
 
 if __name__ == "__main__":
     # GB/s of the kernel and of eager PyTorch against the device's copy bandwidth (bytes read + written).
+    demo_needs_cuda("rmsnorm")
     from triton.testing import do_bench
 
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors
+from ._util import check_tensors, demo_needs_cuda
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -124,6 +124,7 @@ def rope_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("rope")
     from triton.testing import do_bench
 
     B, H, Hkv, hd = 1, 32, 8, 128

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, pdl_kwargs
+from ._util import check_tensors, demo_needs_cuda, pdl_kwargs
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -169,6 +169,7 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
 
 if __name__ == "__main__":
     # One decode step of Llama-3.1-8B's attention input at batch 1 and 64: fused launch vs RoPE + two scatters.
+    demo_needs_cuda("rope_cache")
     from triton.testing import do_bench
 
     H, Hkv, hd, S = 32, 8, 128, 4096

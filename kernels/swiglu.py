@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors
+from ._util import check_tensors, demo_needs_cuda
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -79,6 +79,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 if __name__ == "__main__":
+    demo_needs_cuda("swiglu")
     from triton.testing import do_bench
 
     for rows, N in [(1, 14336), (16, 14336), (4096, 14336)]:

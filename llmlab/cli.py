@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
     b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs per row, median reported (default 3)")
     b.add_argument("--time-budget", type=_seconds, default=None, metavar="S",
-                   help="skip rows that would start after S seconds (per workload; S >= 0)")
+                   help="skip rows that would start after S seconds (per workload; S >= 0); the first row "
+                        "always runs, however long it takes")
     b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
     b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
                    help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")

@@ -419,3 +419,11 @@ def test_trigger_next_changes_nothing_in_the_answer(monkeypatch):
         for trigger in (False, True):
             out = decode_attention(q, k, v, seq_lens=seq_lens, num_splits=3, trigger_next=trigger)
             torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+def test_trigger_next_must_be_a_bool_and_head_dim_one_takes_any_stride():
+    q, k, v = torch.randn(1, 2, 1, device=DEV), torch.randn(1, 1, 1, 8, device=DEV), torch.randn(1, 1, 8, 1, device=DEV)
+    with pytest.raises(TypeError, match="trigger_next must be True or False"):
+        decode_attention(q, k.transpose(2, 3), v, trigger_next="no")
+    kt = k.transpose(2, 3)  # (1, 1, 8, 1) with last-dimension stride 8: still one contiguous number per key
+    torch.testing.assert_close(decode_attention(q, kt, v), decode_attention_reference(q, kt, v), **TOL[torch.float32])

@@ -215,3 +215,36 @@ def test_split_k_only_the_last_split_stores():
     assert torch.isnan(launch(split_k, -100)).all()
     k0 = triton.cdiv(triton.cdiv(K, block_k), split_k) * block_k  # split 0's K range: [0, k0)
     torch.testing.assert_close(launch(1, split_k - 1), x[:, :k0] @ w[:, :k0].T, **TOL[torch.float32])
+
+
+def test_flags_must_be_bools_and_non_tensors_are_named():
+    """A string like "no" is truthy: the switches take True or False only; a list or a numpy array is named as
+    what it is, not as a device mismatch."""
+    x, w = torch.randn(1, 64, device=DEV), torch.randn(64, 64, device=DEV)
+    for flag in ("swiglu_out", "swiglu"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+            fused_gemv(x, w, **{flag: "no"})
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        fused_gemv(x.tolist(), w)
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor, got ndarray"):
+        fused_gemv(x, w.cpu().numpy())
+    with pytest.raises(ValueError, match="meta tensor"):
+        fused_gemv(x, torch.empty(64, 64, device="meta"))
+
+
+def test_swiglu_out_errors_name_the_one_problem():
+    x, w = torch.randn(1, 64, device=DEV), torch.randn(10, 64, device=DEV)
+    with pytest.raises(ValueError, match="takes no residual"):
+        fused_gemv(x, w, swiglu_out=True, residual=torch.randn(1, 10, device=DEV))
+    with pytest.raises(ValueError, match="even number of rows, got 9"):
+        fused_gemv(x, w[:9], swiglu_out=True)
+    with pytest.raises(ValueError, match="even number of rows, got 9"):
+        fused_gemv_reference(x, w[:9], swiglu_out=True)
+
+
+def test_a_one_column_weight_with_any_row_stride():
+    """K = 1: a (N, 1) weight is contiguous whatever its column stride says (PyTorch's view, e.g. a transposed
+    (1, N) row)."""
+    x, w = torch.randn(1, 1, device=DEV), torch.randn(1, 10, device=DEV).t()
+    assert w.stride() == (1, 10)
+    torch.testing.assert_close(fused_gemv(x, w), fused_gemv_reference(x, w), **TOL[torch.float32])

@@ -356,3 +356,12 @@ def test_a_position_outside_the_static_cache_is_refused_before_anything_is_writt
         assert torch.isfinite(out).all()
     finally:
         patch_model.disable(model)
+
+
+def test_kernel_demos_exit_cleanly_without_a_gpu(monkeypatch):
+    """`python -m llmlab.kernels.<op>` times the kernel on a GPU; without one it says so and how to run on a CPU."""
+    from llmlab.kernels import _util
+
+    monkeypatch.setattr(_util.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="fused_gemv: .*no.*bench_kernels --smoke"):
+        _util.demo_needs_cuda("fused_gemv")
