@@ -184,7 +184,9 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
 def check_flag(op: str, name: str, value) -> bool:
     """`value` if it is a bool (numpy's too); else a TypeError naming the argument — a string like "no" would
     otherwise count as True."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    import numpy as np  # (a dependency of torch)
+
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{op}: {name} must be True or False, got {value!r}")
 

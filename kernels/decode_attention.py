@@ -532,14 +532,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             its weights before it waits (`fused_gemv`) — does it while the attention runs. Measured on the H200
             (call AR): the 1B chat decode step 13 us faster with it (16 layers); but a chain of attention calls
             alone ran 15% slower at 8K keys (the next split kernel's programs, which have nothing to do before
-            they wait, then sit on the SMs), so it is off unless the caller knows what comes next.
+            they wait, then sit on the SMs), so it is off unless the caller knows what comes next. It concerns
+            the merge kernel only: with one split or the split kernel's own merge there is none, and the split
+            kernel always lets the next kernel launch at its start.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
 
     Raises:
         ValueError: shape mismatches, H not a multiple of Hkv, S == 0, seq_lens out of 1..S, a non-contiguous
-            last dimension. TypeError: unsupported or mismatched dtypes.
+            last dimension. TypeError: unsupported or mismatched dtypes, an argument that is not a tensor,
+            trigger_next not True/False.
     """
     check_tensors("decode_attention", DTYPES, q=q, k=k, v=v)
     if not (q.dtype == k.dtype == v.dtype):

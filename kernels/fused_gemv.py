@@ -13,7 +13,7 @@ its whole input vector anyway (every output row needs all of x):
 * residual epilogue: y = residual + W x, the residual stream's add done on the way out;
 * SwiGLU epilogue (`swiglu_out`): W is the fused [gate; up] projection, and each program computes gate row n and
   up row n together and writes silu(gate) * up. Better than the SwiGLU prologue of the down projection that
-  follows: there EVERY program re-reads the whole [gate | up] (2K numbers, as many bytes from L2 as its own
+  follows: there EVERY program re-reads the whole [gate | up] (2K numbers, half as many bytes from L2 as its own
   weights at 4 rows per program) and recomputes all K sigmoids; here each sigmoid is computed once.
 
 A Llama layer's decode step then has four GEMVs (norm + qkv, o + add, norm + gate/up + swiglu, down + add) instead
@@ -52,14 +52,16 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
     the GEMV reads W (33.5 MB), the add reads two rows and writes one — four launches; fused: one launch, the same
     33.5 MB. The saving is launches and fill/drain time, not bytes.
     """
+    swiglu = check_flag("fused_gemv_reference", "swiglu", swiglu)
+    swiglu_out = check_flag("fused_gemv_reference", "swiglu_out", swiglu_out)
+    if swiglu_out and weight.shape[0] % 2:
+        raise ValueError(f"swiglu_out needs a [gate; up] weight with an even number of rows, got {weight.shape[0]}")
     if swiglu:
         gate, up = x.chunk(2, dim=-1)
         x = F.silu(gate) * up
     elif norm_weight is not None:  # as llmlab.model.RMSNorm.forward
         x32 = x.float()
         x = norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    if swiglu_out and weight.shape[0] % 2:
-        raise ValueError(f"swiglu_out needs a [gate; up] weight with an even number of rows, got {weight.shape[0]}")
     y = F.linear(x, weight)
     if swiglu_out:  # y is [gate | up]
         gate, up = y.chunk(2, dim=-1)
@@ -90,11 +92,14 @@ CONFIGS = autotune_configs(_STREAM_CONFIGS, default=triton.Config({"BLOCK_N": 16
 # down projection (q/k/v) and with the attention (o). Measured on the H200 (call AR, chat rung): TPOT 0.898 ->
 # 0.845 ms, and 0.829 ms with the attention's merge letting the o projection launch early (`decode_attention`'s
 # trigger_next).
-# The autotuner alone does not find this (it times a GEMV after itself, call AQ: it picked 512-wide tiles), so for
-# weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200: 132 SMs x 256 KB = 33 MB), since
-# every program of the grid holds its rows at once — only whole-row configs are offered (`_prune`). Larger GEMVs
-# (gate/up 67 MB, down 33.5 MB) cannot hold theirs and stream as before.
+# The autotuner alone does not find this (it times a GEMV after itself, call AQ: it picked 512-wide tiles), so with
+# PDL on, for weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200: 132 SMs x 256 KB = 33 MB),
+# since every program of the grid holds its rows at once — and K up to 4096 (the longest whole-row tile), only
+# whole-row configs are offered (`_prune`; with the SwiGLU epilogue only those of at most WHOLE_ROW_MAX_PER_THREAD
+# weights a thread, a program holding twice the rows). Larger GEMVs (gate/up 67 MB, down 33.5 MB), longer rows and
+# launches without PDL (nothing to overlap) are tuned over the streaming configs as before.
 WHOLE_ROW_MAX_BYTES = 16 << 20
+WHOLE_ROW_MAX_PER_THREAD = 128  # weights one thread holds (registers) in a whole-row tile with the SwiGLU epilogue
 WHOLE_ROW_CONFIGS = [c for c in (triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": 1}, num_warps=w)
                                   for k in (256, 512, 1024, 2048, 4096)
                                   for n, w in [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)])
@@ -104,13 +109,21 @@ if len(CONFIGS) > 1:  # autotuning (the interpreter, and LLMLAB_TRITON_AUTOTUNE=
 
 
 def _prune(configs, named_args, **kwargs):
-    """The autotuner's early_config_prune: weights up to WHOLE_ROW_MAX_BYTES get only the whole-row configs with
-    the shortest BLOCK_K >= K (see above); larger ones all the others. Split-K configs (none tuned today: call AQ
-    found none faster) keep at least one K tile per split."""
+    """The autotuner's early_config_prune: with PDL, weights up to WHOLE_ROW_MAX_BYTES get only the whole-row
+    configs with the shortest BLOCK_K >= K (see above), where there is one; otherwise the streaming configs.
+    Split-K configs (none tuned today: call AQ found none faster) keep at least one K tile per split."""
+    def meta(name):  # a constexpr comes as a keyword
+        return kwargs.get(name, named_args.get(name, False))
+
     N, K = named_args["N"], named_args["K"]  # N: outputs; the weight has 2N rows with GLU
-    rows = 2 * N if kwargs.get("GLU", named_args.get("GLU", False)) else N  # (a constexpr comes as a keyword)
-    small = rows * K * named_args["w_ptr"].element_size() <= WHOLE_ROW_MAX_BYTES
+    glu = meta("GLU")
+    rows = 2 * N if glu else N
+    small = meta("PDL") and rows * K * named_args["w_ptr"].element_size() <= WHOLE_ROW_MAX_BYTES
     whole = [c for c in configs if c.kwargs["BLOCK_K"] >= K]
+    if glu:  # two weight rows per output: keep the tiles that fit a thread's registers (the smallest if none does)
+        fits = [c for c in whole
+                if 2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= WHOLE_ROW_MAX_PER_THREAD * 32 * c.num_warps]
+        whole = fits or sorted(whole, key=lambda c: c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"])[:1]
     if small and whole:
         shortest = min(c.kwargs["BLOCK_K"] for c in whole)
         configs = [c for c in whole if c.kwargs["BLOCK_K"] == shortest]
@@ -136,7 +149,7 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "GLU"], do_bench=tune_bench,
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "GLU", "PDL"], do_bench=tune_bench,
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fused_gemv_kernel(
@@ -241,7 +254,8 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     Raises:
         ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
             or weight rows; swiglu_out with an odd number of weight rows or with a residual.
-        TypeError: unsupported or mismatched dtypes (see `check_tensors`).
+        TypeError: unsupported or mismatched dtypes, an argument that is not a tensor (see `check_tensors`);
+            swiglu or swiglu_out not True/False.
     """
     tensors = {"x": x, "weight": weight}
     if norm_weight is not None:

@@ -156,7 +156,8 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     if inv_freq is None:
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
-    # the next kernel is the o projection, which loads its weights before it waits: let it launch during the merge
+    # the next kernel is the o projection: at batch 1 (`_one_token_decode`) a GEMV that loads its weights before it
+    # waits, so let it launch during the merge; with more rows it is cuBLAS's, which is not launched early anyway
     return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False,
                               trigger_next=True)  # (B, H, hd)
 

@@ -121,15 +121,24 @@ def test_small_weights_are_tuned_over_whole_row_configs_only():
 
     configs = fg._STREAM_CONFIGS + fg.WHOLE_ROW_CONFIGS  # what the GPU autotuner gets
     bf16 = torch.empty(1, dtype=torch.bfloat16)
-    small = fg._prune(configs, {"N": 3072, "K": 2048, "w_ptr": bf16})  # the 1B model's q/k/v: 12.6 MB
+
+    def prune(N, K, w=bf16, **meta):
+        return fg._prune(configs, {"N": N, "K": K, "w_ptr": w}, **{"PDL": True, **meta})
+
+    small = prune(3072, 2048)  # the 1B model's q/k/v: 12.6 MB
     assert small and {c.kwargs["BLOCK_K"] for c in small} == {2048}
-    assert {c.kwargs["BLOCK_K"] for c in fg._prune(configs, {"N": 96, "K": 300, "w_ptr": bf16})} == {512}
-    large = fg._prune(configs, {"N": 2048, "K": 8192, "w_ptr": bf16})  # the down projection: 33.5 MB
+    assert {c.kwargs["BLOCK_K"] for c in prune(96, 300)} == {512}
+    large = prune(2048, 8192)  # the down projection: 33.5 MB
     assert len(large) == len(fg._SHAPES) and not [c for c in large if c in fg.WHOLE_ROW_CONFIGS]
+    assert len(prune(3072, 2048, PDL=False)) == len(fg._SHAPES)  # without PDL there is nothing to overlap
+    assert len(prune(64, 8192 + 1)) == len(fg._SHAPES)  # a row longer than any whole-row tile streams
     n_rows = fg.WHOLE_ROW_MAX_BYTES // (2 * 2048)  # exactly the limit in bf16; twice it in fp32
-    assert {c.kwargs["BLOCK_K"] for c in fg._prune(configs, {"N": n_rows, "K": 2048, "w_ptr": bf16})} == {2048}
-    fp32 = torch.empty(1, dtype=torch.float32)
-    assert len(fg._prune(configs, {"N": n_rows, "K": 2048, "w_ptr": fp32})) == len(fg._SHAPES)
+    assert {c.kwargs["BLOCK_K"] for c in prune(n_rows, 2048)} == {2048}
+    assert len(prune(n_rows, 2048, w=torch.empty(1, dtype=torch.float32))) == len(fg._SHAPES)
+    # the SwiGLU epilogue reads 2N weight rows: n_rows / 2 outputs are at the limit, n_rows outputs beyond it
+    glu = prune(n_rows // 2, 2048, GLU=True)
+    assert glu and all(2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps for c in glu)
+    assert len(prune(n_rows, 2048, GLU=True)) == len(fg._SHAPES)
 
 
 @pytest.mark.parametrize("fusion", FUSIONS)
@@ -230,6 +239,11 @@ def test_flags_must_be_bools_and_non_tensors_are_named():
         fused_gemv(x, w.cpu().numpy())
     with pytest.raises(ValueError, match="meta tensor"):
         fused_gemv(x, torch.empty(64, 64, device="meta"))
+    with pytest.raises(TypeError, match="swiglu_out must be True or False"):
+        fused_gemv_reference(x, w, swiglu_out="no")
+    np = pytest.importorskip("numpy")
+    torch.testing.assert_close(fused_gemv(x, w, swiglu_out=np.bool_(True)),  # numpy's bools are bools
+                               fused_gemv_reference(x, w, swiglu_out=True), **TOL[torch.float32])
 
 
 def test_swiglu_out_errors_name_the_one_problem():
@@ -242,7 +256,7 @@ def test_swiglu_out_errors_name_the_one_problem():
         fused_gemv_reference(x, w[:9], swiglu_out=True)
 
 
-def test_a_one_column_weight_with_any_row_stride():
+def test_a_one_column_weight_with_any_column_stride():
     """K = 1: a (N, 1) weight is contiguous whatever its column stride says (PyTorch's view, e.g. a transposed
     (1, N) row)."""
     x, w = torch.randn(1, 1, device=DEV), torch.randn(1, 10, device=DEV).t()
