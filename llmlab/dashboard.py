@@ -446,11 +446,13 @@ class Dashboard:
                 self._shown_traces.add(run.trace.path)
                 self.results.append(self._trace_row(run.trace))
             run.row = self._run_row(run)
-            self.results.append(run.row)
-            self._refresh_results()
             how = "stopped" if g.finish_reason == "stopped" else "done"
+            # the status first, then the table: the page gets them as two messages, in this order, so whoever sees
+            # the new row also sees how the run ended (a browser test read "Stopping ..." next to the new row)
             self._set_status(f"{run.label} {how}: {g.n_generated} tokens, {run.row['tokens_per_s']:.1f} tokens/s, "
                              f"TTFT {g.ttft_ms:.1f} ms, TPOT {g.tpot_ms:.2f} ms. Change a switch and run again.")
+            self.results.append(run.row)
+            self._refresh_results()
         run.llm = None  # a converted model (another dtype) is freed with the run
         self.run_button.disabled = False
         self.stop_button.disabled = True
