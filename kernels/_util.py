@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 
+import numpy as np
 import torch
 
 INTERPRET_TOO_LATE = ("TRITON_INTERPRET must be set before triton is imported: triton was imported in this process "
@@ -184,8 +185,6 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
 def check_flag(op: str, name: str, value) -> bool:
     """`value` if it is a bool (numpy's too); else a TypeError naming the argument — a string like "no" would
     otherwise count as True."""
-    import numpy as np  # (a dependency of torch)
-
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{op}: {name} must be True or False, got {value!r}")

@@ -33,11 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench,
-                    zero_on_error)
-from .split_k import MAX_SPLIT_K, scratch, split_k_range, split_k_sum
-
-SQ_ROW = tl.constexpr(MAX_SPLIT_K)  # the scratch rows of the partial sums of x^2 start here (RMSNorm + split-K)
+from ._util import autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -110,8 +106,7 @@ if len(CONFIGS) > 1:  # autotuning (the interpreter, and LLMLAB_TRITON_AUTOTUNE=
 
 def _prune(configs, named_args, **kwargs):
     """The autotuner's early_config_prune: with PDL, weights up to WHOLE_ROW_MAX_BYTES get only the whole-row
-    configs with the shortest BLOCK_K >= K (see above), where there is one; otherwise the streaming configs.
-    Split-K configs (none tuned today: call AQ found none faster) keep at least one K tile per split."""
+    configs with the shortest BLOCK_K >= K (see above), where there is one; otherwise the streaming configs."""
     def meta(name):  # a constexpr comes as a keyword
         return kwargs.get(name, named_args.get(name, False))
 
@@ -129,7 +124,7 @@ def _prune(configs, named_args, **kwargs):
         configs = [c for c in whole if c.kwargs["BLOCK_K"] == shortest]
     else:
         configs = [c for c in configs if c not in WHOLE_ROW_CONFIGS] or configs
-    return [c for c in configs if c.kwargs.get("SPLIT_K", 1) <= triton.cdiv(K, c.kwargs["BLOCK_K"])] or configs[:1]
+    return configs
 
 
 @triton.jit
@@ -153,23 +148,21 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fused_gemv_kernel(
-    # pointers (ws, cnt: the split-K scratch, `split_k.py`)
-    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr, ws_ptr, cnt_ptr,
+    # pointers
+    x_ptr, w_ptr, nw_ptr, res_ptr, y_ptr,
     # sizes
     N, K, eps,
     # strides (elements)
-    stride_wn, stride_ws,
+    stride_wn,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, GLU: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GLU: tl.constexpr = False,
 ):
-    """Program (row block, split): outputs rn over the split's K range (all of K with SPLIT_K = 1). With SPLIT_K > 1
-    each split writes its partial row sums — and, for the RMSNorm prologue, its partial sum of x^2 — to the scratch,
-    and the row block's last split adds them (`split_k_sum`) and does the epilogue (rstd, residual) and the store.
+    """Program p: outputs rn = p * BLOCK_N + (0..BLOCK_N-1) over all of K. (Splitting K over several programs, with
+    the last one adding the partials — `split_k.py`, as the int4/int8 GEMVs do — was tried for these GEMVs in call
+    AQ, commit f3ff082: no split config beat the unsplit ones at any of the 1B model's shapes.)
     GLU: the weight is [gate; up] (2N rows): the program reads gate row n and up row N + n for each of its BLOCK_N
     outputs (side by side, lanes 2j and 2j + 1) and writes silu(gate) * up — the SwiGLU epilogue."""
-    tl.static_assert(SPLIT_K <= SQ_ROW, "SPLIT_K beyond the scratch's MAX_SPLIT_K partial rows")
-    tl.static_assert(not GLU or SPLIT_K == 1, "the SwiGLU epilogue is not split over K")
     dt = x_ptr.dtype.element_ty
     if GLU:  # weight row of lane r: gate row n (r even) or up row N + n (r odd), n = the lane's output
         r = tl.arange(0, 2 * BLOCK_N)
@@ -181,43 +174,27 @@ def _fused_gemv_kernel(
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rw[:, None] * stride_wn
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:
-        k_lo, k_hi = split_k_range(K, BLOCK_K, SPLIT_K)
 
     if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
         tl.extra.cuda.gdc_launch_dependents()
     # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
-    kk = k_lo + rk
-    w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < k_hi)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    kk = rk
+    w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    xk, sq = _x_tile(x_ptr, nw_ptr, kk, kk < k_hi, K, PROLOGUE)
+    xk, sq = _x_tile(x_ptr, nw_ptr, kk, kk < K, K, PROLOGUE)
     # acc keeps one partial product per (row, lane) and is summed once after the loop: no reduction per step
     acc = w.to(tl.float32) * xk[None, :]
-    for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kk = k0 + rk
-        k_mask = kk < k_hi
+        k_mask = kk < K
         w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # what it moves
         xk, sq_k = _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE)
         sq += sq_k
         acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,) fp32 — (2 BLOCK_N,) with GLU
-    ssq = tl.sum(sq, axis=0)  # this program's share of sum(x^2) (RMSNorm)
+    ssq = tl.sum(sq, axis=0)  # sum(x^2) over K (RMSNorm)
     out_mask = n_mask
-    if SPLIT_K > 1:  # the splits' sums added by the row block's last split, which goes on; the others store nothing
-        if PROLOGUE == 1:  # this split's sum of x^2 as scratch row SQ_ROW + split, stored before
-            # split_k_sum's barrier and release: the last split sees it
-            tl.store(ws_ptr + (SQ_ROW + tl.program_id(1)) * stride_ws + rn, ssq + tl.zeros_like(y),
-                     mask=n_mask)
-        y, out_mask = split_k_sum(y, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, 0, SPLIT_K)
-        if PROLOGUE == 1:  # (BLOCK_N,): the same total on every row
-            ssq = tl.load(ws_ptr + SQ_ROW * stride_ws + rn, mask=out_mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                ssq += tl.load(ws_ptr + (SQ_ROW + s) * stride_ws + rn, mask=out_mask, other=0.0,
-                               cache_modifier=".cg")
     if PROLOGUE == 1:  # one pass: x is not normalized (nor rounded) before the products, the row sum is scaled
         y = y / tl.sqrt(ssq / K + eps)
     if GLU:  # (gate, up) pairs -> silu(gate) * up, each rounded where the unfused ops round (GEMV output, F.silu,
@@ -300,14 +277,12 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     n_out = N // 2 if swiglu_out else N
     y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)  # partial sums, then partial sums of x^2 (RMSNorm)
-    with zero_on_error(cnt):
-        _fused_gemv_kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
-            x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y, ws, cnt,
-            n_out, K, float(eps),
-            weight.stride(0), ws.stride(0),
-            PROLOGUE=prologue, HAS_RES=residual is not None, GLU=bool(swiglu_out), **pdl_kwargs(x.device),
-        )
+    _fused_gemv_kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
+        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
+        n_out, K, float(eps),
+        weight.stride(0),
+        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device),
+    )
     return y
 
 

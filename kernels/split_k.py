@@ -5,8 +5,8 @@ whole rows. Split K too: SPLIT_K programs share a row block's K range (grid cdiv
 writes its partial sums to a scratch row, counts itself done on an atomic counter, and the LAST one to finish
 adds the partials in split order (so the result does not depend on timing) and writes y — no second "reduce"
 launch. This is the serial split-K of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
-https://arxiv.org/abs/2301.03598). Used by the M = 1 int4/int8 GEMVs (`dequant_matmul.py`, `int4_mma_gemv.py`) and
-the fused one-token GEMV (`fused_gemv.py`).
+https://arxiv.org/abs/2301.03598). Used by the M = 1 int4/int8 GEMVs (`dequant_matmul.py`, `int4_mma_gemv.py`).
+(The bf16 one-token GEMVs, `fused_gemv.py`, measured no faster with it: call AQ.)
 """
 
 from __future__ import annotations
@@ -52,37 +52,18 @@ def split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, S
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-@triton.jit
-def split_k_sum(y, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, ROW0: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The fixup's first half, for kernels with more to do before the store: write y (BLOCK_N,) fp32 as partial
-    row ROW0 + split of the scratch, count this split done; returns (the SPLIT_K partials added in split order —
-    meaningful only where `last` —, last = n_mask where this program is the row block's last split, else all
-    False). The last split also zeroes the counter. Memory order as `split_k_store`."""
-    pid_n = tl.program_id(0)
-    tl.store(ws_ptr + (ROW0 + tl.program_id(1)) * stride_ws + rn, y, mask=n_mask)
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")  # how many splits finished before this one
-    last = n_mask & (rn * 0 + done == SPLIT_K - 1)  # a vector mask (the interpreter takes no scalar & vector)
-    total = tl.load(ws_ptr + ROW0 * stride_ws + rn, mask=last, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLIT_K):
-        total += tl.load(ws_ptr + (ROW0 + s) * stride_ws + rn, mask=last, other=0.0, cache_modifier=".cg")
-    if done == SPLIT_K - 1:
-        tl.atomic_xchg(cnt_ptr + pid_n, 0)
-    return total, last
+def scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K scratch for outputs of size N on `device`: partial sums (MAX_SPLIT_K, N) fp32 and one counter per
+    row block (N,) int32, zero between launches (each launch's last split zeroes its counters).
 
-
-def scratch(device: torch.device, N: int, rows: int = MAX_SPLIT_K) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K scratch for outputs of size N on `device`: partial sums (rows, N) fp32 and one counter per row
-    block (N,) int32, zero between launches (each launch's last split zeroes its counters).
-
-    Kept for the life of the process, one pair per (device, N, rows) — a CUDA graph that captured a launch keeps
-    using these addresses, so they are never freed or replaced. Shared by every launch with that key: launches on
-    one stream (in order, from any host thread) are safe; two streams running GEMVs of one N at the same moment are
+    Kept for the life of the process, one pair per (device, N) — a CUDA graph that captured a launch keeps using
+    these addresses, so they are never freed or replaced. Shared by every launch with that key: launches on one
+    stream (in order, from any host thread) are safe; two streams running GEMVs of one N at the same moment are
     not, nor are several host threads running them at once in the CPU interpreter (where a launch runs in its
     caller's thread — and the interpreter itself is not thread-safe).
     """
-    key = (device, N, rows)
+    key = (device, N)
     if key not in _scratch_buffers:
-        _scratch_buffers[key] = (torch.empty(rows, N, dtype=torch.float32, device=device),
+        _scratch_buffers[key] = (torch.empty(MAX_SPLIT_K, N, dtype=torch.float32, device=device),
                                  torch.zeros(N, dtype=torch.int32, device=device))
     return _scratch_buffers[key]

@@ -216,6 +216,39 @@ def test_gemv_split_k_is_deterministic_and_groups_spanning_tiles_work():
     assert torch.equal(y, _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta))
 
 
+def test_split_k_only_the_last_split_stores():
+    """Which split stores y is decided by the counter, not by launch order (on a GPU the splits finish in any order;
+    call AQ caught a first form of this test that assumed the interpreter's order). Both halves are deterministic:
+    1. every split's count lands far below SPLIT_K - 1 (the counter preset to -100): no split is the last, so none
+       may write y — it stays NaN;
+    2. only split 0 launched (grid (., 1)) with the counter preset to SPLIT_K - 1: split 0 is the last, and writes
+       its own partial plus the zeroed scratch rows of the others."""
+    import triton
+
+    N, K, split_k, block_k = 37, 992, 3, 32
+    x = torch.randn(1, K, device=DEV)
+    w8, s8 = quantize_int8(_w(N, K, seed=9))
+    ws, cnt = dq._scratch(x.device, N)
+
+    def launch(splits_in_grid, preset):
+        y = torch.full((1, N), float("nan"), device=DEV)
+        ws.zero_()
+        cnt.fill_(preset)
+        try:
+            dq._int8_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
+                x, w8, s8, y, ws, cnt, N, K, x.stride(1), w8.stride(0) // 4, y.stride(1), ws.stride(0),
+                BLOCK_N=16, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=1)
+        finally:
+            cnt.zero_()
+        return y
+
+    assert torch.isnan(launch(split_k, -100)).all()
+    k0 = triton.cdiv(triton.cdiv(K, block_k), split_k) * block_k  # split 0's K range: [0, k0)
+    torch.testing.assert_close(launch(1, split_k - 1),
+                               dequant_matmul_reference(x[:, :k0], dequantize_int8(w8, s8)[:, :k0]),
+                               **TOL[torch.float32])
+
+
 @pytest.mark.gpu
 def test_tuning_bench_times_a_launch_after_a_cache_flush():
     calls = []

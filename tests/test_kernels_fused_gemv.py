@@ -76,23 +76,20 @@ def test_swiglu_epilogue_over_other_tile_shapes(block_n, block_k, stages):
                                fused_gemv_reference(x, w, swiglu_out=True, **kw), **TOL[torch.float32])
 
 
-def _launch(x, w, kw, fusion, block_n, block_k, stages, split_k=1, glu=False):
+def _launch(x, w, kw, fusion, block_n, block_k, stages, glu=False):
     """The kernel run directly with one config (the interpreter's autotuner has only its default)."""
     import triton
 
     from llmlab.kernels.fused_gemv import NONE, RMSNORM, SWIGLU
-    from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
 
     N, K = w.shape
     n_out = N // 2 if glu else N
     y = torch.full((1, n_out), float("nan"), device=DEV)
-    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
     prologue = SWIGLU if kw["swiglu"] else RMSNORM if "norm_weight" in kw else NONE
-    _fused_gemv_kernel.fn[(triton.cdiv(n_out, block_n), split_k)](
-        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, ws, cnt, n_out, K, 1e-5, w.stride(0),
-        ws.stride(0), PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k,
-        STAGES=stages, SPLIT_K=split_k, GLU=glu)
-    assert not cnt.any()  # each row block's last split zeroed its counter for the next launch
+    _fused_gemv_kernel.fn[(triton.cdiv(n_out, block_n),)](
+        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, n_out, K, 1e-5, w.stride(0),
+        PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+        GLU=glu)
     return y
 
 
@@ -141,16 +138,6 @@ def test_small_weights_are_tuned_over_whole_row_configs_only():
     assert len(prune(n_rows, 2048, GLU=True)) == len(fg._SHAPES)
 
 
-@pytest.mark.parametrize("fusion", FUSIONS)
-@pytest.mark.parametrize("split_k, block_k", [(2, 64), (3, 32), (8, 256)])  # (8, 256): 4 splits get no K tile
-def test_split_k_adds_the_splits_and_does_the_epilogue_once(fusion, split_k, block_k):
-    """K shared by several programs per row block: partial sums (and, for RMSNorm, partial sums of x^2) added by
-    the last split, which alone applies rstd and the residual — the same answer as one program per row."""
-    x, w, kw = _case(37, 999, fusion, torch.float32, seed=split_k)
-    torch.testing.assert_close(_launch(x, w, kw, fusion, 16, block_k, 1, split_k),
-                               fused_gemv_reference(x, w, **kw), **TOL[torch.float32])
-
-
 def test_fp16_norm_prologue_with_large_inputs_stays_finite():
     """x around +-1000: x^2 overflows fp16 (max 65504) unless the sum of squares is done in fp32."""
     x, w, kw = _case(64, 4095, "norm", torch.float16, seed=5)
@@ -192,38 +179,6 @@ def test_a_strided_norm_weight_is_read_correctly():
     nw = torch.randn(60, device=DEV)[::2]  # a view with stride 2
     torch.testing.assert_close(fused_gemv(x, w, norm_weight=nw), fused_gemv_reference(x, w, norm_weight=nw),
                                **TOL[torch.float32])
-
-
-def test_split_k_only_the_last_split_stores():
-    """Which split stores y is decided by the counter, not by launch order (on a GPU the splits finish in any order;
-    call AQ caught the first form of this test assuming the interpreter's order). Both halves are deterministic:
-    1. every split's count lands far below SPLIT_K - 1 (the counter preset to -100): no split is the last, so none
-       may write y — it stays NaN;
-    2. only split 0 launched (grid (., 1)) with the counter preset to SPLIT_K - 1: split 0 is the last, and writes
-       its own partial plus the zeroed scratch rows of the others."""
-    import triton
-
-    from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
-
-    N, K, split_k, block_k = 37, 999, 3, 32
-    x, w, kw = _case(N, K, "plain", torch.float32, seed=9)
-    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
-
-    def launch(splits_in_grid, preset):
-        y = torch.full((1, N), float("nan"), device=DEV)
-        ws.zero_()
-        cnt.fill_(preset)
-        try:
-            _fused_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
-                x, w, x, x, y, ws, cnt, N, K, 1e-5, w.stride(0), ws.stride(0),
-                PROLOGUE=0, HAS_RES=False, PDL=False, BLOCK_N=16, BLOCK_K=block_k, STAGES=1, SPLIT_K=split_k)
-        finally:
-            cnt.zero_()
-        return y
-
-    assert torch.isnan(launch(split_k, -100)).all()
-    k0 = triton.cdiv(triton.cdiv(K, block_k), split_k) * block_k  # split 0's K range: [0, k0)
-    torch.testing.assert_close(launch(1, split_k - 1), x[:, :k0] @ w[:, :k0].T, **TOL[torch.float32])
 
 
 def test_flags_must_be_bools_and_non_tensors_are_named():

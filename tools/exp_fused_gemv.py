@@ -1,8 +1,8 @@
 """Device experiment (call Z): every config of the fused one-token GEMV (kernels/fused_gemv.py) at the 1B model's
 decode shapes, timed by CUDA-graph replay (distinct weight copies, several times the L2), against cuBLAS bf16 and
-against the config the autotuner picks (`tune_bench`). Prints tables; writes JSON to argv[1]. argv[2] == "splitk":
-also the split-K candidates SPLIT_SWEEP, without the LM head shape (call AQ: none beat the unsplit configs; the
-down projection, 2048 x 8192, streamed at 76% of the copy bandwidth in call AO against 94% for gate/up)."""
+against the config the autotuner picks (`tune_bench`). Prints tables; writes JSON to argv[1]. (Call AQ ran it at
+commit f3ff082 with split-K candidates too, `... out.json splitk`: none beat the unsplit configs, and the kernel
+no longer has the split.)"""
 
 import json
 import sys
@@ -12,20 +12,15 @@ import triton
 
 from llmlab.kernels import fused_gemv as fg
 from llmlab.kernels.bench_kernels import _graph_ms
-from llmlab.kernels.split_k import MAX_SPLIT_K, scratch
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 out = []
-SPLIT_SWEEP = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st, "SPLIT_K": sk}, num_warps=w)
-               for n, k, w, st, sk in [(2, 512, 1, 4, 2), (4, 512, 1, 4, 2), (4, 256, 1, 4, 4), (8, 256, 1, 4, 4),
-                                       (2, 1024, 4, 3, 2), (4, 512, 4, 3, 4), (8, 512, 4, 3, 2), (16, 256, 4, 3, 4),
-                                       (4, 512, 1, 4, 8), (8, 512, 2, 4, 4), (4, 256, 1, 4, 2), (2, 256, 1, 4, 4)]]
-configs = fg.CONFIGS + (SPLIT_SWEEP if "splitk" in sys.argv[2:] else [])
+configs = fg.CONFIGS
 # (N, K, fusion) of one Llama-3.2-1B layer's four GEMVs and the LM head
 SHAPES = [(3072, 2048, "norm"), (2048, 2048, "res"), (16384, 2048, "norm"), (2048, 8192, "swiglu"),
           (128256, 2048, "norm")]
-for N, K, kind in SHAPES[:4] if "splitk" in sys.argv[2:] else SHAPES:  # the LM head runs on cuBLAS in the model
+for N, K, kind in SHAPES:
     copies = max(2, (256 << 20) // (N * K * 2))
     Ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
     x = torch.randn(1, 2 * K if kind == "swiglu" else K, device=dev, dtype=dt)
@@ -38,14 +33,13 @@ for N, K, kind in SHAPES[:4] if "splitk" in sys.argv[2:] else SHAPES:  # the LM 
     tuned = str(fg._fused_gemv_kernel.best_config)
     ref = fg.fused_gemv_reference(x, Ws[0], norm_weight=nw, swiglu=kind == "swiglu", residual=res).float()
     rows = []
-    ws, cnt = scratch(x.device, N, 2 * MAX_SPLIT_K)
     for cfg in configs:
         meta = dict(cfg.all_kwargs())
 
         def launch(W, y, meta=meta):
-            return lambda: fg._fused_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))](
-                x, W, x if nw is None else nw, x if res is None else res, y, ws, cnt, N, K, 1e-5, W.stride(0),
-                ws.stride(0), PROLOGUE=prologue, HAS_RES=res is not None, PDL=False, **meta)
+            return lambda: fg._fused_gemv_kernel.fn[(triton.cdiv(N, meta["BLOCK_N"]),)](
+                x, W, x if nw is None else nw, x if res is None else res, y, N, K, 1e-5, W.stride(0),
+                PROLOGUE=prologue, HAS_RES=res is not None, PDL=False, **meta)
         y = torch.full((1, N), float("nan"), device=dev, dtype=dt)
         launch(Ws[0], y)()
         torch.cuda.synchronize()
