@@ -110,7 +110,7 @@ def _decode_split_kernel(
     # meta-parameters
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -120,10 +120,14 @@ def _decode_split_kernel(
     (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
     the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split.
     FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
-    so there is no merge kernel to launch."""
+    so there is no merge kernel to launch.
+    PREFETCH (with lengths; `decode_attention`'s prefetch_kv): the program's first K/V tile is loaded BEFORE the
+    wait for the kernel before — which may write only each row's newest key and value (slot seq_len - 1), read
+    again after the wait."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
-        tl.extra.cuda.gdc_wait()
+        if not PREFETCH:
+            tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
@@ -146,35 +150,44 @@ def _decode_split_kernel(
     hmask = hi < N_REP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HD
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_H, BLOCK_D)
+    if not PREFETCH:  # (with PREFETCH: after the wait, below)
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=hmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_H, BLOCK_D)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if PREFETCH:  # the first tile, then the wait, then the newest key/value again (the kernel before wrote it)
+        n = start + tl.arange(0, BLOCK_N)
+        kv_mask = (n < end)[:, None] & dmask[None, :]
+        k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        newest = (n == seq_len - 1) & (n < end)  # at most one lane
+        slot = seq_len - 1 + 0 * d  # the newest slot on every lane: is it in this tile?
+        new_mask = dmask & (slot >= start) & (slot < start + BLOCK_N) & (slot < end)
+        k_new = tl.load(k_base + (seq_len - 1) * stride_ks + d, mask=new_mask, other=0.0)
+        v_new = tl.load(v_base + (seq_len - 1) * stride_vs + d, mask=new_mask, other=0.0)
+        k = tl.where(newest[:, None], k_new[None, :], k)
+        v = tl.where(newest[:, None], v_new[None, :], v)
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=hmask[:, None] & dmask[None, :], other=0.0)
+        if start < end:
+            p, alpha, m_i, l_i = _tile_scores(q, k, n < end, m_i, l_i, scale, IEEE)
+            acc = _tile_output(p, v, alpha, acc, IEEE)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(nmask[None, :], s * scale, float("-inf"))  # (BLOCK_H, BLOCK_N); masked keys weigh 0
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _tile_scores(q, k, nmask, m_i, l_i, scale, IEEE)
         v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        acc = _tile_output(p, v, alpha, acc, IEEE)
 
     has = l_i > 0  # an empty split (past this sequence's end) writes o = 0, lse = -inf: it weighs 0 in the merge
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
@@ -195,6 +208,32 @@ def _decode_split_kernel(
                             HD, tl.num_programs(1), stride_oh, stride_os, stride_lh, stride_outh,
                             BLOCK_HM, BLOCK_S, BLOCK_D)
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
+
+
+@triton.jit
+def _tile_scores(q, k, nmask, m_i, l_i, scale, IEEE: tl.constexpr):
+    """The online softmax's first half for one K tile: q (BLOCK_H, BLOCK_D) against k (BLOCK_N, BLOCK_D), keys
+    where nmask. Returns p = exp(s - m_new) (BLOCK_H, BLOCK_N), alpha = exp(m_i - m_new) (the rescale of what was
+    summed before), the new running max and the new running sum (BLOCK_H,), all fp32."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(nmask[None, :], s * scale, float("-inf"))  # (BLOCK_H, BLOCK_N); masked keys weigh 0
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _tile_output(p, v, alpha, acc, IEEE: tl.constexpr):
+    """The second half: acc * alpha + p @ v, (BLOCK_H, BLOCK_D) fp32."""
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -439,7 +478,7 @@ _TUNED_AT_CAPACITY: set = set()
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
             num_splits: int | None = None, config: triton.Config | None = None,
-            trigger_next: bool = False) -> torch.Tensor:
+            trigger_next: bool = False, prefetch_kv: bool = False) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
@@ -499,7 +538,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
             out.stride(0), out.stride(1),
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
-            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)),
+            BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), PREFETCH=prefetch_kv,
             **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
@@ -513,7 +552,8 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
                      scale: float | None = None, num_splits: int | None = None,
-                     check_lens: bool = True, trigger_next: bool = False) -> torch.Tensor:
+                     check_lens: bool = True, trigger_next: bool = False,
+                     prefetch_kv: bool = False) -> torch.Tensor:
     """One decode step of GQA attention, flash-decoding style (split over the sequence, merged by log-sum-exp).
 
     Args:
@@ -535,6 +575,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             they wait, then sit on the SMs), so it is off unless the caller knows what comes next. It concerns
             the merge kernel only: with one split or the split kernel's own merge there is none, and the split
             kernel always lets the next kernel launch at its start.
+        prefetch_kv: (with seq_lens) the caller promises that seq_lens and every cached key and value but each
+            sequence's newest (slot seq_lens[b] - 1) were written before the kernel launched just before this
+            call started — as in the model's decode step, where that kernel (the q/k/v GEMV's RoPE + cache-write
+            epilogue) writes only the new token's K/V. Then, with PDL, each split program loads its first K/V tile
+            BEFORE it waits for that kernel, and reads the newest slot again after. Without PDL it changes nothing.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
@@ -542,7 +587,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     Raises:
         ValueError: shape mismatches, H not a multiple of Hkv, S == 0, seq_lens out of 1..S, a non-contiguous
             last dimension. TypeError: unsupported or mismatched dtypes, an argument that is not a tensor,
-            trigger_next not True/False.
+            trigger_next or prefetch_kv not True/False, prefetch_kv without seq_lens.
     """
     check_tensors("decode_attention", DTYPES, q=q, k=k, v=v)
     if not (q.dtype == k.dtype == v.dtype):
@@ -590,8 +635,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
                          f"split), got {num_splits!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
+    prefetch_kv = check_flag("decode_attention", "prefetch_kv", prefetch_kv)
+    if prefetch_kv and seq_lens is None:
+        raise TypeError("decode_attention: prefetch_kv needs seq_lens (it re-reads each sequence's newest slot, "
+                        "seq_lens - 1); pass seq_lens or prefetch_kv=False")
     return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
-                   trigger_next=check_flag("decode_attention", "trigger_next", trigger_next)).view(q_shape)
+                   trigger_next=check_flag("decode_attention", "trigger_next", trigger_next),
+                   prefetch_kv=prefetch_kv).view(q_shape)
 
 
 if __name__ == "__main__":

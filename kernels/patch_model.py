@@ -28,6 +28,7 @@ interpreter) falls back to the PyTorch path with one warning saying why.
 from __future__ import annotations
 
 import functools
+import os
 import types
 import warnings
 
@@ -61,7 +62,7 @@ def _kernel_ok(x: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=None)
 def _kernels():
     # imported on first use so that `import llmlab.kernels.patch_model` needs no triton
-    from . import decode_attention, fused_gemv, rmsnorm, rope, rope_cache, swiglu
+    from . import argmax, decode_attention, fused_gemv, rmsnorm, rope, rope_cache, swiglu
 
     # the wrappers read shapes and device properties in Python: keep torch.compile from tracing into them
     disable = torch.compiler.disable
@@ -69,7 +70,8 @@ def _kernels():
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
-                                 fused_gemv=disable(fused_gemv.fused_gemv))
+                                 fused_gemv=disable(fused_gemv.fused_gemv), argmax=disable(argmax.argmax),
+                                 RopeCache=fused_gemv.RopeCache)
 
 
 def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -267,18 +269,40 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
+    pos = _row_positions(positions, 1)  # (1,) the new token's slot
+    lens = _decode_lens(kv_cache, positions, 1)  # first: it checks the position before anything is written
+    ab_old = os.environ.get("LLMLAB_AB_ROPE_GEMV", "1") == "0"  # TEMPORARY A/B switch (device call)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
-        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
-        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
-                                     inv_freq=inv_freq)
+        if ab_old:
+            qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+            y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+                                         inv_freq=inv_freq)
+        else:
+            k_all, v_all = kv_cache.k[attn.layer_idx][:1], kv_cache.v[attn.layer_idx][:1]  # (1, Hkv, S, hd)
+            # q and k rotated and K/V written into the cache by the GEMV's epilogue (no RoPE launch)
+            rope = K.RopeCache(inv_freq, pos, k_all[0], v_all[0], attn.n_heads)
+            qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps, rope_cache=rope)
+            y = K.decode_attention(qkv.view(1, -1, attn.head_dim)[:, :attn.n_heads], k_all, v_all, seq_lens=lens,
+                                   check_lens=False, trigger_next=True,
+                                   prefetch_kv=os.environ.get("LLMLAB_AB_PREFETCH", "0") == "1")  # (1, H, hd)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
         act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # (1, 1, I)
         h = K.fused_gemv(act, mlp.down_proj.weight, residual=h)  # h + down(silu(gate) * up)
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
+
+
+def _greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The decode step's greedy pick (`llmlab.cuda_graphs.decode_step` calls it while the switch is on):
+    (B, V) logits -> (B,) int64, in one launch (`kernels/argmax.py`) instead of ~6 PyTorch kernels."""
+    from llmlab.sampling import argmax_rows
+
+    if not _kernel_ok(logits):
+        return argmax_rows(logits)
+    return _kernels().argmax(logits)
 
 
 def _targets():
@@ -302,6 +326,8 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
         fn = targets.get(type(module))
         if fn is not None:
             module.forward = types.MethodType(fn, module)
+        if fn is _transformer_forward:
+            module.__dict__["_llmlab_argmax"] = _greedy_tokens  # read by llmlab.cuda_graphs.decode_step
     return model
 
 
@@ -311,6 +337,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if type(module) in targets and "forward" in module.__dict__:
             del module.forward
+        module.__dict__.pop("_llmlab_argmax", None)
         for attr in _FUSED:
             module.__dict__.pop(attr, None)  # forget the fused tensor (the layers' weights stay views of it: the
             # concatenated storage is the weights' own memory, nothing extra to free)

@@ -26,6 +26,7 @@ when a request needs more rows or a longer cache than it has, or the model's wei
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -56,7 +57,10 @@ def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions:
     the greedy tokens (b,) int64. Writes each row's K/V at its position. Nothing in it reads a value on the host,
     so it can be captured in a CUDA graph or compiled with fullgraph=True."""
     logits = model(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
-    return logits, argmax_rows(logits)
+    pick = getattr(model, "_llmlab_argmax", None)  # the "Triton kernels" switch's one-launch argmax, if on
+    if os.environ.get("LLMLAB_AB_TAIL", "1") == "0":  # TEMPORARY A/B switch (device call)
+        pick = None
+    return logits, (argmax_rows if pick is None else pick)(logits)
 
 
 def weights_fingerprint(model) -> tuple:
@@ -92,7 +96,8 @@ class GraphDecoder:
         warmup_steps: eager runs of each bucket before capturing it (cuBLAS and the compiler set up there).
 
     Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `buckets`, `cache` (the StaticKVCache),
-    static buffers `ids` (max_batch, 1), `pos` (max_batch,), `logits` (max_batch, V), `tokens` (max_batch,),
+    static input buffers `ids` (max_batch, 1) and `pos` (max_batch,), the last step's outputs `logits` (B, V) and
+    `tokens` (B,) (views of the bucket's output tensors, which its graph rewrites at each replay),
     `compile_mode` (None, "default" or "reduce-overhead").
 
     Raises:
@@ -119,8 +124,11 @@ class GraphDecoder:
         dev = self.device
         self.ids = torch.zeros(max_batch, 1, dtype=torch.long, device=dev)  # static inputs
         self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.logits = torch.zeros(max_batch, config.vocab_size, dtype=self.dtype, device=dev)  # static outputs
-        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        # the step's outputs per bucket: (logits (b, V), greedy tokens (b,)). A captured graph writes the same
+        # tensors at every replay, so a step returns views of them — no copy into separate output buffers (a
+        # 128K-vocabulary logits row is 256 KB: one more kernel and its gap per step)
+        self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.logits = self.tokens = None  # the last step's outputs (set by `step`)
         self._host_pos = [0] * max_batch  # the host's copy of `pos` (bookkeeping only: checked before launching)
         self._batch = 0  # rows in use since the last `start`
 
@@ -161,8 +169,11 @@ class GraphDecoder:
         if self.compile_mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were already copied out
         logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b])
-        self.logits[:b].copy_(logits)
-        self.tokens[:b].copy_(tokens)
+        if os.environ.get("LLMLAB_AB_TAIL", "1") == "0":  # TEMPORARY A/B switch (device call): the old copies
+            logits, tokens = logits.clone(), tokens.clone()
+        elif self.compile_mode == "reduce-overhead":  # Inductor's graphs reuse their output memory at the next
+            logits, tokens = logits.clone(), tokens.clone()  # call (of any bucket): keep copies of our own
+        self._outputs[b] = (logits, tokens)
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -263,10 +274,12 @@ class GraphDecoder:
         b = self.bucket(B)
         graph = self.graphs.get(b)
         if graph is not None:
-            graph.replay()
+            graph.replay()  # rewrites this bucket's output tensors in place
         else:
             self._forward(b)
-        return self.logits[:B], self.tokens[:B]
+        logits, tokens = self._outputs[b]
+        self.logits, self.tokens = logits[:B], tokens[:B]
+        return self.logits, self.tokens
 
     def _check_positions(self, host_pos: list[int]) -> None:
         if min(host_pos) < 0 or max(host_pos) >= self.max_seq_len:

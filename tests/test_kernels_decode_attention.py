@@ -427,3 +427,57 @@ def test_trigger_next_must_be_a_bool_and_head_dim_one_takes_any_stride():
         decode_attention(q, k.transpose(2, 3), v, trigger_next="no")
     kt = k.transpose(2, 3)  # (1, 1, 8, 1) with last-dimension stride 8: still one contiguous number per key
     torch.testing.assert_close(decode_attention(q, kt, v), decode_attention_reference(q, kt, v), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("config", [da.SPLIT_CONFIGS[0], da.SPLIT_CONFIGS[-1], da._DEFAULT_CONFIG],
+                         ids=lambda c: "N{BLOCK_N}-S{SPLIT_N}-F{FUSED_MERGE:d}".format(**c.kwargs))
+def test_prefetch_kv_equals_the_reference(config):
+    """prefetch_kv: the first tile is read before the (PDL) wait and the newest slot again after; same answers at
+    lengths whose newest key falls in a program's first tile, in a later tile, at the cache's end, and length 1."""
+    q, k, v = _qkv(4, 6, 2, 300, 24, seed=config.kwargs["BLOCK_N"])
+    lens = torch.tensor([300, 1, 33, 130], device=DEV)
+    want = decode_attention_reference(q, k, v, lens)
+    torch.testing.assert_close(da._decode(q, k, v, lens, 24 ** -0.5, config=config, prefetch_kv=True), want,
+                               **TOL[torch.float32])
+    torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, prefetch_kv=True, num_splits=5), want,
+                               **TOL[torch.float32])
+
+
+def test_prefetch_kv_needs_lengths_and_a_bool():
+    q, k, v = _qkv(1, 4, 2, 8, 16)
+    with pytest.raises(TypeError, match="prefetch_kv needs seq_lens"):
+        decode_attention(q, k, v, prefetch_kv=True)
+    with pytest.raises(TypeError, match="prefetch_kv must be True or False"):
+        decode_attention(q, k, v, seq_lens=torch.tensor([8], device=DEV), prefetch_kv=1)
+
+
+@pytest.mark.gpu
+def test_prefetch_kv_reads_the_newest_slot_written_by_the_kernel_just_before():
+    """On the GPU with PDL: a CUDA graph of [a Triton kernel writing the newest K/V slot (the RoPE + cache-write
+    epilogue of the q/k/v GEMV), attention with prefetch_kv]; each replay writes new values there, and the
+    attention must see them (it re-reads that slot after its wait)."""
+    from llmlab.kernels.fused_gemv import RopeCache, fused_gemv
+
+    H, Hkv, hd, S = 32, 8, 64, 1024
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn((H + 2 * Hkv) * hd, 2048, generator=g) * 0.02).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 2048, generator=g).to("cuda", torch.bfloat16)
+    kc, vc = (torch.randn(1, Hkv, S, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+    inv_freq = (1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)).cuda()
+    pos = torch.tensor([200], device="cuda")
+    lens = pos + 1
+
+    def step():
+        qkv = fused_gemv(x, w, rope_cache=RopeCache(inv_freq, pos, kc[0], vc[0], H))
+        return decode_attention(qkv.view(1, -1, hd)[:, :H], kc, vc, seq_lens=lens, check_lens=False,
+                                prefetch_kv=True), qkv
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, qkv = step()
+    for seed in range(4):
+        x.copy_(torch.randn(1, 2048, generator=torch.Generator().manual_seed(seed)).to(x))
+        graph.replay()
+        q = qkv.view(1, -1, hd)[:, :H]
+        torch.testing.assert_close(out, decode_attention_reference(q, kc, vc, lens), **TOL[torch.bfloat16])
