@@ -169,7 +169,7 @@ class GraphDecoder:
         if self.compile_mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were already copied out
         logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b])
-        if os.environ.get("LLMLAB_AB_TAIL", "1") == "0":  # TEMPORARY A/B switch (device call): the old copies
+        if os.environ.get("LLMLAB_AB_TAIL", "1") == "0" or os.environ.get("LLMLAB_AB_COPY", "0") == "1":  # TEMP A/B
             logits, tokens = logits.clone(), tokens.clone()
         elif self.compile_mode == "reduce-overhead":  # Inductor's graphs reuse their output memory at the next
             logits, tokens = logits.clone(), tokens.clone()  # call (of any bucket): keep copies of our own

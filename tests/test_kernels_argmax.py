@@ -113,7 +113,8 @@ def test_the_switch_puts_it_in_the_decode_step_and_greedy_tokens_stay_the_same(m
         patch_model.disable(model)
     assert got.token_ids == ref.token_ids
     assert len(set(ref.token_ids[0])) >= 3  # not vacuous: the decode does not repeat one token
-    assert calls and all(s == (2, model.config.vocab_size) for s in calls)
+    V = model.config.vocab_size  # (with CUDA graphs the runner captures buckets 1 and 2)
+    assert (2, V) in calls and all(s[1] == V for s in calls)
     assert "_llmlab_argmax" not in model.__dict__  # disable takes the hook away
 
 

@@ -1,0 +1,84 @@
+"""Same-process A/B of batch-1 decode-step variants (a device-call tool; CUDA only).
+
+    python tools/ab_decode_step.py llama-3.2-1b out.json base=LLMLAB_AB_X=0 new=LLMLAB_AB_X=1,LLMLAB_AB_Y=1 \
+        [--rounds 4] [--prompt-len 128] [--new-tokens 256]
+
+Separate `llmlab bench` runs of two variants differ by 1-3% from run to run (each process autotunes its kernels
+anew, clocks drift), which hides a change of a few microseconds per token. Here ONE model with ONE set of
+autotuned kernels gets a CUDA-graph runner per variant, captured with that variant's environment variables set
+(the A/B switches are read while the step is captured), and the rounds alternate the variants (A B C A B C ...)
+so that drift hits them alike. Per variant: the median over rounds of the mean decode step (ms, CUDA events,
+prefill excluded), and each round's value. The "Triton kernels" switch is on for every variant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+
+def main(argv: list[str]) -> None:
+    from llmlab.bench import load_bench_model
+    from llmlab.cuda_graphs import GraphDecoder
+    from llmlab.fast_generate import generate_fast
+    from llmlab.kernels import patch_model
+
+    opts = {"--rounds": 4, "--prompt-len": 128, "--new-tokens": 256}
+    args = []
+    it = iter(argv)
+    for a in it:
+        if a in opts:
+            opts[a] = int(next(it))
+        else:
+            args.append(a)
+    model_name, out, specs = args[0], args[1], args[2:]
+    variants = {}
+    for spec in specs:
+        name, _, env = spec.partition("=")
+        variants[name] = dict(kv.split("=", 1) for kv in env.split(",") if kv)
+    llm, _, _ = load_bench_model(model_name)
+    model = patch_model.enable(llm.model)
+    n_prompt, n_new = opts["--prompt-len"], opts["--new-tokens"]
+    prompt = torch.randint(0, llm.config.vocab_size, (n_prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+    seq = max(1024, -(-(n_prompt + n_new) // 512) * 512)
+    runners = {}
+    for name, env in variants.items():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq)  # captured with env set
+            generate_fast(model, prompt, max_new_tokens=8, runner=runners[name])  # warm-up
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    per = {name: [] for name in variants}
+    for _ in range(opts["--rounds"]):
+        for name, runner in runners.items():
+            g = generate_fast(model, prompt, max_new_tokens=n_new, runner=runner)
+            per[name].append(statistics.fmean(g.step_ms[1:]))
+    base = statistics.median(per[next(iter(per))])
+    rows = []
+    for name, ms in per.items():
+        med = statistics.median(ms)
+        rows.append({"variant": name, "env": variants[name], "step_ms_median": med, "rounds_ms": ms,
+                     "vs_first": med / base - 1})
+        print(f"{name:12s} {med * 1e3:7.1f} us/step ({(med / base - 1) * 100:+5.1f}% vs {next(iter(per))})  "
+              f"rounds {[round(m * 1e3, 1) for m in ms]}", flush=True)
+    import triton
+
+    with open(out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "commit": os.environ.get("LLMLAB_COMMIT", "?"),
+                   "versions": {"torch": torch.__version__, "triton": triton.__version__}, "model": model_name,
+                   "prompt_len": n_prompt, "new_tokens": n_new, "rounds": opts["--rounds"], "results": rows}, f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
