@@ -28,41 +28,20 @@ explain why a 1B model at batch 1 is dominated by such small kernels.)
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ._util import autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench
-from .rope_cache import cos_sin_from_freq
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
 
 
-class RopeCache(NamedTuple):
-    """What the q/k/v GEMV's RoPE + KV-cache-write epilogue needs (`fused_gemv(rope_cache=...)`), batch 1.
-
-    inv_freq: (hd/2,) fp32 inverse frequencies (`llmlab.model.RotaryEmbedding.inv_freq`): angle = position *
-        inv_freq, cos/sin rounded to the activation dtype, as RotaryEmbedding computes them.
-    position: (1,) int64/int32 on the device: the new token's cache slot (< S; the caller checks it on the host).
-    k_cache, v_cache: (Hkv, S, hd) one layer's static cache of the sequence (`StaticKVCache.k[layer][0]`), last
-        dimension contiguous, the activation dtype.
-    n_heads: H, the query heads; the weight's rows are H q heads, then Hkv k heads, then Hkv v heads of hd rows.
-    """
-
-    inv_freq: torch.Tensor
-    position: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    n_heads: int
-
-
 def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                          eps: float = 1e-5, swiglu: bool = False, residual: torch.Tensor | None = None,
-                         swiglu_out: bool = False, rope_cache: RopeCache | None = None) -> torch.Tensor:
+                         swiglu_out: bool = False) -> torch.Tensor:
     """The unfused ops, as `llmlab.model` runs them: [RMSNorm or SwiGLU] -> F.linear -> [SwiGLU] -> [+ residual].
 
     Bytes (bf16, 1B model's down projection, K = 8192): eager reads gate and up and writes the product (3 x 16 KB),
@@ -83,20 +62,6 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
     if swiglu_out:  # y is [gate | up]
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
-    if rope_cache is not None:  # as the model's decode step: RoPE on q and k, then K and V into the cache
-        from llmlab.model import apply_rope
-
-        inv_freq, pos, k_cache, v_cache, H = rope_cache
-        Hkv, hd = k_cache.shape[0], k_cache.shape[2]
-        ang = pos.float()[:, None] * inv_freq  # (1, hd/2)
-        ang = torch.cat([ang, ang], dim=-1)
-        cos, sin = ang.cos().to(y.dtype), ang.sin().to(y.dtype)  # (1, hd), as RotaryEmbedding
-        heads = y.reshape(1, H + 2 * Hkv, 1, hd)
-        q, k, v = heads[:, :H], heads[:, H:H + Hkv], heads[:, H + Hkv:]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache[:, pos] = k[0].to(k_cache.dtype)  # (Hkv, 1, hd) at slot pos
-        v_cache[:, pos] = v[0].to(v_cache.dtype)
-        y = torch.cat([q, k, v], dim=1).reshape(y.shape)
     return y if residual is None else residual + y
 
 
@@ -147,8 +112,6 @@ def _prune(configs, named_args, **kwargs):
 
     N, K = named_args["N"], named_args["K"]  # N: outputs; the weight has 2N rows with GLU
     glu = meta("GLU")
-    if meta("ROPE"):  # a program holds whole RoPE pairs (lanes 2j, 2j + 1)
-        configs = [c for c in configs if c.kwargs["BLOCK_N"] >= 2] or configs
     rows = 2 * N if glu else N
     small = meta("PDL") and rows * K * named_args["w_ptr"].element_size() <= WHOLE_ROW_MAX_BYTES
     whole = [c for c in configs if c.kwargs["BLOCK_K"] >= K]
@@ -181,7 +144,7 @@ def _x_tile(x_ptr, nw_ptr, kk, k_mask, K, PROLOGUE: tl.constexpr):
     return xk, sq
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "GLU", "ROPE", "PDL"], do_bench=tune_bench,
+@triton.autotune(configs=CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "GLU", "PDL"], do_bench=tune_bench,
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fused_gemv_kernel(
@@ -191,31 +154,20 @@ def _fused_gemv_kernel(
     N, K, eps,
     # strides (elements)
     stride_wn,
-    # the RoPE + KV-cache epilogue (ROPE): inv_freq, the position, one layer's K and V cache (Hkv, S, hd)
-    f_ptr, pos_ptr, kc_ptr, vc_ptr, H, HKV, S, stride_kh, stride_ks, stride_vh, stride_vs,
     # meta-parameters
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GLU: tl.constexpr = False, ROPE: tl.constexpr = False,
-    HD: tl.constexpr = 2,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GLU: tl.constexpr = False,
 ):
     """Program p: outputs rn = p * BLOCK_N + (0..BLOCK_N-1) over all of K. (Splitting K over several programs, with
     the last one adding the partials — `split_k.py`, as the int4/int8 GEMVs do — was tried for these GEMVs in call
     AQ, commit f3ff082: no split config beat the unsplit ones at any of the 1B model's shapes.)
     GLU: the weight is [gate; up] (2N rows): the program reads gate row n and up row N + n for each of its BLOCK_N
-    outputs (side by side, lanes 2j and 2j + 1) and writes silu(gate) * up — the SwiGLU epilogue.
-    ROPE: the weight is the fused [q; k; v] projection (heads of HD rows): lanes 2j and 2j + 1 are the rows f and
-    f + HD/2 of one head — a RoPE pair ("rotate half") — so the program rotates its q and k pairs itself, and
-    writes its k and v rows into the cache at the token's position as well (the RoPE + cache-write epilogue)."""
+    outputs (side by side, lanes 2j and 2j + 1) and writes silu(gate) * up — the SwiGLU epilogue."""
     dt = x_ptr.dtype.element_ty
     if GLU:  # weight row of lane r: gate row n (r even) or up row N + n (r odd), n = the lane's output
         r = tl.arange(0, 2 * BLOCK_N)
         rn = tl.program_id(0) * BLOCK_N + r // 2
         rw = rn + (r % 2) * N
-    elif ROPE:  # pair j of the program: frequency f of head `head`, rows head * HD + f (+ HD/2 for lane 2j + 1)
-        r = tl.arange(0, BLOCK_N)
-        pair = tl.program_id(0) * (BLOCK_N // 2) + r // 2
-        rn = (pair // (HD // 2)) * HD + pair % (HD // 2) + (r % 2) * (HD // 2)
-        rw = rn
     else:
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rw = rn
@@ -228,10 +180,6 @@ def _fused_gemv_kernel(
     # the first W tile depends on no earlier kernel: request it before waiting for the one that writes x
     kk = rk
     w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
-    if ROPE:  # the angles depend only on the position, written before the step began: compute them while waiting
-        jp = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)  # this program's pairs
-        pos = tl.load(pos_ptr)
-        cos_p, sin_p = cos_sin_from_freq(pos, tl.load(f_ptr + jp % (HD // 2)), dt)
     if PDL:
         tl.extra.cuda.gdc_wait()
     xk, sq = _x_tile(x_ptr, nw_ptr, kk, kk < K, K, PROLOGUE)
@@ -258,26 +206,12 @@ def _fused_gemv_kernel(
     if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
         r = tl.load(res_ptr + rn, mask=out_mask, other=0.0).to(tl.float32)
         y = y.to(dt).to(tl.float32) + r
-    if ROPE:  # rotate the q and k pairs of the projection's output (rounded first, as the unfused GEMV writes it)
-        a, b = tl.split(tl.reshape(y.to(dt).to(tl.float32), (BLOCK_N // 2, 2)))
-        turn = jp // (HD // 2) < H + HKV  # q and k heads; v heads pass unrotated
-        ra = tl.where(turn, a * cos_p - b * sin_p, a)
-        rb = tl.where(turn, b * cos_p + a * sin_p, b)
-        y = tl.reshape(tl.join(ra, rb), (BLOCK_N,))
-        kv = rn // HD - H  # KV head of the row (k: 0..HKV-1, v: HKV..2 HKV-1; q: < 0)
-        d = rn % HD
-        slot = pos + 0 * rn  # the position on every lane: a slot outside the cache is never written (the callers
-        in_cache = out_mask & (slot >= 0) & (slot < S)  # check it on the host and raise)
-        tl.store(kc_ptr + kv * stride_kh + pos * stride_ks + d, y.to(kc_ptr.dtype.element_ty),
-                 mask=in_cache & (kv >= 0) & (kv < HKV))
-        tl.store(vc_ptr + (kv - HKV) * stride_vh + pos * stride_vs + d, y.to(vc_ptr.dtype.element_ty),
-                 mask=in_cache & (kv >= HKV))
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
                swiglu: bool = False, residual: torch.Tensor | None = None,
-               swiglu_out: bool = False, rope_cache: RopeCache | None = None) -> torch.Tensor:
+               swiglu_out: bool = False) -> torch.Tensor:
     """y = [residual +] epilogue(weight @ prologue(x)) for ONE token, in one launch.
 
     Args:
@@ -290,18 +224,13 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         swiglu_out: weight is a fused [gate; up] projection (2I, K): the output is silu(gate) * up, (..., I) — the
             SwiGLU done on the way out, so the down projection after it reads I numbers with no prologue (instead
             of 2I with `swiglu`). Not together with residual.
-        rope_cache: weight is a fused [q; k; v] projection ((H + 2 Hkv) hd rows) and `RopeCache` says where the
-            token goes: the output's q and k heads come out rotated (RoPE), and its k and v heads are also written
-            into the cache at the position — the decode step's RoPE and cache write done on the way out, one
-            launch fewer per layer. Not together with swiglu, swiglu_out or residual.
 
     Returns:
         (..., N): x's leading dimensions with the last one N (N / 2 with swiglu_out), in x's dtype.
 
     Raises:
         ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
-            or weight rows; swiglu_out with an odd number of weight rows or with a residual; rope_cache whose
-            parts do not fit the weight (rows, hd, dtypes, devices) or with another epilogue or swiglu.
+            or weight rows; swiglu_out with an odd number of weight rows or with a residual.
         TypeError: unsupported or mismatched dtypes, an argument that is not a tensor (see `check_tensors`);
             swiglu or swiglu_out not True/False.
     """
@@ -345,58 +274,16 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     if residual is not None and not residual.is_contiguous():
         raise ValueError(f"fused_gemv: residual is not contiguous (strides {residual.stride()}); pass "
                          f"residual.contiguous()")
-    rope = None if rope_cache is None else _check_rope_cache(rope_cache, x, N, swiglu or swiglu_out,
-                                                                    residual is not None)
     n_out = N // 2 if swiglu_out else N
     y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    if rope is None:  # unused arguments of the RoPE epilogue
-        rope_args, hd = (x, x, x, x, 0, 0, 0, 0, 0, 0, 0), 2
-    else:
-        inv_freq, pos, kc, vc, H = rope
-        rope_args, hd = (inv_freq, pos, kc, vc, H, kc.shape[0], kc.shape[1], kc.stride(0), kc.stride(1),
-                         vc.stride(0), vc.stride(1)), kc.shape[2]
     _fused_gemv_kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
         n_out, K, float(eps),
         weight.stride(0),
-        *rope_args,
-        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, ROPE=rope is not None, HD=hd,
-        **pdl_kwargs(x.device),
+        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device),
     )
     return y
-
-
-def _check_rope_cache(rc, x: torch.Tensor, N: int, swiglu: bool, residual: bool) -> RopeCache:
-    """`rope_cache` checked against x and the weight's N rows (ValueError / TypeError naming the problem)."""
-    if not isinstance(rc, RopeCache):
-        raise TypeError(f"fused_gemv: rope_cache must be a RopeCache(inv_freq, position, k_cache, v_cache, "
-                        f"n_heads), got {type(rc).__name__}")
-    if swiglu or residual:
-        raise ValueError("fused_gemv: rope_cache is the q/k/v projection's epilogue; it takes no swiglu, "
-                         "swiglu_out or residual")
-    check_tensors("fused_gemv", DTYPES, x=x, k_cache=rc.k_cache, v_cache=rc.v_cache)
-    check_tensors("fused_gemv", (torch.float32,), inv_freq=rc.inv_freq)
-    check_tensors("fused_gemv", (torch.int32, torch.int64), position=rc.position)
-    if len({x.device, rc.inv_freq.device, rc.position.device}) != 1:
-        raise ValueError("fused_gemv: rope_cache's tensors must be on x's device")
-    if rc.k_cache.dtype != x.dtype or rc.v_cache.dtype != x.dtype:
-        raise TypeError(f"fused_gemv: the KV cache must have x's dtype {x.dtype}, got {rc.k_cache.dtype}, "
-                        f"{rc.v_cache.dtype}")
-    kc, vc, H = rc.k_cache, rc.v_cache, rc.n_heads
-    if kc.dim() != 3 or kc.shape != vc.shape or kc.stride(-1) != 1 or vc.stride(-1) != 1:
-        raise ValueError(f"fused_gemv: k_cache and v_cache must be (Hkv, S, hd) with a contiguous last dimension, "
-                         f"got {tuple(kc.shape)} {kc.stride()} and {tuple(vc.shape)} {vc.stride()}")
-    Hkv, _, hd = kc.shape
-    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-        raise ValueError(f"fused_gemv: rope_cache.n_heads must be a whole number >= 1, got {H!r}")
-    if hd % 2 or N != (H + 2 * Hkv) * hd:
-        raise ValueError(f"fused_gemv: the weight's {N} rows are not {H} q heads + 2 x {Hkv} k/v heads of the "
-                         f"cache's head_dim {hd} (which must be even)")
-    if rc.inv_freq.shape != (hd // 2,) or rc.position.shape != (1,):
-        raise ValueError(f"fused_gemv: rope_cache needs inv_freq ({hd // 2},) and position (1,), got "
-                         f"{tuple(rc.inv_freq.shape)} and {tuple(rc.position.shape)}")
-    return RopeCache(rc.inv_freq.contiguous(), rc.position.contiguous(), kc, vc, H)
 
 
 if __name__ == "__main__":

@@ -70,8 +70,7 @@ def _kernels():
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
-                                 fused_gemv=disable(fused_gemv.fused_gemv), argmax=disable(argmax.argmax),
-                                 RopeCache=fused_gemv.RopeCache)
+                                 fused_gemv=disable(fused_gemv.fused_gemv), argmax=disable(argmax.argmax))
 
 
 def _rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,8 +159,8 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
     # the next kernel is the o projection: at batch 1 (`_one_token_decode`) a GEMV that loads its weights before it
     # waits, so let it launch during the merge; with more rows it is cuBLAS's, which is not launched early anyway
-    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False,
-                              trigger_next=True)  # (B, H, hd)
+    return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False, trigger_next=True,
+                              prefetch_kv=os.environ.get("LLMLAB_AB_PREFETCH", "0") == "1")  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -269,25 +268,13 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
-    pos = _row_positions(positions, 1)  # (1,) the new token's slot
-    lens = _decode_lens(kv_cache, positions, 1)  # first: it checks the position before anything is written
-    ab_old = os.environ.get("LLMLAB_AB_ROPE_GEMV", "1") == "0"  # TEMPORARY A/B switch (device call)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
-        if ab_old:
-            qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
-            y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
-                                         inv_freq=inv_freq)
-        else:
-            k_all, v_all = kv_cache.k[attn.layer_idx][:1], kv_cache.v[attn.layer_idx][:1]  # (1, Hkv, S, hd)
-            # q and k rotated and K/V written into the cache by the GEMV's epilogue (no RoPE launch)
-            rope = K.RopeCache(inv_freq, pos, k_all[0], v_all[0], attn.n_heads)
-            qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps, rope_cache=rope)
-            y = K.decode_attention(qkv.view(1, -1, attn.head_dim)[:, :attn.n_heads], k_all, v_all, seq_lens=lens,
-                                   check_lens=False, trigger_next=True,
-                                   prefetch_kv=os.environ.get("LLMLAB_AB_PREFETCH", "0") == "1")  # (1, H, hd)
+        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+        y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
+                                     inv_freq=inv_freq)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
         act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # (1, 1, I)

@@ -44,18 +44,6 @@ def rope_and_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 @triton.jit
-def cos_sin_from_freq(pos, inv_freq, dt: tl.constexpr):
-    """cos and sin of angle = pos * inv_freq (fp32, as `llmlab.model.RotaryEmbedding` computes it), each rounded to
-    the activation dtype `dt` as RotaryEmbedding's are, returned in fp32. The angle is brought into [-pi, pi] in
-    fp64 first: the GPU's fast sin/cos are accurate only near 0, and at position 100K the angle is ~1e5 rad."""
-    ang = pos.to(tl.float32) * inv_freq
-    a64 = ang.to(tl.float64)
-    two_pi = tl.full((), 6.283185307179586, tl.float64)
-    red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
-    return tl.cos(red).to(dt).to(tl.float32), tl.sin(red).to(dt).to(tl.float32)
-
-
-@triton.jit
 def _rope_cache_kernel(
     # pointers
     x_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr,
@@ -83,7 +71,14 @@ def _rope_cache_kernel(
     mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
     if h < H + HKV:  # q or k: rotate
         if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
-            c, s = cos_sin_from_freq(pos, tl.load(cos_ptr + i, mask=mask, other=0.0), x1.dtype)
+            ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
+            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
+            # and at position 100K the angle is ~1e5 rad
+            a64 = ang.to(tl.float64)
+            two_pi = tl.full((), 6.283185307179586, tl.float64)
+            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
+            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
+            s = tl.sin(red).to(x1.dtype).to(tl.float32)
         else:
             c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
             s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)

@@ -26,7 +26,6 @@ when a request needs more rows or a longer cache than it has, or the model's wei
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -58,8 +57,6 @@ def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions:
     so it can be captured in a CUDA graph or compiled with fullgraph=True."""
     logits = model(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
     pick = getattr(model, "_llmlab_argmax", None)  # the "Triton kernels" switch's one-launch argmax, if on
-    if os.environ.get("LLMLAB_AB_TAIL", "1") == "0":  # TEMPORARY A/B switch (device call)
-        pick = None
     return logits, (argmax_rows if pick is None else pick)(logits)
 
 
@@ -169,9 +166,7 @@ class GraphDecoder:
         if self.compile_mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were already copied out
         logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b])
-        if os.environ.get("LLMLAB_AB_TAIL", "1") == "0" or os.environ.get("LLMLAB_AB_COPY", "0") == "1":  # TEMP A/B
-            logits, tokens = logits.clone(), tokens.clone()
-        elif self.compile_mode == "reduce-overhead":  # Inductor's graphs reuse their output memory at the next
+        if self.compile_mode == "reduce-overhead":  # Inductor's graphs reuse their output memory at the next
             logits, tokens = logits.clone(), tokens.clone()  # call (of any bucket): keep copies of our own
         self._outputs[b] = (logits, tokens)
 

@@ -453,10 +453,11 @@ def test_prefetch_kv_needs_lengths_and_a_bool():
 
 @pytest.mark.gpu
 def test_prefetch_kv_reads_the_newest_slot_written_by_the_kernel_just_before():
-    """On the GPU with PDL: a CUDA graph of [a Triton kernel writing the newest K/V slot (the RoPE + cache-write
-    epilogue of the q/k/v GEMV), attention with prefetch_kv]; each replay writes new values there, and the
-    attention must see them (it re-reads that slot after its wait)."""
-    from llmlab.kernels.fused_gemv import RopeCache, fused_gemv
+    """On the GPU with PDL, as in the model's decode step: a CUDA graph of [the q/k/v GEMV, RoPE + the newest K/V
+    slot written into the cache (rope_and_cache_, a PDL kernel), attention with prefetch_kv]; each replay writes new
+    values there, and the attention must see them (it re-reads that slot after its wait)."""
+    from llmlab.kernels.fused_gemv import fused_gemv
+    from llmlab.kernels.rope_cache import rope_and_cache_
 
     H, Hkv, hd, S = 32, 8, 64, 1024
     g = torch.Generator().manual_seed(0)
@@ -464,20 +465,21 @@ def test_prefetch_kv_reads_the_newest_slot_written_by_the_kernel_just_before():
     x = torch.randn(1, 2048, generator=g).to("cuda", torch.bfloat16)
     kc, vc = (torch.randn(1, Hkv, S, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
     inv_freq = (1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)).cuda()
-    pos = torch.tensor([200], device="cuda")
-    lens = pos + 1
+    for newest in (0, 200, S - 1):  # the newest slot in the first tile of the first split, inside, the last
+        pos = torch.tensor([newest], device="cuda")
+        lens = pos + 1
 
-    def step():
-        qkv = fused_gemv(x, w, rope_cache=RopeCache(inv_freq, pos, kc[0], vc[0], H))
-        return decode_attention(qkv.view(1, -1, hd)[:, :H], kc, vc, seq_lens=lens, check_lens=False,
-                                prefetch_kv=True), qkv
+        def step():
+            qkv = fused_gemv(x, w).view(1, -1, hd)
+            rope_and_cache_(qkv, None, None, pos, kc, vc, n_heads=H, inv_freq=inv_freq)
+            return decode_attention(qkv[:, :H], kc, vc, seq_lens=lens, check_lens=False, prefetch_kv=True), qkv
 
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, qkv = step()
-    for seed in range(4):
-        x.copy_(torch.randn(1, 2048, generator=torch.Generator().manual_seed(seed)).to(x))
-        graph.replay()
-        q = qkv.view(1, -1, hd)[:, :H]
-        torch.testing.assert_close(out, decode_attention_reference(q, kc, vc, lens), **TOL[torch.bfloat16])
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, qkv = step()
+        for seed in range(3):
+            x.copy_(torch.randn(1, 2048, generator=torch.Generator().manual_seed(seed)).to(x))
+            graph.replay()
+            torch.testing.assert_close(out, decode_attention_reference(qkv[:, :H], kc, vc, lens),
+                                       **TOL[torch.bfloat16])

@@ -76,7 +76,7 @@ def test_swiglu_epilogue_over_other_tile_shapes(block_n, block_k, stages):
                                fused_gemv_reference(x, w, swiglu_out=True, **kw), **TOL[torch.float32])
 
 
-def _launch(x, w, kw, fusion, block_n, block_k, stages, glu=False, rope=None):
+def _launch(x, w, kw, fusion, block_n, block_k, stages, glu=False):
     """The kernel run directly with one config (the interpreter's autotuner has only its default)."""
     import triton
 
@@ -85,119 +85,12 @@ def _launch(x, w, kw, fusion, block_n, block_k, stages, glu=False, rope=None):
     N, K = w.shape
     n_out = N // 2 if glu else N
     y = torch.full((1, n_out), float("nan"), device=DEV)
-    prologue = SWIGLU if kw.get("swiglu") else RMSNORM if "norm_weight" in kw else NONE
-    if rope is None:
-        rope_args, hd = (x, x, x, x, 0, 0, 0, 0, 0, 0, 0), 2
-    else:
-        f, pos, kc, vc, H = rope
-        rope_args, hd = (f, pos, kc, vc, H, kc.shape[0], kc.shape[1], kc.stride(0), kc.stride(1), vc.stride(0),
-                         vc.stride(1)), kc.shape[2]
+    prologue = SWIGLU if kw["swiglu"] else RMSNORM if "norm_weight" in kw else NONE
     _fused_gemv_kernel.fn[(triton.cdiv(n_out, block_n),)](
-        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, n_out, K, 1e-5, w.stride(0), *rope_args,
+        x, w, kw.get("norm_weight", x), kw.get("residual", x), y, n_out, K, 1e-5, w.stride(0),
         PROLOGUE=prologue, HAS_RES="residual" in kw, PDL=False, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
-        GLU=glu, ROPE=rope is not None, HD=hd)
+        GLU=glu)
     return y
-
-
-def _rope_case(H, Hkv, hd, K, S, pos, dtype, seed=0):
-    """(x, weight, norm_weight, RopeCache, (k_cache, v_cache) copies for the reference): caches full of random
-    values, so a write to a wrong slot or head shows; inv_freq as Llama's (base 10000)."""
-    from llmlab.kernels.fused_gemv import RopeCache
-
-    g = torch.Generator().manual_seed(seed)
-    N = (H + 2 * Hkv) * hd
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(DEV, dtype)
-    x = torch.randn(1, K, generator=g).to(DEV, dtype)
-    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(DEV, dtype)
-    inv_freq = (1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)).to(DEV)
-    kc, vc = (torch.randn(Hkv, S, hd, generator=g).to(DEV, dtype) for _ in range(2))
-    rc = RopeCache(inv_freq, torch.tensor([pos], device=DEV), kc, vc, H)
-    return x, w, nw, rc, (kc.clone(), vc.clone())
-
-
-def _rope_reference(x, w, nw, rc, caches):
-    from llmlab.kernels.fused_gemv import RopeCache
-
-    y = fused_gemv_reference(x, w, norm_weight=nw, rope_cache=RopeCache(rc.inv_freq, rc.position, *caches,
-                                                                         rc.n_heads))
-    return y, caches
-
-
-ROPE_SHAPES = [(4, 2, 16), (3, 1, 8), (32, 8, 64), (2, 2, 2), (5, 1, 128)]  # (H, Hkv, hd)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("H, Hkv, hd", ROPE_SHAPES)
-def test_rope_cache_epilogue_matches_rope_after_the_gemv(H, Hkv, hd, dtype):
-    """rope_cache: q and k come out rotated, k and v are written into the cache at the position, and nothing else
-    in the cache changes — at the first slot, the last, and a position near 100K (large angles), over K sizes."""
-    for K, S, pos in ((7, 5, 0), (999, 9, 8), (1001, 3, 2)):
-        x, w, nw, rc, ref_caches = _rope_case(H, Hkv, hd, K, S, pos, dtype, seed=K + hd)
-        want, (kc_want, vc_want) = _rope_reference(x, w, nw, rc, ref_caches)
-        got = fused_gemv(x, w, norm_weight=nw, rope_cache=rc)
-        assert got.shape == (1, (H + 2 * Hkv) * hd) and got.dtype == dtype
-        torch.testing.assert_close(got, want, **TOL[dtype])
-        torch.testing.assert_close(rc.k_cache, kc_want, **TOL[dtype])
-        torch.testing.assert_close(rc.v_cache, vc_want, **TOL[dtype])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_cache_epilogue_at_a_long_context(dtype):
-    """Position 100001: angle pos * inv_freq ~ 1e5 rad for the first frequencies (reduced to [-pi, pi] in fp64)."""
-    x, w, nw, rc, ref_caches = _rope_case(2, 1, 16, 64, 100_003, 100_001, dtype, seed=1)
-    want, (kc_want, _) = _rope_reference(x, w, nw, rc, ref_caches)
-    got = fused_gemv(x, w, norm_weight=nw, rope_cache=rc)
-    torch.testing.assert_close(got, want, **TOL[dtype])
-    torch.testing.assert_close(rc.k_cache[:, 100_001], kc_want[:, 100_001], **TOL[dtype])
-
-
-@pytest.mark.parametrize("block_n, block_k, stages", [(2, 1024, 1), (8, 128, 2), (32, 256, 3), (4, 64, 1)])
-def test_rope_cache_epilogue_over_other_tile_shapes(block_n, block_k, stages):
-    """Programs of 1 to 16 RoPE pairs (a program's pairs may span heads, and the last one may be partial), the
-    whole row in one tile or a pipelined loop."""
-    x, w, nw, rc, ref_caches = _rope_case(3, 1, 8, 999, 6, 4, torch.float32, seed=block_n)
-    want, (kc_want, vc_want) = _rope_reference(x, w, nw, rc, ref_caches)
-    got = _launch(x, w, {"norm_weight": nw}, "norm", block_n, block_k, stages, rope=rc)
-    torch.testing.assert_close(got, want, **TOL[torch.float32])
-    torch.testing.assert_close(rc.k_cache, kc_want, **TOL[torch.float32])
-    torch.testing.assert_close(rc.v_cache, vc_want, **TOL[torch.float32])
-
-
-def test_rope_cache_epilogue_never_writes_outside_the_cache():
-    """A position past the cache (the callers check positions on the host; the kernel masks the write too)."""
-    x, w, nw, rc, (kc0, vc0) = _rope_case(4, 2, 16, 32, 5, 5, torch.float32)
-    fused_gemv(x, w, norm_weight=nw, rope_cache=rc)
-    assert torch.equal(rc.k_cache, kc0) and torch.equal(rc.v_cache, vc0)
-
-
-def test_rope_cache_errors_name_the_problem():
-    from llmlab.kernels.fused_gemv import RopeCache
-
-    x, w, nw, rc, _ = _rope_case(4, 2, 16, 32, 5, 1, torch.float32)
-    with pytest.raises(TypeError, match="RopeCache"):
-        fused_gemv(x, w, rope_cache=tuple(rc))
-    with pytest.raises(ValueError, match="no swiglu, swiglu_out or residual"):
-        fused_gemv(x, w, rope_cache=rc, residual=torch.zeros(1, w.shape[0], device=DEV))
-    with pytest.raises(ValueError, match="rows are not 3 q heads"):
-        fused_gemv(x, w, rope_cache=rc._replace(n_heads=3))
-    with pytest.raises(ValueError, match="whole number"):
-        fused_gemv(x, w, rope_cache=rc._replace(n_heads=True))
-    with pytest.raises(ValueError, match=r"position \(1,\)"):
-        fused_gemv(x, w, rope_cache=rc._replace(position=torch.tensor([1, 2], device=DEV)))
-    with pytest.raises(TypeError, match="inv_freq has dtype"):
-        fused_gemv(x, w, rope_cache=rc._replace(inv_freq=rc.inv_freq.half()))
-    with pytest.raises(TypeError, match="position has dtype"):
-        fused_gemv(x, w, rope_cache=rc._replace(position=torch.tensor([1.0], device=DEV)))
-    with pytest.raises(TypeError, match="x's dtype"):
-        fused_gemv(x, w, rope_cache=rc._replace(k_cache=rc.k_cache.half(), v_cache=rc.v_cache.half()))
-    with pytest.raises(ValueError, match=r"\(Hkv, S, hd\)"):
-        fused_gemv(x, w, rope_cache=rc._replace(k_cache=rc.k_cache[None]))
-    odd = RopeCache(rc.inv_freq[:1], rc.position, torch.zeros(1, 5, 3, device=DEV), torch.zeros(1, 5, 3, device=DEV),
-                    1)
-    with pytest.raises(ValueError, match="must be even"):
-        fused_gemv(x, torch.zeros(9, 32, device=DEV), rope_cache=odd)
-    got = fused_gemv(x, w, norm_weight=nw, rope_cache=rc)  # usable after the errors
-    assert torch.isfinite(got).all()
 
 
 @pytest.mark.parametrize("block_n, block_k, stages", [(2, 1024, 3), (4, 512, 1), (32, 128, 2)])
@@ -240,8 +133,6 @@ def test_small_weights_are_tuned_over_whole_row_configs_only():
     assert {c.kwargs["BLOCK_K"] for c in prune(n_rows, 2048)} == {2048}
     assert len(prune(n_rows, 2048, w=torch.empty(1, dtype=torch.float32))) == len(fg._SHAPES)
     # the SwiGLU epilogue reads 2N weight rows: n_rows / 2 outputs are at the limit, n_rows outputs beyond it
-    assert all(c.kwargs["BLOCK_N"] >= 2 for c in prune(3072, 2048, ROPE=True))  # whole RoPE pairs per program
-    assert any(c.kwargs["BLOCK_N"] == 1 for c in prune(3072, 2048))
     glu = prune(n_rows // 2, 2048, GLU=True)
     assert glu and all(2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps for c in glu)
     assert len(prune(n_rows, 2048, GLU=True)) == len(fg._SHAPES)
