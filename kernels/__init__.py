@@ -13,6 +13,7 @@ top-level `kernels` module: an unrelated PyPI package already owns that name. Im
     dequant_matmul.py          weight-only int8 (per channel) and int4 (group-wise, 2 per byte) matmul, M = 1..16
     int4_mma_gemv.py           (experimental, slower) int4 GEMV on the tensor cores, weights in mma fragment order
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
+    argmax.py                  the greedy token over a 100K+ vocabulary in one launch
     patch_model.py             the "Triton kernels" switch: route a Transformer's ops through the kernels
     bench_kernels.py           micro-benchmarks -> an llmlab bench file (python -m llmlab.kernels.bench_kernels)
     lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb

@@ -1,14 +1,15 @@
 """The greedy token: the index of each row's largest logit, over a vocabulary of 100K+ entries, in ONE launch.
 
 At batch 1 the decode step ends with one row of V logits (128256 for Llama 3). `torch.argmax` reduces a row with a
-single thread block (37 us on an H200); `llmlab.sampling.argmax_rows` cuts the row into slices first, which takes
-about six small PyTorch kernels (pad, max per slice, argmax of the maxima, gather, multiply, add): ~20 us of GPU
-time plus a gap between each pair in a CUDA graph — a few percent of a 1B model's ~0.85 ms step. Here:
+single thread block (27-37 us on an H200); `llmlab.sampling.argmax_rows` cuts the row into slices first, which
+takes about six small PyTorch kernels (pad, max per slice, argmax of the maxima, gather, multiply, add): 17 us from
+CUDA-graph replay, plus the gaps between them inside a decode step. Here (3.4 us; call AW, `python -m
+llmlab.kernels.argmax`; the 1B decode step 869 -> 855 us, call AX):
 
     grid (B, cdiv(V, CHUNK)): program (b, c) finds the max of CHUNK logits of row b and its first position, stores
     the pair as a partial, counts itself done on row b's counter; the LAST program of the row to finish reads the
-    row's partials and writes the answer (the "last block does the final reduction" pattern of CUB's
-    single-pass reductions and of `split_k.py`), then zeroes the counter for the next launch.
+    row's partials and writes the answer (the "last block does the final reduction" pattern of the CUDA samples'
+    threadFenceReduction, and of `split_k.py`), then zeroes the counter for the next launch.
 
 Ties go to the lowest index, as in `torch.argmax`: within a chunk `tl.argmax` keeps the first, and across chunks the
 first chunk holding the maximum wins. A NaN counts as larger than every number (torch.argmax returns a NaN's

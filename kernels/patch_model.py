@@ -18,7 +18,10 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
   method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
-  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer.
+  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer;
+* the decode step's greedy token (`llmlab.cuda_graphs.decode_step`): one launch (`kernels/argmax.py`) instead of
+  ~6 PyTorch kernels (call AX, same-process A/B: 869 -> 855 us per step; 849 with the graph's outputs no longer
+  copied, `llmlab.cuda_graphs`).
 
 What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -28,7 +31,6 @@ interpreter) falls back to the PyTorch path with one warning saying why.
 from __future__ import annotations
 
 import functools
-import os
 import types
 import warnings
 
@@ -158,9 +160,12 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
         cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
     K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)
     # the next kernel is the o projection: at batch 1 (`_one_token_decode`) a GEMV that loads its weights before it
-    # waits, so let it launch during the merge; with more rows it is cuBLAS's, which is not launched early anyway
+    # waits, so let it launch during the merge; with more rows it is cuBLAS's, which is not launched early anyway.
+    # The kernel just before (rope_and_cache_) writes only the newest K/V slot, and the lengths come from a kernel
+    # before the layers: the split programs may load their first K/V tile before they wait (prefetch_kv; call AY,
+    # same-process A/B: chat 851 -> 844 us per step, 8K context unchanged)
     return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False, trigger_next=True,
-                              prefetch_kv=os.environ.get("LLMLAB_AB_PREFETCH", "0") == "1")  # (B, H, hd)
+                              prefetch_kv=True)  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -264,7 +269,9 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV + SwiGLU (the epilogue
     writes silu(gate) * up: call AS, TPOT 0.861 -> 0.838 ms against the SwiGLU prologue in the down GEMV); down
     GEMV + residual add. The q/k/v and o GEMVs load their weights before they wait for the kernel before them
-    (`fused_gemv`'s whole-row configs), and the attention lets the o GEMV launch during its merge (trigger_next).
+    (`fused_gemv`'s whole-row configs), the attention lets the o GEMV launch during its merge (trigger_next) and
+    loads its first K/V tile before it waits for the RoPE launch (prefetch_kv). (RoPE and the K/V write as the
+    q/k/v GEMV's epilogue instead of their own launch measured slower, call AX: 849 -> 884 us per step.)
     h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32

@@ -6,8 +6,9 @@ batch 1 the GPU mostly waits for the CPU. A CUDA graph records the step's kernel
 launch (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs). The price is rigidity: a replay repeats the
 same kernels on the same addresses with the same shapes. So
 
-* inputs and outputs live in static buffers the step reads and writes (`ids`, `pos`, `logits`, `tokens`); a
-  decode step copies the new token into `ids` and bumps `pos` before the replay;
+* inputs live in static buffers the step reads (`ids`, `pos`): a decode step copies the new token into `ids` and
+  bumps `pos` before the replay; the outputs (logits, greedy tokens) are the tensors the captured step wrote,
+  rewritten in place by each replay;
 * the KV cache is static (`llmlab.static_cache`): fixed shape, written at device-side positions, masked;
 * one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, 8, 16, 32, 64, ...) and a batch
   replays the smallest bucket that fits; the rows beyond the batch ("padding") decode a dummy token at position 0
