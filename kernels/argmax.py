@@ -26,6 +26,8 @@ from ._util import check_tensors, demo_needs_cuda, zero_on_error
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CHUNK = 1024  # logits per program: 126 programs for a 128256-entry vocabulary, one per SM of an H200
+MAX_CHUNKS = 65535  # CUDA's limit on a grid's second dimension
+MAX_V = MAX_CHUNKS * CHUNK
 
 
 def argmax_reference(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +47,8 @@ def _argmax_kernel(x_ptr, out_ptr, part_val_ptr, part_idx_ptr, cnt_ptr, V, strid
     c = tl.program_id(1)
     n_chunks = tl.num_programs(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(x_ptr + b * stride_xb + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    row = x_ptr + b.to(tl.int64) * stride_xb  # 64-bit: a logits[:, -1] view of (B, T, V) strides T x V per row
+    x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("inf"), x)  # NaN: larger than any number
     best = tl.max(x, axis=0)
     where = c * CHUNK + tl.argmax(x, axis=0, tie_break_left=True)  # the first position holding `best`
@@ -72,9 +75,14 @@ _scratch_buffers: dict = {}
 def _scratch(device: torch.device, B: int, block_c: int):
     """Partial maxima (B, block_c) fp32, their positions (B, block_c) int32 and one counter per row (zero between
     launches), kept for the life of the process per (device, B, block_c): a CUDA graph that captured a launch keeps
-    using these addresses. Launches on one stream are safe; two streams at once with the same key are not."""
+    using these addresses. Launches on one stream are safe; two streams at once with the same key are not.
+    Raises RuntimeError when a new key is first met during a CUDA-graph capture (see `argmax`)."""
     key = (device, B, block_c)
     if key not in _scratch_buffers:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"argmax: first call for {B} rows of this vocabulary size during a CUDA-graph "
+                               f"capture; its scratch counters would be zeroed only when the graph replays. Call "
+                               f"argmax once before capturing (a warm-up)")
         _scratch_buffers[key] = (torch.empty(B, block_c, dtype=torch.float32, device=device),
                                  torch.empty(B, block_c, dtype=torch.int32, device=device),
                                  torch.zeros(B, dtype=torch.int32, device=device))
@@ -86,14 +94,17 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: (B, V) logits, fp32 / fp16 / bf16 (fp32 or fp16 in the CPU interpreter), last dimension contiguous
-            (a row-slice view such as `logits[:, -1]` of a (B, T, V) tensor is fine). V < 2**31.
+            (a row-slice view such as `logits[:, -1]` of a (B, T, V) tensor is fine). V <= MAX_V (65535 chunks:
+            CUDA's limit on the grid's second dimension).
 
     Returns:
         (B,) int64 on x's device: the first position of each row's maximum (NaN counts as the maximum).
 
     Raises:
-        ValueError: x not 2-D, B or V zero, a non-contiguous last dimension, V >= 2**31. TypeError: not a tensor,
-            an unsupported dtype (see `check_tensors`).
+        ValueError: x not 2-D, B or V zero, a non-contiguous last dimension, V > MAX_V. TypeError: not a tensor,
+            an unsupported dtype (see `check_tensors`). RuntimeError: the first call for a (device, B, V size)
+            made during a CUDA-graph capture (its scratch would only be zeroed when the graph replays): call once
+            before capturing, as a warm-up.
     """
     check_tensors("argmax", DTYPES, x=x)
     if x.dim() != 2:
@@ -102,8 +113,9 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     B, V = x.shape
     if B == 0 or V == 0:
         raise ValueError(f"argmax: x {tuple(x.shape)} is empty; need at least one row of at least one logit")
-    if V >= 2 ** 31:
-        raise ValueError(f"argmax: {V} logits per row; positions are int32 inside the kernel (< 2**31)")
+    if V > MAX_V:
+        raise ValueError(f"argmax: {V} logits per row, more than the {MAX_V} ({MAX_CHUNKS} programs of {CHUNK}) "
+                         f"one launch covers; use torch.argmax(x, dim=-1)")
     if x.stride(1) != 1 and V > 1:
         raise ValueError(f"argmax: x's last dimension must be contiguous, strides {x.stride()}; pass "
                          f"x.contiguous()")

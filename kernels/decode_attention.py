@@ -170,8 +170,8 @@ def _decode_split_kernel(
         newest = (n == seq_len - 1) & (n < end)  # at most one lane
         slot = seq_len - 1 + 0 * d  # the newest slot on every lane: is it in this tile?
         new_mask = dmask & (slot >= start) & (slot < start + BLOCK_N) & (slot < end)
-        k_new = tl.load(k_base + (seq_len - 1) * stride_ks + d, mask=new_mask, other=0.0)
-        v_new = tl.load(v_base + (seq_len - 1) * stride_vs + d, mask=new_mask, other=0.0)
+        k_new = tl.load(k_base + (seq_len - 1) * stride_ks + d, mask=new_mask, other=0.0, cache_modifier=".cg")
+        v_new = tl.load(v_base + (seq_len - 1) * stride_vs + d, mask=new_mask, other=0.0, cache_modifier=".cg")
         k = tl.where(newest[:, None], k_new[None, :], k)
         v = tl.where(newest[:, None], v_new[None, :], v)
         q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],

@@ -256,8 +256,9 @@ class GraphDecoder:
 
     @torch.no_grad()
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step of the current batch: replay its bucket's graph (or run it). Returns views of the static
-        outputs: logits (B, V) and greedy tokens (B,), valid until the next step. No host synchronization.
+        """One decode step of the current batch: replay its bucket's graph (or run it). Returns views of the step's
+        outputs: logits (B, V) and greedy tokens (B,), valid until the next step of any bucket (the graphs share one
+        memory pool). No host synchronization.
 
         Raises:
             ValueError: no batch was started, or a row's position reached max_seq_len (checked on the host before

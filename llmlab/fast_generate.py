@@ -143,7 +143,7 @@ def generate_fast(
         if step == 0:
             token = sample(runner.prefill(ids), temperature, top_k, top_p, generator)  # (B,)
         else:
-            logits, greedy = runner.step()  # (B, V), (B,): views of the runner's static outputs
+            logits, greedy = runner.step()  # (B, V), (B,): the step's outputs, valid until the next step
             token = greedy if temperature == 0 else sample(logits, temperature, top_k, top_p, generator)
         out[:, step].copy_(token)
         timer.mark()

@@ -92,6 +92,32 @@ def test_bad_input_gets_a_named_error(bad, err, match):
     assert torch.equal(argmax(ok), ok.argmax(-1))
 
 
+def test_a_vocabulary_beyond_one_launch_is_refused():
+    x = torch.empty(1, am.MAX_V + 1, dtype=torch.float16, device=DEV)  # not filled: refused before any launch
+    with pytest.raises(ValueError, match="torch.argmax"):
+        argmax(x)
+
+
+@pytest.mark.gpu
+def test_rows_further_apart_than_2_to_the_31_elements():
+    """A logits[:, -1] view of (B, T, V) logits puts rows T x V apart; the row offset must not wrap in int32."""
+    stride = 2 ** 31 + 64
+    buf = torch.full((stride + 300,), -1.0, dtype=torch.float16, device="cuda")  # 4 GB
+    x = buf.as_strided((2, 300), (stride, 1))
+    x[0, 17], x[1, 250] = 5.0, 7.0
+    assert argmax(x).tolist() == [17, 250]
+
+
+@pytest.mark.gpu
+def test_a_first_call_during_graph_capture_is_refused_with_the_fix():
+    x = torch.randn(3, 5000, device="cuda")  # (3 rows, 8 partial slots): not used by any other test
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="warm-up"):
+        with torch.cuda.graph(graph):
+            argmax(x)
+    assert torch.equal(argmax(x), x.argmax(-1))  # warmed up: now it captures (and is usable eagerly)
+
+
 @torch.no_grad()
 def test_the_switch_puts_it_in_the_decode_step_and_greedy_tokens_stay_the_same(monkeypatch):
     """With the Triton kernels switch on, `decode_step` picks tokens with this kernel (a spy counts the calls),

@@ -429,7 +429,12 @@ def test_trigger_next_must_be_a_bool_and_head_dim_one_takes_any_stride():
     torch.testing.assert_close(decode_attention(q, kt, v), decode_attention_reference(q, kt, v), **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("config", [da.SPLIT_CONFIGS[0], da.SPLIT_CONFIGS[-1], da._DEFAULT_CONFIG],
+_PREFETCH_CONFIGS = [da._DEFAULT_CONFIG,  # several splits, the merge kernel
+                     next(c for c in da.SPLIT_CONFIGS if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] == 64),
+                     da.SPLIT_CONFIGS[-1]]  # one split of up to 2048 keys: the first tile, then the loop
+
+
+@pytest.mark.parametrize("config", _PREFETCH_CONFIGS,
                          ids=lambda c: "N{BLOCK_N}-S{SPLIT_N}-F{FUSED_MERGE:d}".format(**c.kwargs))
 def test_prefetch_kv_equals_the_reference(config):
     """prefetch_kv: the first tile is read before the (PDL) wait and the newest slot again after; same answers at
@@ -441,6 +446,42 @@ def test_prefetch_kv_equals_the_reference(config):
                                **TOL[torch.float32])
     torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, prefetch_kv=True, num_splits=5), want,
                                **TOL[torch.float32])
+
+
+@pytest.mark.skipif(not interpret_mode(), reason="simulates PDL by replacing gdc_wait, which only the interpreter "
+                                                "looks up at run time")
+@pytest.mark.parametrize("config", _PREFETCH_CONFIGS + [None],
+                         ids=lambda c: "num_splits" if c is None else "N{BLOCK_N}-S{SPLIT_N}-F{FUSED_MERGE:d}".format(
+                             **c.kwargs))
+def test_prefetch_kv_rereads_the_newest_slot_after_the_wait(config, monkeypatch):
+    """PDL simulated in the interpreter: at each program's start (`gdc_launch_dependents`) the newest slot of every
+    row holds the OLD key/value (the kernel before has not written it yet); `gdc_wait` writes the new ones. A
+    program that kept its prefetched copy of that slot would attend to the old values and differ from the
+    reference over the final cache (checked: taking out the re-read of K or of V fails this test)."""
+    B, H, Hkv, S, hd = 8, 6, 2, 300, 24
+    q, k, v = _qkv(B, H, Hkv, S, hd, seed=7)
+    lens_list = [300, 1, 33, 130, 64, 65, 256, 2]  # newest slot: first tile, only slot, later tiles, split edges
+    lens = torch.tensor(lens_list, device=DEV)
+    rows, slots = torch.arange(B), lens - 1
+    g = torch.Generator().manual_seed(8)
+    old_k, old_v = k[rows, :, slots].clone(), v[rows, :, slots].clone()  # (B, Hkv, hd)
+    new_k, new_v = torch.randn(B, Hkv, hd, generator=g) * 3, torch.randn(B, Hkv, hd, generator=g) * 3
+
+    def stale():
+        k[rows, :, slots], v[rows, :, slots] = old_k, old_v
+
+    def written():
+        k[rows, :, slots], v[rows, :, slots] = new_k, new_v
+
+    monkeypatch.setattr(triton.language.extra.cuda, "gdc_launch_dependents", lambda *a, **kw: stale())
+    monkeypatch.setattr(triton.language.extra.cuda, "gdc_wait", lambda *a, **kw: written())
+    monkeypatch.setattr(da, "_pdl_kwargs", lambda device: {"PDL": True})
+    if config is None:
+        out = da._decode(q, k, v, lens, hd ** -0.5, num_splits=5, prefetch_kv=True)
+    else:
+        out = da._decode(q, k, v, lens, hd ** -0.5, config=config, prefetch_kv=True)
+    written()  # the cache as the kernel before left it
+    torch.testing.assert_close(out, decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
 
 
 def test_prefetch_kv_needs_lengths_and_a_bool():

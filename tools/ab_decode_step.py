@@ -1,7 +1,11 @@
 """Same-process A/B of batch-1 decode-step variants (a device-call tool; CUDA only).
 
-    python tools/ab_decode_step.py llama-3.2-1b out.json base=LLMLAB_AB_X=0 new=LLMLAB_AB_X=1,LLMLAB_AB_Y=1 \
+    python tools/ab_decode_step.py llama-3.2-1b out.json off=MY_SWITCH=0 on=MY_SWITCH=1,OTHER=1 \
         [--rounds 4] [--prompt-len 128] [--new-tokens 256]
+
+A variant is NAME=ENV,ENV...: environment variables set while its runner is captured — the temporary A/B
+switches a device call adds to the code under test (calls AX-AY used LLMLAB_AB_TAIL, LLMLAB_AB_ROPE_GEMV and
+LLMLAB_AB_PREFETCH, since removed), or settings the kernels read at launch such as LLMLAB_PDL.
 
 Separate `llmlab bench` runs of two variants differ by 1-3% from run to run (each process autotunes its kernels
 anew, clocks drift), which hides a change of a few microseconds per token. Here ONE model with ONE set of
@@ -32,9 +36,11 @@ def main(argv: list[str]) -> None:
     it = iter(argv)
     for a in it:
         if a in opts:
-            opts[a] = int(next(it))
+            opts[a] = int(next(it, "0"))
         else:
             args.append(a)
+    if len(args) < 3 or opts["--new-tokens"] < 2:
+        raise SystemExit(__doc__)
     model_name, out, specs = args[0], args[1], args[2:]
     variants = {}
     for spec in specs:
