@@ -19,5 +19,5 @@ top-level `kernels` module: an unrelated PyPI package already owns that name. Im
     lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb
 
 Importing this package imports no triton; the op modules do. Without a GPU, set TRITON_INTERPRET=1 before
-importing triton to run the kernels (slowly, fp32) in Triton's CPU interpreter.
+importing triton to run the kernels (slowly; fp32, and fp16 where numpy has it) in Triton's CPU interpreter.
 """

@@ -98,7 +98,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
             CUDA's limit on the grid's second dimension).
 
     Returns:
-        (B,) int64 on x's device: the first position of each row's maximum (NaN counts as the maximum).
+        (B,) int64 on x's device: the first position of each row's maximum. NaN counts as the maximum; a row
+        holding +inf before a NaN gets the +inf's position (torch.argmax: the NaN's).
 
     Raises:
         ValueError: x not 2-D, B or V zero, a non-contiguous last dimension, V > MAX_V. TypeError: not a tensor,
@@ -108,8 +109,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     """
     check_tensors("argmax", DTYPES, x=x)
     if x.dim() != 2:
-        raise ValueError(f"argmax: x must be (B, V) logits, got shape {tuple(x.shape)}; for one row use "
-                         f"x[None]")
+        raise ValueError(f"argmax: x must be (B, V) logits, got shape {tuple(x.shape)}; for the last position "
+                         f"of (B, T, V) logits pass logits[:, -1], for one row of V pass x[None]")
     B, V = x.shape
     if B == 0 or V == 0:
         raise ValueError(f"argmax: x {tuple(x.shape)} is empty; need at least one row of at least one logit")

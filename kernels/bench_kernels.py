@@ -93,6 +93,9 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
     want = {"elementwise", "attention", "matmul", "gemv"} if ops == "all" else set(ops.split(","))
     from llmlab.bench import result_row
 
+    from llmlab.sampling import argmax_rows
+
+    from .argmax import argmax
     from .decode_attention import decode_attention, decode_attention_reference
     from .fused_gemv import fused_gemv, fused_gemv_reference
     from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul,
@@ -139,6 +142,13 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
             g, u = rand(n_rows, N), rand(n_rows, N)
             return (lambda: swiglu(g, u)), (lambda: swiglu_reference(g, u))
         add("swiglu", [n_rows, N], 3 * n_rows * N * es, make_swiglu)
+    V = 1000 if smoke else 128256  # Llama 3's vocabulary: the greedy token after the LM head
+    for n_rows in ((1,) if smoke else (1, 64)) if "elementwise" in want else ():
+        def make_argmax(n_rows=n_rows):
+            x = rand(n_rows, V)
+            return (lambda: argmax(x)), (lambda: argmax_rows(x))  # the PyTorch path of llmlab.sampling
+        add("argmax", [n_rows, V], n_rows * V * es, make_argmax)
+        rows[-2]["max_rel_err"] = _check(*make_argmax(), tol=0.0)  # the same indices
     for T in ((1, 8) if smoke else (1, 16384)) if "elementwise" in want else ():
         def make_rope(T=T):
             q, k = rand(1, T, H, hd).transpose(1, 2), rand(1, T, Hkv, hd).transpose(1, 2)

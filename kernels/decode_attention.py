@@ -129,7 +129,7 @@ def _decode_split_kernel(
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    b = pid // Hkv
+    b = (pid // Hkv).to(tl.int64)  # 64-bit row offsets: a large batch's cache passes 2**31 elements
     kvh = pid % Hkv
     split = tl.program_id(1)
     if HAS_LENS:
@@ -633,6 +633,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
                                    or num_splits < 1):
         raise ValueError(f"decode_attention: num_splits must be a whole number >= 1 (or None for the tuned "
                          f"split), got {num_splits!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"decode_attention: scale must be a number (the softmax scale, default 1/sqrt(hd)), got "
+                        f"{scale!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
     prefetch_kv = check_flag("decode_attention", "prefetch_kv", prefetch_kv)

@@ -95,7 +95,8 @@ class GraphDecoder:
 
     Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `buckets`, `cache` (the StaticKVCache),
     static input buffers `ids` (max_batch, 1) and `pos` (max_batch,), the last step's outputs `logits` (B, V) and
-    `tokens` (B,) (views of the bucket's output tensors, which its graph rewrites at each replay),
+    `tokens` (B,) (views of the bucket's output tensors, which its graph rewrites at each replay; None before the
+    first step),
     `compile_mode` (None, "default" or "reduce-overhead").
 
     Raises:
@@ -231,8 +232,15 @@ class GraphDecoder:
         rows, or one per row). The pad rows of B's bucket get token 0 at position 0.
 
         Raises:
-            ValueError: B beyond max_batch, a position outside 0..max_seq_len-1.
+            ValueError: B beyond max_batch, a position outside 0..max_seq_len-1, tokens not one dimension.
+            TypeError: tokens not an integer tensor.
         """
+        if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.is_complex() \
+                or tokens.dtype == torch.bool:
+            raise TypeError(f"start: tokens must be a (B,) integer tensor of token ids, got "
+                            f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+        if tokens.dim() != 1:
+            raise ValueError(f"start: tokens must be one id per row, shape (B,), got {tuple(tokens.shape)}")
         B = tokens.shape[0]
         b = self.bucket(B)
         host_pos = [positions] * B if isinstance(positions, int) else [int(p) for p in positions]

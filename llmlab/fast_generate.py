@@ -25,6 +25,7 @@ between steps without synchronizing.
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -103,9 +104,10 @@ def generate_fast(
 
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
-            sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, a runner too small.
+            sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, max_batch < 1, a
+            runner too small.
             TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type), gpu_sampling / pin_memory not
-            a bool. All checked on the host before anything is launched.
+            a bool, eos_check_every not a whole number. All checked on the host before anything is launched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(gpu_sampling=gpu_sampling, pin_memory=pin_memory)
@@ -113,6 +115,11 @@ def generate_fast(
         mode = runner.mode
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
+    if isinstance(eos_check_every, bool) or not isinstance(eos_check_every, numbers.Integral):
+        raise TypeError(f"eos_check_every={eos_check_every!r}: give a whole number of steps (>= 1)")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, numbers.Integral)
+                                  or max_batch < 1):
+        raise ValueError(f"max_batch={max_batch!r}: give a whole number of rows >= 1, or None")
     if eos_check_every < 1:
         raise ValueError(f"eos_check_every={eos_check_every}: read the tokens at least every 1 step")
     param = next(model.parameters())

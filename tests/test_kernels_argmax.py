@@ -155,3 +155,8 @@ def test_cuda_graph_replay_reads_new_logits_each_time():
         x.copy_(torch.randn(1, 128256, generator=torch.Generator().manual_seed(seed)).to(x))
         graph.replay()
         assert torch.equal(out, x.argmax(-1)), seed
+
+
+def test_a_three_dimensional_input_says_to_take_the_last_position():
+    with pytest.raises(ValueError, match=r"logits\[:, -1\]"):
+        argmax(torch.randn(2, 3, 50, device=DEV))

@@ -484,6 +484,16 @@ def test_prefetch_kv_rereads_the_newest_slot_after_the_wait(config, monkeypatch)
     torch.testing.assert_close(out, decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
 
 
+def test_scale_must_be_a_number():
+    q, k, v = _qkv(1, 4, 2, 8, 16)
+    with pytest.raises(TypeError, match="scale must be a number"):
+        decode_attention(q, k, v, scale="x")
+    import numpy as np
+
+    torch.testing.assert_close(decode_attention(q, k, v, scale=np.float32(0.25)),
+                               decode_attention(q, k, v, scale=0.25), **TOL[torch.float32])
+
+
 def test_prefetch_kv_needs_lengths_and_a_bool():
     q, k, v = _qkv(1, 4, 2, 8, 16)
     with pytest.raises(TypeError, match="prefetch_kv needs seq_lens"):

@@ -182,6 +182,21 @@ def test_step_checks_positions_on_the_host(model):
         r.prefill(prompt_ids(1, 17))
     with pytest.raises(ValueError, match="start"):
         GraphDecoder(model, max_batch=1, max_seq_len=16, cuda_graphs=False).step()
+    with pytest.raises(TypeError, match="integer tensor"):
+        r.start(token.float(), 3)
+    with pytest.raises(ValueError, match=r"shape \(B,\)"):
+        r.start(token[:, None], 3)
+    r.start(token, 3)  # usable after the errors
+    assert r.step()[1].shape == (2,)
+
+
+def test_generate_fast_checks_eos_check_every_and_max_batch(model):
+    with pytest.raises(TypeError, match="whole number of steps"):
+        generate_fast(model, PROMPT, max_new_tokens=4, mode="static", eos_check_every=2.5)
+    for bad in (0, -1, "2"):
+        with pytest.raises(ValueError, match="max_batch"):
+            generate_fast(model, PROMPT, max_new_tokens=4, mode="static", max_batch=bad)
+    assert len(generate_fast(model, PROMPT, max_new_tokens=4, mode="static").token_ids[0]) == 4
 
 
 def test_graphs_need_a_gpu(model):
