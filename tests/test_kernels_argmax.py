@@ -108,6 +108,14 @@ def test_rows_further_apart_than_2_to_the_31_elements():
     assert argmax(x).tolist() == [17, 250]
 
 
+def test_new_scratch_during_a_graph_capture_is_refused(monkeypatch):
+    """The check itself (on any machine): a new (device, rows, slots) key met while a CUDA stream is capturing."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="warm-up"):
+        am._scratch(torch.device("cuda", 0), 7, 8)  # refused before anything is allocated
+    assert (torch.device("cuda", 0), 7, 8) not in am._scratch_buffers
+
+
 @pytest.mark.gpu
 def test_a_first_call_during_graph_capture_is_refused_with_the_fix():
     x = torch.randn(3, 5000, device="cuda")  # (3 rows, 8 partial slots): not used by any other test
