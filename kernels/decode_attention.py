@@ -577,9 +577,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             kernel always lets the next kernel launch at its start.
         prefetch_kv: (with seq_lens) the caller promises that seq_lens and every cached key and value but each
             sequence's newest (slot seq_lens[b] - 1) were written before the kernel launched just before this
-            call started — as in the model's decode step, where that kernel (the q/k/v GEMV's RoPE + cache-write
-            epilogue) writes only the new token's K/V. Then, with PDL, each split program loads its first K/V tile
-            BEFORE it waits for that kernel, and reads the newest slot again after. Without PDL it changes nothing.
+            call started — as in the model's decode step, where that kernel (`rope_and_cache_`) writes only the
+            new token's K/V. Then, with PDL, each split program loads its first K/V tile BEFORE it waits for that
+            kernel, and reads the newest slot again after. Without PDL it changes nothing. Measured on the H200
+            (call AY, 1B chat decode, one process): 851 -> 844 us per step; at 8K context unchanged.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
