@@ -133,9 +133,13 @@ def generate_fast(
 
     if runner is None:
         runner = runner_for(model, mode, B, T + max_new_tokens, max_batch)  # may capture / compile (once)
-    elif runner.model is not model or B > runner.max_batch or T + max_new_tokens > runner.max_seq_len:
-        raise ValueError(f"the runner ({runner}) is for another model or too small for {B} rows of "
-                         f"{T} + {max_new_tokens} tokens")
+    elif runner.model is not model:
+        raise ValueError(f"the runner ({runner}) was built for another model; build one for this model "
+                         f"(llmlab.cuda_graphs.runner_for) or leave runner=None")
+    elif B > runner.max_batch or T + max_new_tokens > runner.max_seq_len:
+        raise ValueError(f"the runner ({runner}) is too small: {B} rows (it has {runner.max_batch}) of "
+                         f"{T} + {max_new_tokens} tokens (its cache holds {runner.max_seq_len}); build a larger "
+                         f"one or leave runner=None")
     ids = to_device(ids, device, pin_memory)
     every = eos_check_every if gpu_sampling else 1
     out = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # the tokens, on the device

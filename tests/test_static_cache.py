@@ -190,6 +190,19 @@ def test_step_checks_positions_on_the_host(model):
     assert r.step()[1].shape == (2,)
 
 
+def test_a_runner_given_by_hand_must_fit_the_model_and_the_request(model):
+    from tiny_models import tiny_model
+
+    runner = GraphDecoder(model, max_batch=1, max_seq_len=16, cuda_graphs=False)
+    with pytest.raises(ValueError, match="built for another model"):
+        generate_fast(tiny_model(seed=9), PROMPT[:4], max_new_tokens=2, runner=runner)
+    with pytest.raises(ValueError, match=r"too small: 2 rows \(it has 1\)"):
+        generate_fast(model, [PROMPT[:4], PROMPT[:4]], max_new_tokens=2, runner=runner)
+    with pytest.raises(ValueError, match="its cache holds 16"):
+        generate_fast(model, PROMPT[:4], max_new_tokens=20, runner=runner)
+    assert len(generate_fast(model, PROMPT[:4], max_new_tokens=2, runner=runner).token_ids[0]) == 2
+
+
 def test_generate_fast_checks_eos_check_every_and_max_batch(model):
     with pytest.raises(TypeError, match="whole number of steps"):
         generate_fast(model, PROMPT, max_new_tokens=4, mode="static", eos_check_every=2.5)
