@@ -150,10 +150,6 @@ def _decode_split_kernel(
     hmask = hi < N_REP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HD
-    if not PREFETCH:  # (with PREFETCH: after the wait, below)
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                    mask=hmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_H, BLOCK_D)
-
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -174,8 +170,9 @@ def _decode_split_kernel(
         v_new = tl.load(v_base + (seq_len - 1) * stride_vs + d, mask=new_mask, other=0.0, cache_modifier=".cg")
         k = tl.where(newest[:, None], k_new[None, :], k)
         v = tl.where(newest[:, None], v_new[None, :], v)
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                    mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_H, BLOCK_D), after any wait
+    if PREFETCH:
         if start < end:
             p, alpha, m_i, l_i = _tile_scores(q, k, n < end, m_i, l_i, scale, IEEE)
             acc = _tile_output(p, v, alpha, acc, IEEE)
