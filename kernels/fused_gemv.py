@@ -277,13 +277,27 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     n_out = N // 2 if swiglu_out else N
     y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    _fused_gemv_kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
+    kernel = _fused_gemv_kernel
+    force = _ab_forced(n_out, K)  # AB-TEMP (call BB)
+    if force is not None:
+        kernel = _fused_gemv_kernel.fn
+    kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
         n_out, K, float(eps),
         weight.stride(0),
-        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device),
+        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device), **(force or {}),
     )
     return y
+
+
+def _ab_forced(n_out, K):  # AB-TEMP (call BB): LLMLAB_AB_GEMV="NxK:BLOCK_N/BLOCK_K/warps/STAGES;..."
+    import os
+    for item in filter(None, os.environ.get("LLMLAB_AB_GEMV", "").split(";")):
+        shape, cfg = item.split(":")
+        if shape == f"{n_out}x{K}":
+            bn, bk, w, st = (int(v) for v in cfg.split("/"))
+            return {"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st, "num_warps": w}
+    return None
 
 
 if __name__ == "__main__":

@@ -25,6 +25,15 @@ import sys
 import torch
 
 
+def _tuned_configs() -> dict:
+    """{kernel: {autotuning key: chosen config}} of the decode step's autotuned kernels, as strings."""
+    from llmlab.kernels import decode_attention, fused_gemv
+
+    return {name: {str(key): str(cfg) for key, cfg in kernel.cache.items()}
+            for name, kernel in (("fused_gemv", fused_gemv._fused_gemv_kernel),
+                                 ("decode_attention", decode_attention._decode_split_tuned))}
+
+
 def main(argv: list[str]) -> None:
     from llmlab.bench import load_bench_model
     from llmlab.cuda_graphs import GraphDecoder
@@ -64,6 +73,10 @@ def main(argv: list[str]) -> None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+    tuned = _tuned_configs()
+    for kernel, picks in tuned.items():
+        for key, cfg in picks.items():
+            print(f"tuned {kernel}: {key} -> {cfg}", flush=True)
     per = {name: [] for name in variants}
     for _ in range(opts["--rounds"]):
         for name, runner in runners.items():
@@ -82,7 +95,8 @@ def main(argv: list[str]) -> None:
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "commit": os.environ.get("LLMLAB_COMMIT", "?"),
                    "versions": {"torch": torch.__version__, "triton": triton.__version__}, "model": model_name,
-                   "prompt_len": n_prompt, "new_tokens": n_new, "rounds": opts["--rounds"], "results": rows}, f,
+                   "prompt_len": n_prompt, "new_tokens": n_new, "rounds": opts["--rounds"], "results": rows,
+                   "tuned_configs": tuned}, f,
                   indent=1)
 
 
