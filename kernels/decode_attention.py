@@ -24,7 +24,6 @@ cache's `[:B, :, :end]` views go in without a copy).
 from __future__ import annotations
 
 import functools
-import os as _os  # AB-TEMP (call BB)
 import math
 import numbers
 
@@ -112,7 +111,6 @@ def _decode_split_kernel(
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, PREFETCH: tl.constexpr = False,
-    LATE_TRIGGER: tl.constexpr = False,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -127,12 +125,9 @@ def _decode_split_kernel(
     wait for the kernel before — which may write only each row's newest key and value (slot seq_len - 1), read
     again after the wait."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
-        if not LATE_TRIGGER:  # anything, wait for the kernel before this one to complete
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
-            if LATE_TRIGGER:
-                tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     b = (pid // Hkv).to(tl.int64)  # 64-bit row offsets: a large batch's cache passes 2**31 elements
     kvh = pid % Hkv
@@ -168,8 +163,6 @@ def _decode_split_kernel(
         v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
         if PDL:
             tl.extra.cuda.gdc_wait()
-            if LATE_TRIGGER:
-                tl.extra.cuda.gdc_launch_dependents()
         newest = (n == seq_len - 1) & (n < end)  # at most one lane
         slot = seq_len - 1 + 0 * d  # the newest slot on every lane: is it in this tile?
         new_mask = dmask & (slot >= start) & (slot < start + BLOCK_N) & (slot < end)
@@ -543,7 +536,6 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
             BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), PREFETCH=prefetch_kv,
-            LATE_TRIGGER=_os.environ.get("LLMLAB_AB_LATE_TRIGGER") == "1",  # AB-TEMP (call BB)
             **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key

@@ -211,7 +211,7 @@ def _fused_gemv_kernel(
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
                swiglu: bool = False, residual: torch.Tensor | None = None,
-               swiglu_out: bool = False) -> torch.Tensor:
+               swiglu_out: bool = False, config: triton.Config | None = None) -> torch.Tensor:
     """y = [residual +] epilogue(weight @ prologue(x)) for ONE token, in one launch.
 
     Args:
@@ -224,6 +224,9 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         swiglu_out: weight is a fused [gate; up] projection (2I, K): the output is silu(gate) * up, (..., I) — the
             SwiGLU done on the way out, so the down projection after it reads I numbers with no prologue (instead
             of 2I with `swiglu`). Not together with residual.
+        config: launch with this tile (a `triton.Config` with BLOCK_N, BLOCK_K and STAGES, e.g. one of
+            `candidate_configs`) instead of the autotuner's pick — how `step_tuning` runs the configs it chose by
+            timing the whole decode step. None: the autotuner's.
 
     Returns:
         (..., N): x's leading dimensions with the last one N (N / 2 with swiglu_out), in x's dtype.
@@ -232,7 +235,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
             or weight rows; swiglu_out with an odd number of weight rows or with a residual.
         TypeError: unsupported or mismatched dtypes, an argument that is not a tensor (see `check_tensors`);
-            swiglu or swiglu_out not True/False.
+            swiglu or swiglu_out not True/False; config not a triton.Config with BLOCK_N, BLOCK_K and STAGES.
     """
     tensors = {"x": x, "weight": weight}
     if norm_weight is not None:
@@ -277,27 +280,30 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     n_out = N // 2 if swiglu_out else N
     y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
-    kernel = _fused_gemv_kernel
-    force = _ab_forced(n_out, K)  # AB-TEMP (call BB)
-    if force is not None:
-        kernel = _fused_gemv_kernel.fn
+    kernel, meta = _fused_gemv_kernel, {}
+    if config is not None:  # this tile, not the autotuner's: the plain jit kernel with the config's parameters
+        if not isinstance(config, triton.Config) or not {"BLOCK_N", "BLOCK_K", "STAGES"} <= set(config.kwargs):
+            raise TypeError(f"fused_gemv: config must be a triton.Config with BLOCK_N, BLOCK_K and STAGES (see "
+                            f"candidate_configs), got {config!r}")
+        kernel, meta = _fused_gemv_kernel.fn, config.all_kwargs()
     kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
         n_out, K, float(eps),
         weight.stride(0),
-        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device), **(force or {}),
+        PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device), **meta,
     )
     return y
 
 
-def _ab_forced(n_out, K):  # AB-TEMP (call BB): LLMLAB_AB_GEMV="NxK:BLOCK_N/BLOCK_K/warps/STAGES;..."
-    import os
-    for item in filter(None, os.environ.get("LLMLAB_AB_GEMV", "").split(";")):
-        shape, cfg = item.split(":")
-        if shape == f"{n_out}x{K}":
-            bn, bk, w, st = (int(v) for v in cfg.split("/"))
-            return {"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st, "num_warps": w}
-    return None
+def candidate_configs(weight: torch.Tensor, swiglu_out: bool = False) -> list:
+    """The tiles the autotuner would time for a `fused_gemv` of this weight ((N, K); with swiglu_out a [gate; up]
+    weight): `CONFIGS` after its pruning (`_prune`: with PDL, the whole-row tiles for small weights, else the
+    streaming ones). One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0).
+    `step_tuning` times each of them inside the decode step."""
+    N, K = weight.shape
+    n_out = N // 2 if swiglu_out else N
+    return _prune(list(CONFIGS), {"N": n_out, "K": K, "w_ptr": weight},
+                  GLU=swiglu_out, PDL=pdl_kwargs(weight.device)["PDL"])
 
 
 if __name__ == "__main__":

@@ -276,18 +276,38 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
+    tiles = model.__dict__.get(GEMV_CONFIGS_ATTR, {})  # {role: triton.Config} chosen in the step (step_tuning)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         w_qkv, _, _ = _fused_linear(attn, "_llmlab_fused_qkv")
-        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+        qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps,
+                           config=tiles.get("qkv"))  # (1, 1, (H + 2 Hkv) hd)
         y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
                                      inv_freq=inv_freq)
-        h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h)  # h + o_proj(y)
+        h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h, config=tiles.get("o"))  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
-        act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True)  # (1, 1, I)
-        h = K.fused_gemv(act, mlp.down_proj.weight, residual=h)  # h + down(silu(gate) * up)
+        act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True,
+                           config=tiles.get("gate_up"))  # (1, 1, I)
+        h = K.fused_gemv(act, mlp.down_proj.weight, residual=h, config=tiles.get("down"))  # h + down(swiglu)
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
+
+
+# The batch-1 decode step's four GEMVs per layer (`_one_token_decode`), by role. `step_tuning` may choose a tile
+# for each by timing the whole captured step; the choices live in the model's __dict__ under GEMV_CONFIGS_ATTR
+# (forgotten by `disable`), and `llmlab.cuda_graphs.weights_fingerprint` includes them, so graphs captured with
+# other tiles are not reused.
+GEMV_ROLES = ("qkv", "o", "gate_up", "down")
+GEMV_CONFIGS_ATTR = "_llmlab_gemv_configs"
+
+
+def gemv_weights(model) -> dict:
+    """{role: (weight of layer 0, swiglu_out)} of the batch-1 decode step's GEMVs (the layers share shapes)."""
+    layer = model.layers[0]
+    w_qkv, _, _ = _fused_linear(layer.self_attn, "_llmlab_fused_qkv")
+    w_gate_up, _, _ = _fused_linear(layer.mlp, "_llmlab_fused_gate_up")
+    return {"qkv": (w_qkv, False), "o": (layer.self_attn.o_proj.weight, False), "gate_up": (w_gate_up, True),
+            "down": (layer.mlp.down_proj.weight, False)}
 
 
 def _greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -333,6 +353,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
         if type(module) in targets and "forward" in module.__dict__:
             del module.forward
         module.__dict__.pop("_llmlab_argmax", None)
+        module.__dict__.pop(GEMV_CONFIGS_ATTR, None)
         for attr in _FUSED:
             module.__dict__.pop(attr, None)  # forget the fused tensor (the layers' weights stay views of it: the
             # concatenated storage is the weights' own memory, nothing extra to free)

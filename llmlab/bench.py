@@ -775,9 +775,13 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             warm_tokens = new_tokens if full else min(SHORT_WARMUP_TOKENS, new_tokens)
             runs, hw, warm = timed(lambda: run_llmlab(run_llm, kwargs, prompts, new_tokens), dev, repeats, sample,
                                    warmup=lambda: run_llmlab(run_llm, kwargs, prompts, warm_tokens))
+            tuned = {}
+            if r.settings.get("step_tuning"):  # the tiles step tuning chose ({} = the autotuner's picks kept)
+                tiles = run_llm.model.__dict__.get("_llmlab_gemv_configs", {})
+                tuned = {"gemv_tiles": {role: str(c) for role, c in tiles.items()}}
             add_row(r.name, r.step.label, weights_label(r.step, run_llm.dtype),
                     weight_bytes_per_param(r.step, run_llm.dtype), runs, hw, warm, settings=r.settings,
-                    setting_label=describe(r.settings), note=r.step.note)
+                    setting_label=describe(r.settings), note=r.step.note, **tuned)
         except Exception as e:  # one broken rung must not lose the others
             failed(r.name, e)
         finally:

@@ -186,3 +186,35 @@ register(Switch("triton_kernels", "Triton kernels", False,
                 "run RMSNorm, SwiGLU, RoPE and decode attention as hand-written Triton kernels (one launch per op, "
                 "flash-decoding split over the sequence) instead of PyTorch's chains of small kernels",
                 _triton_kernels, available=_triton_available))
+
+
+# -- step tuning (llmlab.kernels.step_tuning) --------------------------------------------------------------------
+# Chooses the Triton kernels' GEMV tiles by timing the captured batch-1 decode step (once per model; ~10 s on a GPU),
+# instead of the autotuner's picks made by timing each GEMV alone. Off: the autotuner's picks again.
+
+_STEP_TILES = "_llmlab_step_tuned"  # the tiles tuning chose, kept on the model so that on -> off -> on does not retune
+
+
+def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
+    from .kernels import patch_model
+
+    model = llm.model
+    if not value:
+        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
+        return llm
+    if not patch_model.is_enabled(model):
+        raise ValueError("step tuning chooses the Triton kernels' tiles: turn the triton_kernels switch on too")
+    if _STEP_TILES not in model.__dict__:
+        from .kernels import step_tuning
+
+        model.__dict__["_llmlab_step_tuning_report"] = step_tuning.tune_decode_step(model, log=print)
+        model.__dict__[_STEP_TILES] = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
+    elif model.__dict__[_STEP_TILES]:
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(model.__dict__[_STEP_TILES])
+    return llm
+
+
+register(Switch("step_tuning", "step tuning", False,
+                "choose each Triton GEMV's tile by timing the whole captured decode step (batch 1), not the GEMV "
+                "alone: inside the step, kernels overlap their neighbours (programmatic dependent launch)",
+                _step_tuning, available=_triton_available))

@@ -5,7 +5,10 @@
 
 A variant is NAME=ENV,ENV...: environment variables set while its runner is captured — the temporary A/B
 switches a device call adds to the code under test (calls AX-AY used LLMLAB_AB_TAIL, LLMLAB_AB_ROPE_GEMV and
-LLMLAB_AB_PREFETCH, since removed), or settings the kernels read at launch such as LLMLAB_PDL.
+LLMLAB_AB_PREFETCH, call BB LLMLAB_AB_LATE_TRIGGER and LLMLAB_AB_GEMV, since removed), or settings the kernels
+read at launch such as LLMLAB_PDL. STEP_TUNING=1 (not an environment setting): the variant's runner is captured
+with the GEMV tiles `llmlab.kernels.step_tuning` chooses (tuned once, before that variant's capture; the time it
+took and its report go into the JSON).
 
 Separate `llmlab bench` runs of two variants differ by 1-3% from run to run (each process autotunes its kernels
 anew, clocks drift), which hides a change of a few microseconds per token. Here ONE model with ONE set of
@@ -61,13 +64,28 @@ def main(argv: list[str]) -> None:
     prompt = torch.randint(0, llm.config.vocab_size, (n_prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     seq = max(1024, -(-(n_prompt + n_new) // 512) * 512)
     runners = {}
+    tuning = {}
     for name, env in variants.items():
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
+            if env.get("STEP_TUNING") == "1":  # the GEMV tiles chosen by timing the step (kernels/step_tuning.py)
+                if not tuning:
+                    import time
+
+                    from llmlab.kernels import step_tuning
+
+                    generate_fast(model, prompt, max_new_tokens=8, mode="graphs")  # the autotuner's picks first
+                    t0 = time.perf_counter()
+                    tuning["report"] = step_tuning.tune_decode_step(model, log=print)
+                    tuning["seconds"] = time.perf_counter() - t0
+                    tuning["tiles"] = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
+                    print(f"step tuning took {tuning['seconds']:.1f} s", flush=True)
+                model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(tuning["tiles"])
             runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq)  # captured with env set
             generate_fast(model, prompt, max_new_tokens=8, runner=runners[name])  # warm-up
         finally:
+            model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)  # tiles are baked into the captured graph
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -96,7 +114,8 @@ def main(argv: list[str]) -> None:
         json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "commit": os.environ.get("LLMLAB_COMMIT", "?"),
                    "versions": {"torch": torch.__version__, "triton": triton.__version__}, "model": model_name,
                    "prompt_len": n_prompt, "new_tokens": n_new, "rounds": opts["--rounds"], "results": rows,
-                   "tuned_configs": tuned}, f,
+                   "tuned_configs": tuned,
+                   "step_tuning": {"seconds": tuning.get("seconds"), "report": tuning.get("report")}}, f,
                   indent=1)
 
 

@@ -1,0 +1,169 @@
+"""Choose the batch-1 decode step's GEMV tiles by timing the whole captured step, not each GEMV alone.
+
+Triton's autotuner (https://triton-lang.org/main/python-api/generated/triton.autotune.html) times a kernel by
+itself: launch, wait, repeat. Inside a decode step a kernel runs in a different world. With programmatic dependent
+launch its programs start while the kernel before it still streams its own weights, and they load their first tile
+before they wait (`fused_gemv`); the kernel after it does the same to it. A tile that wins alone can lose there,
+and the other way round. Measured on the H200 (call BB, Llama-3.2-1B shape, bf16, chat, one process, four
+alternating rounds): the down projection (2048 x 8192) with the isolated pick (4 rows x 512, one warp, 4 stages)
+gave 850 us per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us.
+
+So this module times the step itself. For each GEMV role of `_one_token_decode` (q/k/v, o, gate/up, down; every
+layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have timed for
+that shape (`fused_gemv.candidate_configs`), replays it, and keeps the fastest. It is coordinate descent — one
+role at a time, the others at their current tile — with the closest few timed again in alternating rounds, so
+that drift hits them alike. The chosen tiles go into the model (`patch_model.GEMV_CONFIGS_ATTR`), where the step
+reads them; runners captured before are not reused (their fingerprint changes).
+
+    from llmlab.kernels import patch_model, step_tuning
+    patch_model.enable(model)                # model: an llmlab Transformer on a CUDA GPU
+    report = step_tuning.tune_decode_step(model)
+
+The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per model.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from . import fused_gemv, patch_model
+
+# roles in the order they are tuned: the largest weights first (their tiles move the step most)
+ORDER = ("gate_up", "down", "qkv", "o")
+
+
+def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
+    """Mean time (ms) of one batch-1 decode step of `model`, replayed from a CUDA graph captured now, with
+    `context` tokens in the cache (their values do not matter for the time): CUDA events around `steps` steps
+    (each a replay plus the device-side advance of the token and position, as `generate_fast` runs them), after
+    three untimed ones. Needs a model on a CUDA GPU."""
+    from llmlab.cuda_graphs import GraphDecoder
+
+    runner = GraphDecoder(model, max_batch=1, max_seq_len=max(1024, context + steps + 8))  # as runner_for's
+    runner.start(torch.zeros(1, dtype=torch.long, device=runner.device), context)
+    for _ in range(3):
+        runner.advance(runner.step()[1])
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        runner.advance(runner.step()[1])
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rounds: int = 3, finalists: int = 3,
+                     keep_margin: float = 0.003, log=None) -> dict:
+    """Choose a tile for each GEMV role of the batch-1 decode step by timing the captured step (see above).
+
+    Args:
+        model: an `llmlab.model.Transformer` with the Triton kernels on (`patch_model.enable`), Llama-shaped (the
+            fused batch-1 step runs it).
+        measure: model -> step time (ms). Default `measure_step_ms` (CUDA). Tests pass a stand-in.
+        candidates: {role: [triton.Config, ...]} to try instead of `fused_gemv.candidate_configs` (a role with one
+            candidate or none is left alone: with autotuning off there is one).
+        rounds: alternating rounds over the finalists (the role's current tile and the `finalists` fastest of the
+            first pass); each is kept by its median.
+        keep_margin: the role's current tile (at first the autotuner's pick) stays unless the fastest finalist is
+            faster by more than this fraction — below it, the difference is noise (~0.5% between rounds).
+        log: a print-like callable for one line per role, or None.
+
+    Returns:
+        {role: {"chosen": str, "current": str, "step_ms": {config: median ms}, "first_pass_ms": {config: ms}}}
+        ("autotuner" names the autotuner's own pick). The chosen tiles are stored on the model.
+
+    Raises:
+        ValueError: the Triton kernels are not on, or the model is not one the fused batch-1 step runs.
+        RuntimeError: no `measure` given and no CUDA GPU. On any error (or an interrupt) the model keeps the
+        tiles it had before the call.
+    """
+    if not patch_model.is_enabled(model):
+        raise ValueError("tune_decode_step: turn the Triton kernels on first (llmlab.kernels.patch_model.enable, "
+                         "or the triton_kernels switch); their batch-1 decode step is what it tunes")
+    probe = next(model.parameters())
+    if not patch_model._one_token_fusable(model, probe):
+        raise ValueError("tune_decode_step: this model's decode step does not run the fused batch-1 GEMVs "
+                         "(biases, a sliding window or mixed dtypes); there are no tiles to choose")
+    if measure is None:
+        if probe.device.type != "cuda":
+            raise RuntimeError(f"tune_decode_step: timing the captured step needs a CUDA GPU (the model is on "
+                               f"{probe.device}); pass measure= to time it another way")
+        measure = measure_step_ms
+    if rounds < 1 or finalists < 1:
+        raise ValueError(f"tune_decode_step: rounds and finalists must be >= 1, got {rounds}, {finalists}")
+    weights = patch_model.gemv_weights(model)
+    before = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
+    tiles = dict(before)
+    report = {}
+    try:
+        for role in ORDER:
+            weight, glu = weights[role]
+            cands = (candidates or {}).get(role)
+            if cands is None:
+                cands = fused_gemv.candidate_configs(weight, swiglu_out=glu)
+            if len(cands) < 2:
+                continue
+            report[role] = _tune_role(model, tiles, role, cands, measure, rounds, finalists, keep_margin)
+            if log is not None:
+                r = report[role]
+                log(f"step tuning {role:7s}: {r['chosen']} ({r['step_ms'][r['chosen']]:.4f} ms/step; "
+                    f"{r['current']}: {r['step_ms'][r['current']]:.4f})")
+    except BaseException:
+        _set_tiles(model, before)
+        raise
+    _set_tiles(model, tiles)
+    return report
+
+
+def _name(config) -> str:
+    return "autotuner" if config is None else str(config)
+
+
+def _set_tiles(model, tiles: dict) -> None:
+    if tiles:
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(tiles)
+    else:
+        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
+
+
+def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int, finalists: int,
+               keep_margin: float) -> dict:
+    """Time the step with each of `cands` for `role` (the other roles as in `tiles`), then the current tile and
+    the fastest few in alternating rounds; set tiles[role] to the winner. Returns the role's report."""
+    current = tiles.get(role)  # None: the autotuner's pick
+
+    def timed(config):
+        _set_tiles(model, {**tiles, role: config} if config is not None else
+                   {r: c for r, c in tiles.items() if r != role})
+        return measure(model)
+
+    first = {}
+    by_name = {_name(current): current}
+    for config in cands:
+        by_name[_name(config)] = config
+        try:
+            first[_name(config)] = timed(config)
+        except Exception as e:  # noqa: BLE001 -- a tile this GPU cannot launch (registers, shared memory)
+            first[_name(config)] = float("inf")
+            by_name[_name(config)] = e
+    finals = [_name(current)] + [n for n in sorted(first, key=first.get) if n != _name(current)
+                                 and first[n] != float("inf")][:finalists]
+    times = {n: [] for n in finals}
+    for _ in range(rounds):
+        for n in finals:
+            times[n].append(timed(by_name[n]))
+    med = {n: statistics.median(ts) for n, ts in times.items()}
+    best = min(med, key=med.get)
+    if best != _name(current) and med[best] < med[_name(current)] * (1 - keep_margin):
+        chosen = best
+    else:
+        chosen = _name(current)
+    if by_name[chosen] is None:
+        tiles.pop(role, None)
+    else:
+        tiles[role] = by_name[chosen]
+    _set_tiles(model, tiles)
+    return {"chosen": chosen, "current": _name(current), "step_ms": med,
+            "first_pass_ms": {n: t for n, t in first.items()}}

@@ -1,0 +1,237 @@
+"""Step tuning (llmlab/kernels/step_tuning.py): the batch-1 decode GEMVs' tiles chosen by timing the whole step.
+
+On a CPU the kernels run in Triton's interpreter (fp32) and the step's time comes from a stand-in `measure` that
+reads which tiles the model holds; the GPU test times the real captured step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from llmlab.kernels._util import interpret_mode
+from tiny_models import tiny_model
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not interpret_mode():
+    pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from llmlab.kernels import fused_gemv as fg  # noqa: E402
+from llmlab.kernels import patch_model, step_tuning  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TILES = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
+         for n, k, st, w in [(1, 32, 1, 1), (2, 64, 2, 2), (4, 128, 1, 4), (8, 32, 3, 1)]]
+
+
+@pytest.mark.parametrize("config", TILES, ids=str)
+@pytest.mark.parametrize("fusion", ["norm", "residual", "swiglu_out", "swiglu"])
+@pytest.mark.parametrize("K", [7, 96, 200])
+def test_every_tile_computes_the_same_gemv(config, fusion, K):
+    """A forced tile (as step tuning runs them) equals the unfused PyTorch ops, K not a multiple of the tile
+    included (masked lanes must not leak)."""
+    g = torch.Generator().manual_seed(K)
+    N = 10 if fusion == "swiglu_out" else 9
+    w = torch.randn(N, K, generator=g).to(DEV)
+    x = torch.randn(1, 2 * K if fusion == "swiglu" else K, generator=g).to(DEV)
+    kw = dict(norm_weight=torch.randn(K, generator=g).to(DEV) if fusion == "norm" else None,
+              residual=torch.randn(1, N, generator=g).to(DEV) if fusion == "residual" else None,
+              swiglu=fusion == "swiglu", swiglu_out=fusion == "swiglu_out")
+    torch.testing.assert_close(fg.fused_gemv(x, w, config=config, **kw), fg.fused_gemv_reference(x, w, **kw),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [{"BLOCK_N": 4}, "BLOCK_N=4", triton.Config({"BLOCK_K": 32, "STAGES": 1})],
+                         ids=["dict", "str", "no-BLOCK_N"])
+def test_a_config_that_is_not_a_tile_is_refused_with_its_name(bad):
+    x, w = torch.randn(1, 8, device=DEV), torch.randn(4, 8, device=DEV)
+    with pytest.raises(TypeError, match="config must be a triton.Config with BLOCK_N, BLOCK_K and STAGES"):
+        fg.fused_gemv(x, w, config=bad)
+
+
+def test_candidate_configs_are_what_the_autotuner_would_time():
+    w = torch.randn(16, 64, device=DEV)
+    cands = fg.candidate_configs(w)
+    assert cands and all(isinstance(c, triton.Config) for c in cands)
+    assert cands == fg._prune(list(fg.CONFIGS), {"N": 16, "K": 64, "w_ptr": w}, GLU=False,
+                              PDL=fg.pdl_kwargs(w.device)["PDL"])
+
+
+def _fake_clock(costs: dict, base: float = 1.0):
+    """A stand-in for `measure_step_ms`: base + the cost of each (role, tile) the model holds now (the
+    autotuner's pick, i.e. no tile, costs `costs[(role, None)]`, default 0). Records every call's tiles."""
+    seen = []
+
+    def measure(model):
+        tiles = model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {})
+        seen.append(dict(tiles))
+        return base + sum(costs.get((role, str(tiles.get(role)) if role in tiles else None), 0.0)
+                          for role in patch_model.GEMV_ROLES)
+    return measure, seen
+
+
+@torch.no_grad()
+def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=6).to(DEV)
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6)).to(DEV)
+
+    def greedy(steps=6):
+        cache = StaticKVCache(model.config, 1, 24, torch.float32, DEV)
+        nxt, out = model(ids, kv_cache=cache)[:, -1:].argmax(-1), []
+        for s in range(steps):
+            nxt = model(nxt, positions=torch.tensor([[5 + s]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
+            out.append(int(nxt))
+        return out
+
+    patch_model.enable(model)
+    try:
+        before = greedy()
+        cands = {role: TILES[:3] for role in patch_model.GEMV_ROLES}
+        # each role's fastest tile is a different one; the autotuner's pick costs 0.05
+        costs = {(role, None): 0.05 for role in patch_model.GEMV_ROLES}
+        costs.update({(role, str(t)): 0.1 for role in patch_model.GEMV_ROLES for t in TILES[:3]})
+        winners = {"qkv": TILES[0], "o": TILES[1], "gate_up": TILES[2], "down": TILES[0]}
+        costs.update({(role, str(t)): 0.0 for role, t in winners.items()})
+        measure, seen = _fake_clock(costs)
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=2)
+        tiles = model.__dict__[patch_model.GEMV_CONFIGS_ATTR]
+        assert {r: str(c) for r, c in tiles.items()} == {r: str(c) for r, c in winners.items()}
+        assert {r: report[r]["chosen"] for r in report} == {r: str(c) for r, c in winners.items()}
+        assert all(report[r]["current"] == "autotuner" for r in report)
+        assert len(seen) == 4 * (3 + 2 * (1 + 3))  # per role: a first pass of 3, then 2 rounds of 4 finalists
+        assert greedy() == before  # every tile computes the same GEMV: the tokens do not move
+        assert len(set(before)) >= 2
+    finally:
+        patch_model.disable(model)
+    assert patch_model.GEMV_CONFIGS_ATTR not in model.__dict__  # disable forgets the tiles
+
+
+def test_the_autotuners_pick_stays_when_no_tile_beats_it_by_the_margin():
+    model = tiny_model(seed=7).to(DEV)
+    patch_model.enable(model)
+    try:
+        cands = {"down": TILES[:2]}
+        costs = {("down", None): 0.0, ("down", str(TILES[0])): -0.001, ("down", str(TILES[1])): 0.2}
+        measure, _ = _fake_clock(costs)  # TILES[0] is 0.1% faster: under the 0.3% margin
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1,
+                                              keep_margin=0.003)
+        assert report["down"]["chosen"] == "autotuner"
+        assert patch_model.GEMV_CONFIGS_ATTR not in model.__dict__
+        costs[("down", str(TILES[0]))] = -0.01  # now 1% faster: it is chosen
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1)
+        assert report["down"]["chosen"] == str(TILES[0])
+    finally:
+        patch_model.disable(model)
+
+
+def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
+    model = tiny_model(seed=8).to(DEV)
+    patch_model.enable(model)
+    try:
+        bad = triton.Config({"BLOCK_N": 4, "BLOCK_K": 64, "STAGES": 1}, num_warps=4)
+
+        def measure(m):
+            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            if tile is bad:
+                raise RuntimeError("out of resources")  # as a launch this GPU cannot fit
+            return 0.5 if tile is None else 1.0
+
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": [TILES[0], bad]})
+        assert report["down"]["first_pass_ms"][str(bad)] == float("inf")
+        assert report["down"]["chosen"] == "autotuner"
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"o": TILES[1]}
+        calls = []
+
+        def broken(m):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt  # e.g. a notebook interrupt in the middle
+            return 1.0
+
+        with pytest.raises(KeyboardInterrupt):
+            step_tuning.tune_decode_step(model, measure=broken, candidates={"down": TILES[:3]})
+        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"o": TILES[1]}  # as before the call
+        ids = torch.tensor([[1, 2, 3]], device=DEV)
+        assert model(ids).shape == (1, 3, 256)  # still usable
+    finally:
+        patch_model.disable(model)
+
+
+def test_bad_use_gets_a_named_error():
+    model = tiny_model(seed=9).to(DEV)
+    with pytest.raises(ValueError, match="turn the Triton kernels on first"):
+        step_tuning.tune_decode_step(model, measure=lambda m: 1.0)
+    patch_model.enable(model)
+    try:
+        if DEV == "cpu":
+            with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+                step_tuning.tune_decode_step(model)
+        with pytest.raises(ValueError, match="rounds and finalists"):
+            step_tuning.tune_decode_step(model, measure=lambda m: 1.0, rounds=0)
+    finally:
+        patch_model.disable(model)
+    biased = tiny_model(seed=9, attention_bias=True).to(DEV)
+    patch_model.enable(biased)
+    try:
+        with pytest.raises(ValueError, match="does not run the fused batch-1 GEMVs"):
+            step_tuning.tune_decode_step(biased, measure=lambda m: 1.0)
+    finally:
+        patch_model.disable(biased)
+
+
+def test_chosen_tiles_make_captured_runners_stale():
+    from llmlab.cuda_graphs import runner_for, weights_fingerprint
+
+    model = tiny_model(seed=10).to(DEV)
+    patch_model.enable(model)
+    try:
+        before = weights_fingerprint(model)
+        runner = runner_for(model, "static", 1, 32)
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"down": TILES[0]}
+        assert weights_fingerprint(model) != before
+        assert runner_for(model, "static", 1, 32) is not runner
+    finally:
+        patch_model.disable(model)
+
+
+def test_the_switch_and_rung_are_registered_and_gpu_only():
+    from llmlab import ladder, switches
+    from llmlab.engine import LLM
+
+    sw = switches.SWITCHES["step_tuning"]
+    assert sw.default is False and list(switches.SWITCHES).index("step_tuning") > list(switches.SWITCHES).index(
+        "triton_kernels")  # applied after the kernels it tunes
+    step = ladder.get_step("+step_tuning")
+    assert step.settings == {"step_tuning": True} and step.gpu_only
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    ok, why = sw.available(llm)
+    if DEV == "cpu":
+        assert not ok and "CUDA" in why
+    with pytest.raises(ValueError, match="turn the triton_kernels switch on too"):
+        sw.apply(llm, True, {})
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_tuning_the_real_step_keeps_the_greedy_tokens():
+    """On the GPU: the captured step timed for real (two rounds); the tiles chosen; fp32 greedy decode through the
+    graphs equals the eager PyTorch decode, token for token."""
+    from llmlab.fast_generate import generate_fast
+    from llmlab.generate import generate
+
+    model = tiny_model(seed=11).to("cuda")
+    prompt = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = generate(model, prompt, max_new_tokens=40)
+    patch_model.enable(model)
+    try:
+        report = step_tuning.tune_decode_step(model, rounds=2)
+        assert set(report) <= set(patch_model.GEMV_ROLES)
+        for r in report.values():
+            assert r["chosen"] in r["step_ms"] and all(t > 0 for t in r["step_ms"].values())
+        got = generate_fast(model, prompt, max_new_tokens=40, mode="graphs")
+    finally:
+        patch_model.disable(model)
+    assert got.token_ids == ref.token_ids
