@@ -15,6 +15,7 @@ top-level `kernels` module: an unrelated PyPI package already owns that name. Im
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
     argmax.py                  the greedy token over a 100K+ vocabulary in one launch
     patch_model.py             the "Triton kernels" switch: route a Transformer's ops through the kernels
+    step_tuning.py             the "step tuning" switch: choose the batch-1 GEMVs' tiles by timing the whole step
     bench_kernels.py           micro-benchmarks -> an llmlab bench file (python -m llmlab.kernels.bench_kernels)
     lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb
 

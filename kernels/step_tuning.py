@@ -6,7 +6,10 @@ launch its programs start while the kernel before it still streams its own weigh
 before they wait (`fused_gemv`); the kernel after it does the same to it. A tile that wins alone can lose there,
 and the other way round. Measured on the H200 (call BB, Llama-3.2-1B shape, bf16, chat, one process, four
 alternating rounds): the down projection (2048 x 8192) with the isolated pick (4 rows x 512, one warp, 4 stages)
-gave 850 us per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us.
+gave 850 us per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us. With this
+module (call BC) the step chose 4 rows x 2048, eight warps, 2 stages for the down projection: 839 -> 795 us per
+step (chat, five alternating rounds), 993 -> 886 us at an 8K context; the chat ladder's rung reached 0.774 ms per
+token, 75.5% of the bandwidth roofline. Tuning took ~6 s (about 70 captures of the step).
 
 So this module times the step itself. For each GEMV role of `_one_token_decode` (q/k/v, o, gate/up, down; every
 layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have timed for
@@ -25,6 +28,7 @@ The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per m
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -36,15 +40,29 @@ ORDER = ("gate_up", "down", "qkv", "o")
 
 def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
     """Mean time (ms) of one batch-1 decode step of `model`, replayed from a CUDA graph captured now, with
-    `context` tokens in the cache (their values do not matter for the time): CUDA events around `steps` steps
-    (each a replay plus the device-side advance of the token and position, as `generate_fast` runs them), after
-    three untimed ones. Needs a model on a CUDA GPU."""
+    `context` tokens in the cache (fewer if the model's context is short; their values do not matter for the
+    time): CUDA events around `steps` steps (each a replay plus the device-side advance of the token and position,
+    as `generate_fast` runs them), after three untimed ones. The cache holds 1024 slots (a chat runner's size,
+    `llmlab.cuda_graphs.runner_for`) or the model's context if shorter. (On a CPU: the same steps run eagerly
+    and are timed by the host clock — in Triton's interpreter that says nothing about a GPU; the tests use it.)
+
+    Raises ValueError if the model's context cannot hold `steps` + 8 tokens."""
     from llmlab.cuda_graphs import GraphDecoder
 
-    runner = GraphDecoder(model, max_batch=1, max_seq_len=max(1024, context + steps + 8))  # as runner_for's
+    slots = min(model.config.max_seq_len, max(1024, context + steps + 8))
+    if slots < steps + 8:
+        raise ValueError(f"measure_step_ms: {steps} timed steps need a context of at least {steps + 8} tokens; "
+                         f"this model has {model.config.max_seq_len}: time fewer steps")
+    context = min(context, slots - steps - 4)
+    runner = GraphDecoder(model, max_batch=1, max_seq_len=slots)
     runner.start(torch.zeros(1, dtype=torch.long, device=runner.device), context)
     for _ in range(3):
         runner.advance(runner.step()[1])
+    if runner.device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.advance(runner.step()[1])
+        return (time.perf_counter() - t0) * 1e3 / steps
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(steps):

@@ -182,6 +182,18 @@ def test_bad_use_gets_a_named_error():
         patch_model.disable(biased)
 
 
+@torch.no_grad()
+def test_measuring_the_step_fits_a_short_context_and_refuses_one_too_short():
+    model = tiny_model(seed=12, max_seq_len=64).to(DEV)  # shorter than the 1024-slot runner it would build
+    patch_model.enable(model)
+    try:
+        assert step_tuning.measure_step_ms(model, context=128, steps=4) > 0
+        with pytest.raises(ValueError, match="need a context of at least 72 tokens"):
+            step_tuning.measure_step_ms(model, steps=64)
+    finally:
+        patch_model.disable(model)
+
+
 def test_chosen_tiles_make_captured_runners_stale():
     from llmlab.cuda_graphs import runner_for, weights_fingerprint
 
