@@ -235,7 +235,8 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         ValueError: more than one row, an empty weight, shapes that do not fit, both prologues, a non-contiguous x
             or weight rows; swiglu_out with an odd number of weight rows or with a residual.
         TypeError: unsupported or mismatched dtypes, an argument that is not a tensor (see `check_tensors`);
-            swiglu or swiglu_out not True/False; config not a triton.Config with BLOCK_N, BLOCK_K and STAGES.
+            swiglu or swiglu_out not True/False; config not a triton.Config with exactly BLOCK_N, BLOCK_K (powers
+            of 2) and STAGES (>= 1).
     """
     tensors = {"x": x, "weight": weight}
     if norm_weight is not None:
@@ -282,9 +283,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     prologue = SWIGLU if swiglu else RMSNORM if norm_weight is not None else NONE
     kernel, meta = _fused_gemv_kernel, {}
     if config is not None:  # this tile, not the autotuner's: the plain jit kernel with the config's parameters
-        if not isinstance(config, triton.Config) or not {"BLOCK_N", "BLOCK_K", "STAGES"} <= set(config.kwargs):
-            raise TypeError(f"fused_gemv: config must be a triton.Config with BLOCK_N, BLOCK_K and STAGES (see "
-                            f"candidate_configs), got {config!r}")
+        _check_tile(config)
         kernel, meta = _fused_gemv_kernel.fn, config.all_kwargs()
     kernel[lambda meta: (triton.cdiv(n_out, meta["BLOCK_N"]),)](
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual, y,
@@ -293,6 +292,20 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
         PROLOGUE=prologue, HAS_RES=residual is not None, GLU=swiglu_out, **pdl_kwargs(x.device), **meta,
     )
     return y
+
+
+def _check_tile(config) -> None:
+    """A `config=` for fused_gemv: a triton.Config whose kwargs are exactly BLOCK_N and BLOCK_K (powers of 2) and
+    STAGES (>= 1). TypeError otherwise, naming what is wrong."""
+    keys = {"BLOCK_N", "BLOCK_K", "STAGES"}
+    if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
+        raise TypeError(f"fused_gemv: config must be a triton.Config with BLOCK_N, BLOCK_K and STAGES and nothing "
+                        f"else (see candidate_configs), got {config!r}")
+    bn, bk, st = (config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "STAGES"))
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (bn, bk, st))
+    if not ints or bn < 1 or bk < 1 or bn & (bn - 1) or bk & (bk - 1) or st < 1:
+        raise TypeError(f"fused_gemv: config's BLOCK_N and BLOCK_K must be powers of 2 and STAGES >= 1, got "
+                        f"BLOCK_N={bn!r}, BLOCK_K={bk!r}, STAGES={st!r}")
 
 
 def candidate_configs(weight: torch.Tensor, swiglu_out: bool = False) -> list:

@@ -9,7 +9,7 @@ alternating rounds): the down projection (2048 x 8192) with the isolated pick (4
 gave 850 us per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us. With this
 module (call BC) the step chose 4 rows x 2048, eight warps, 2 stages for the down projection: 839 -> 795 us per
 step (chat, five alternating rounds), 993 -> 886 us at an 8K context; the chat ladder's rung reached 0.774 ms per
-token, 75.5% of the bandwidth roofline. Tuning took ~6 s (about 70 captures of the step).
+token, 75.5% of the bandwidth roofline. Tuning took ~6 s (about 100 captures of the step).
 
 So this module times the step itself. For each GEMV role of `_one_token_decode` (q/k/v, o, gate/up, down; every
 layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have timed for
@@ -27,6 +27,8 @@ The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per m
 
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 import time
 
@@ -46,9 +48,13 @@ def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
     `llmlab.cuda_graphs.runner_for`) or the model's context if shorter. (On a CPU: the same steps run eagerly
     and are timed by the host clock — in Triton's interpreter that says nothing about a GPU; the tests use it.)
 
-    Raises ValueError if the model's context cannot hold `steps` + 8 tokens."""
+    Raises ValueError if the model's context cannot hold `steps` + 8 tokens, or steps < 1, or context < 0."""
     from llmlab.cuda_graphs import GraphDecoder
 
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(context, bool) \
+            or not isinstance(context, int) or context < 0:
+        raise ValueError(f"measure_step_ms: steps must be a whole number >= 1 and context >= 0, got steps={steps!r}, "
+                         f"context={context!r}")
     slots = min(model.config.max_seq_len, max(1024, context + steps + 8))
     if slots < steps + 8:
         raise ValueError(f"measure_step_ms: {steps} timed steps need a context of at least {steps + 8} tokens; "
@@ -73,37 +79,43 @@ def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
 
 
 def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rounds: int = 3, finalists: int = 3,
-                     keep_margin: float = 0.003, log=None) -> dict:
+                     keep_margin: float = 0.005, log=None) -> dict:
     """Choose a tile for each GEMV role of the batch-1 decode step by timing the captured step (see above).
 
     Args:
         model: an `llmlab.model.Transformer` with the Triton kernels on (`patch_model.enable`), Llama-shaped (the
-            fused batch-1 step runs it).
-        measure: model -> step time (ms). Default `measure_step_ms` (CUDA). Tests pass a stand-in.
-        candidates: {role: [triton.Config, ...]} to try instead of `fused_gemv.candidate_configs` (a role with one
-            candidate or none is left alone: with autotuning off there is one).
-        rounds: alternating rounds over the finalists (the role's current tile and the `finalists` fastest of the
-            first pass); each is kept by its median.
+            fused batch-1 step runs it: no biases, no sliding window, one dtype).
+        measure: model -> step time in ms (a finite number > 0). Default `measure_step_ms` (CUDA). Tests pass a
+            stand-in.
+        candidates: {role: [triton.Config, ...]} (roles from `patch_model.GEMV_ROLES`) to try instead of
+            `fused_gemv.candidate_configs`; a role with fewer than two candidates is left alone (with autotuning
+            off there is one).
+        rounds: rounds over the finalists, the order reversed every other round; each finalist is kept by its
+            median.
+        finalists: how many of the first pass's fastest tiles are timed again, besides the role's current tile.
         keep_margin: the role's current tile (at first the autotuner's pick) stays unless the fastest finalist is
             faster by more than this fraction — below it, the difference is noise (~0.5% between rounds).
         log: a print-like callable for one line per role, or None.
 
     Returns:
-        {role: {"chosen": str, "current": str, "step_ms": {config: median ms}, "first_pass_ms": {config: ms}}}
-        ("autotuner" names the autotuner's own pick). The chosen tiles are stored on the model.
+        {role: {"chosen": str, "current": str, "step_ms": {config: median ms}, "first_pass_ms": {config: ms},
+        "failed": {config: error}}} ("autotuner" names the autotuner's own pick; a tile that could not run, e.g. too
+        many registers for this GPU, is in "failed" and never chosen). The chosen tiles are stored on the model.
 
     Raises:
-        ValueError: the Triton kernels are not on, or the model is not one the fused batch-1 step runs.
-        RuntimeError: no `measure` given and no CUDA GPU. On any error (or an interrupt) the model keeps the
-        tiles it had before the call.
+        ValueError: the Triton kernels are not on; a model the fused batch-1 step does not run; rounds or
+            finalists < 1; candidates with an unknown role; `measure` returning anything but a finite number > 0.
+        TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]}.
+        RuntimeError: no `measure` given and no CUDA GPU.
+        On any error (or an interrupt) the model keeps the tiles it had before the call.
     """
     if not patch_model.is_enabled(model):
         raise ValueError("tune_decode_step: turn the Triton kernels on first (llmlab.kernels.patch_model.enable, "
                          "or the triton_kernels switch); their batch-1 decode step is what it tunes")
+    ok, why = fusable(model)
+    if not ok:
+        raise ValueError(f"tune_decode_step: {why}")
     probe = next(model.parameters())
-    if not patch_model._one_token_fusable(model, probe):
-        raise ValueError("tune_decode_step: this model's decode step does not run the fused batch-1 GEMVs "
-                         "(biases, a sliding window or mixed dtypes); there are no tiles to choose")
     if measure is None:
         if probe.device.type != "cuda":
             raise RuntimeError(f"tune_decode_step: timing the captured step needs a CUDA GPU (the model is on "
@@ -111,6 +123,7 @@ def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rou
         measure = measure_step_ms
     if rounds < 1 or finalists < 1:
         raise ValueError(f"tune_decode_step: rounds and finalists must be >= 1, got {rounds}, {finalists}")
+    _check_candidates(candidates)
     weights = patch_model.gemv_weights(model)
     before = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
     tiles = dict(before)
@@ -123,7 +136,8 @@ def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rou
                 cands = fused_gemv.candidate_configs(weight, swiglu_out=glu)
             if len(cands) < 2:
                 continue
-            report[role] = _tune_role(model, tiles, role, cands, measure, rounds, finalists, keep_margin)
+            report[role] = _tune_role(model, tiles, role, cands, _checked(measure), rounds, finalists,
+                                      keep_margin)
             if log is not None:
                 r = report[role]
                 log(f"step tuning {role:7s}: {r['chosen']} ({r['step_ms'][r['chosen']]:.4f} ms/step; "
@@ -133,6 +147,53 @@ def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rou
         raise
     _set_tiles(model, tiles)
     return report
+
+
+def fusable(model) -> tuple[bool, str]:
+    """(True, "") if `model`'s batch-1 decode step runs the fused GEMVs step tuning chooses tiles for; else
+    (False, why): biases, a sliding window, or weights and norms of mixed dtypes take the per-module path."""
+    probe = next(model.parameters())
+    if not patch_model._one_token_fusable(model, probe) or model.norm.weight.dtype != probe.dtype:
+        return False, ("this model's decode step does not run the fused batch-1 GEMVs (biases, a sliding window "
+                       "or mixed dtypes): there are no tiles to choose; leave step tuning off for it")
+    return True, ""
+
+
+def _check_candidates(candidates) -> None:
+    if candidates is None:
+        return
+    if not isinstance(candidates, dict):
+        raise TypeError(f"tune_decode_step: candidates must be a dict {{role: [triton.Config, ...]}}, got "
+                        f"{type(candidates).__name__}")
+    unknown = set(candidates) - set(patch_model.GEMV_ROLES)
+    if unknown:
+        raise ValueError(f"tune_decode_step: unknown GEMV role(s) {sorted(unknown)} in candidates; the roles are "
+                         f"{', '.join(patch_model.GEMV_ROLES)}")
+    for role, cands in candidates.items():
+        if not isinstance(cands, (list, tuple)):
+            raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with BLOCK_N, "
+                            f"BLOCK_K and STAGES (as fused_gemv.candidate_configs returns), got {cands!r}")
+        for c in cands:
+            try:
+                fused_gemv._check_tile(c)
+            except TypeError as e:
+                raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with "
+                                f"BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns): {e}") from None
+
+
+class MeasureError(ValueError):
+    """`measure` returned something that is not a step time."""
+
+
+def _checked(measure):
+    """`measure`, refusing what is not a time: NaN, inf, zero, negative or not a number (MeasureError)."""
+    def timed(model):
+        t = measure(model)
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t <= 0:
+            raise MeasureError(f"tune_decode_step: measure returned {t!r}; it must return the step's time in ms, a "
+                             f"finite number > 0")
+        return float(t)
+    return timed
 
 
 def _name(config) -> str:
@@ -149,39 +210,41 @@ def _set_tiles(model, tiles: dict) -> None:
 def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int, finalists: int,
                keep_margin: float) -> dict:
     """Time the step with each of `cands` for `role` (the other roles as in `tiles`), then the current tile and
-    the fastest few in alternating rounds; set tiles[role] to the winner. Returns the role's report."""
+    the fastest few in rounds (order reversed every other round); set tiles[role] to the winner. Returns the
+    role's report."""
     current = tiles.get(role)  # None: the autotuner's pick
+    cur = _name(current)
 
     def timed(config):
         _set_tiles(model, {**tiles, role: config} if config is not None else
                    {r: c for r, c in tiles.items() if r != role})
         return measure(model)
 
-    first = {}
-    by_name = {_name(current): current}
+    first, failed = {}, {}
+    by_name = {cur: current}
     for config in cands:
-        by_name[_name(config)] = config
+        name = _name(config)
+        if name == cur or name in first or name in failed:
+            continue  # the current tile is a finalist anyway; a duplicate adds nothing
         try:
-            first[_name(config)] = timed(config)
+            first[name] = timed(config)
+        except MeasureError:
+            raise  # `measure` returned something that is not a time: a broken measurement, not a broken tile
         except Exception as e:  # noqa: BLE001 -- a tile this GPU cannot launch (registers, shared memory)
-            first[_name(config)] = float("inf")
-            by_name[_name(config)] = e
-    finals = [_name(current)] + [n for n in sorted(first, key=first.get) if n != _name(current)
-                                 and first[n] != float("inf")][:finalists]
+            failed[name] = f"{type(e).__name__}: {e}"
+            continue
+        by_name[name] = config
+    finals = [cur] + sorted(first, key=first.get)[:finalists]
     times = {n: [] for n in finals}
-    for _ in range(rounds):
-        for n in finals:
+    for r in range(rounds):
+        for n in (finals if r % 2 == 0 else finals[::-1]):
             times[n].append(timed(by_name[n]))
     med = {n: statistics.median(ts) for n, ts in times.items()}
     best = min(med, key=med.get)
-    if best != _name(current) and med[best] < med[_name(current)] * (1 - keep_margin):
-        chosen = best
-    else:
-        chosen = _name(current)
+    chosen = best if best != cur and med[best] < med[cur] * (1 - keep_margin) else cur
     if by_name[chosen] is None:
         tiles.pop(role, None)
     else:
         tiles[role] = by_name[chosen]
     _set_tiles(model, tiles)
-    return {"chosen": chosen, "current": _name(current), "step_ms": med,
-            "first_pass_ms": {n: t for n, t in first.items()}}
+    return {"chosen": chosen, "current": cur, "step_ms": med, "first_pass_ms": first, "failed": failed}

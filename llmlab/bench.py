@@ -778,7 +778,9 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             tuned = {}
             if r.settings.get("step_tuning"):  # the tiles step tuning chose ({} = the autotuner's picks kept)
                 tiles = run_llm.model.__dict__.get("_llmlab_gemv_configs", {})
-                tuned = {"gemv_tiles": {role: str(c) for role, c in tiles.items()}}
+                report = run_llm.model.__dict__.get("_llmlab_step_tuning_report") or {}
+                tuned = {"gemv_tiles": {role: str(c) for role, c in tiles.items()},
+                         "step_tuning_s": report.get("seconds")}  # the tuning's own time (before warm-up)
             add_row(r.name, r.step.label, weights_label(r.step, run_llm.dtype),
                     weight_bytes_per_param(r.step, run_llm.dtype), runs, hw, warm, settings=r.settings,
                     setting_label=describe(r.settings), note=r.step.note, **tuned)

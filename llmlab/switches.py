@@ -189,13 +189,24 @@ register(Switch("triton_kernels", "Triton kernels", False,
 
 
 # -- step tuning (llmlab.kernels.step_tuning) --------------------------------------------------------------------
-# Chooses the Triton kernels' GEMV tiles by timing the captured batch-1 decode step (once per model; ~10 s on a GPU),
+# Chooses the Triton kernels' GEMV tiles by timing the captured batch-1 decode step (once per model and dtype; ~6 s on an H200),
 # instead of the autotuner's picks made by timing each GEMV alone. Off: the autotuner's picks again.
 
-_STEP_TILES = "_llmlab_step_tuned"  # the tiles tuning chose, kept on the model so that on -> off -> on does not retune
+_STEP_TILES = "_llmlab_step_tuned"  # (what they were tuned for, the tiles): on -> off -> on does not retune
+
+
+def _tuned_for(model) -> tuple:
+    """What chosen tiles depend on: device, dtype, the four GEMV weights' shapes, and whether PDL is on."""
+    from .kernels import _util, patch_model
+
+    probe = next(model.parameters())
+    shapes = tuple((role, tuple(w.shape)) for role, (w, _) in patch_model.gemv_weights(model).items())
+    return (str(probe.device), probe.dtype, shapes, _util.pdl_enabled(probe.device))
 
 
 def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
+    import time
+
     from .kernels import patch_model
 
     model = llm.model
@@ -204,17 +215,33 @@ def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
         return llm
     if not patch_model.is_enabled(model):
         raise ValueError("step tuning chooses the Triton kernels' tiles: turn the triton_kernels switch on too")
-    if _STEP_TILES not in model.__dict__:
+    key = _tuned_for(model)
+    cached = model.__dict__.get(_STEP_TILES)
+    if cached is None or cached[0] != key:  # never tuned, or tuned for another dtype / device / shape
         from .kernels import step_tuning
 
-        model.__dict__["_llmlab_step_tuning_report"] = step_tuning.tune_decode_step(model, log=print)
-        model.__dict__[_STEP_TILES] = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
-    elif model.__dict__[_STEP_TILES]:
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(model.__dict__[_STEP_TILES])
+        t0 = time.perf_counter()
+        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)  # start from the autotuner's picks
+        report = step_tuning.tune_decode_step(model, log=print)
+        model.__dict__["_llmlab_step_tuning_report"] = {"seconds": time.perf_counter() - t0, "roles": report}
+        cached = model.__dict__[_STEP_TILES] = (key, dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {})))
+    if cached[1]:
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(cached[1])
+    else:
+        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
     return llm
+
+
+def _step_tuning_available(llm: LLM) -> tuple[bool, str]:
+    ok, why = _triton_available(llm)
+    if not ok:
+        return ok, why
+    from .kernels.step_tuning import fusable
+
+    return fusable(llm.model)
 
 
 register(Switch("step_tuning", "step tuning", False,
                 "choose each Triton GEMV's tile by timing the whole captured decode step (batch 1), not the GEMV "
                 "alone: inside the step, kernels overlap their neighbours (programmatic dependent launch)",
-                _step_tuning, available=_triton_available))
+                _step_tuning, available=_step_tuning_available))

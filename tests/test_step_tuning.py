@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 
 from llmlab.kernels._util import interpret_mode
 from tiny_models import tiny_model
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 if not torch.cuda.is_available() and not interpret_mode():
     pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 
@@ -42,20 +41,40 @@ def test_every_tile_computes_the_same_gemv(config, fusion, K):
                                atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("bad", [{"BLOCK_N": 4}, "BLOCK_N=4", triton.Config({"BLOCK_K": 32, "STAGES": 1})],
-                         ids=["dict", "str", "no-BLOCK_N"])
-def test_a_config_that_is_not_a_tile_is_refused_with_its_name(bad):
+def _tile(**kw):
+    return triton.Config({"BLOCK_N": 4, "BLOCK_K": 32, "STAGES": 1, **kw})
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"BLOCK_N": 4}, "with BLOCK_N, BLOCK_K and STAGES"), ("BLOCK_N=4", "with BLOCK_N, BLOCK_K and STAGES"),
+    (triton.Config({"BLOCK_K": 32, "STAGES": 1}), "with BLOCK_N, BLOCK_K and STAGES"),
+    (_tile(PDL=True), "and nothing else"), (_tile(FOO=1), "and nothing else"),
+    (_tile(BLOCK_N=3), "powers of 2"), (_tile(BLOCK_N=0), "powers of 2"), (_tile(BLOCK_K="32"), "powers of 2"),
+    (_tile(STAGES=0), "STAGES >= 1"),
+], ids=["dict", "str", "no-BLOCK_N", "reserved-key", "unknown-key", "BLOCK_N-3", "BLOCK_N-0", "str-BLOCK_K",
+        "STAGES-0"])
+def test_a_config_that_is_not_a_tile_is_refused_with_its_name(bad, match):
     x, w = torch.randn(1, 8, device=DEV), torch.randn(4, 8, device=DEV)
-    with pytest.raises(TypeError, match="config must be a triton.Config with BLOCK_N, BLOCK_K and STAGES"):
+    with pytest.raises(TypeError, match=match):
         fg.fused_gemv(x, w, config=bad)
+    assert fg.fused_gemv(x, w, config=_tile()).shape == (1, 4)  # and the next call works
 
 
-def test_candidate_configs_are_what_the_autotuner_would_time():
-    w = torch.randn(16, 64, device=DEV)
-    cands = fg.candidate_configs(w)
-    assert cands and all(isinstance(c, triton.Config) for c in cands)
-    assert cands == fg._prune(list(fg.CONFIGS), {"N": 16, "K": 64, "w_ptr": w}, GLU=False,
-                              PDL=fg.pdl_kwargs(w.device)["PDL"])
+def test_candidate_configs_follow_the_autotuners_pruning(monkeypatch):
+    """With PDL a small weight gets only the whole-row tiles (the shortest BLOCK_K >= K), a large one only the
+    streaming tiles; the swiglu_out weight counts its two rows per output. (The candidate list is the autotuner's
+    full list, not the interpreter's one config.)"""
+    full = fg._STREAM_CONFIGS + fg.WHOLE_ROW_CONFIGS
+    monkeypatch.setattr(fg, "CONFIGS", full)
+    monkeypatch.setattr(fg, "pdl_kwargs", lambda device: {"PDL": True, "launch_pdl": True})
+    small = torch.empty(64, 2048, device=DEV, dtype=torch.float16)  # 256 KB: whole rows
+    cands = fg.candidate_configs(small)
+    assert cands and all(c in fg.WHOLE_ROW_CONFIGS or c.kwargs["BLOCK_K"] >= 2048 for c in cands)
+    assert {c.kwargs["BLOCK_K"] for c in cands} == {2048}
+    big = torch.empty(2048, 8192, device="meta", dtype=torch.float16)  # 32 MB: streaming tiles
+    assert fg.candidate_configs(big) == fg._STREAM_CONFIGS
+    monkeypatch.setattr(fg, "pdl_kwargs", lambda device: {"PDL": False})
+    assert fg.candidate_configs(small) == fg._STREAM_CONFIGS  # without PDL nothing to overlap: streaming tiles
 
 
 def _fake_clock(costs: dict, base: float = 1.0):
@@ -102,6 +121,7 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
         assert {r: report[r]["chosen"] for r in report} == {r: str(c) for r, c in winners.items()}
         assert all(report[r]["current"] == "autotuner" for r in report)
         assert len(seen) == 4 * (3 + 2 * (1 + 3))  # per role: a first pass of 3, then 2 rounds of 4 finalists
+        assert all(report[r]["failed"] == {} for r in report)
         assert greedy() == before  # every tile computes the same GEMV: the tokens do not move
         assert len(set(before)) >= 2
     finally:
@@ -115,7 +135,7 @@ def test_the_autotuners_pick_stays_when_no_tile_beats_it_by_the_margin():
     try:
         cands = {"down": TILES[:2]}
         costs = {("down", None): 0.0, ("down", str(TILES[0])): -0.001, ("down", str(TILES[1])): 0.2}
-        measure, _ = _fake_clock(costs)  # TILES[0] is 0.1% faster: under the 0.3% margin
+        measure, _ = _fake_clock(costs)  # TILES[0] is 0.1% faster: under the 0.3% margin asked for
         report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1,
                                               keep_margin=0.003)
         assert report["down"]["chosen"] == "autotuner"
@@ -140,7 +160,7 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
             return 0.5 if tile is None else 1.0
 
         report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": [TILES[0], bad]})
-        assert report["down"]["first_pass_ms"][str(bad)] == float("inf")
+        assert str(bad) in report["down"]["failed"] and str(bad) not in report["down"]["first_pass_ms"]
         assert report["down"]["chosen"] == "autotuner"
         model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"o": TILES[1]}
         calls = []
@@ -154,10 +174,119 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
         with pytest.raises(KeyboardInterrupt):
             step_tuning.tune_decode_step(model, measure=broken, candidates={"down": TILES[:3]})
         assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"o": TILES[1]}  # as before the call
-        ids = torch.tensor([[1, 2, 3]], device=DEV)
-        assert model(ids).shape == (1, 3, 256)  # still usable
+        assert _decode_logits(model).shape == (1, 1, 256)  # still usable: a batch-1 step that reads the tiles
     finally:
         patch_model.disable(model)
+
+
+@torch.no_grad()
+def _decode_logits(model):
+    """One batch-1 decode step on a static cache (the fused path, which reads the chosen tiles)."""
+    from llmlab.static_cache import StaticKVCache
+
+    cache = StaticKVCache(model.config, 1, 16, torch.float32, DEV)
+    model(torch.tensor([[1, 2, 3]], device=DEV), kv_cache=cache)
+    return model(torch.tensor([[4]], device=DEV), positions=torch.tensor([[3]], device=DEV), kv_cache=cache)
+
+
+def test_a_failing_tile_is_never_chosen_even_when_it_was_the_current_one():
+    model = tiny_model(seed=13).to(DEV)
+    patch_model.enable(model)
+    try:
+        def measure(m):  # TILES[1] cannot run; TILES[2] would be fastest if it could
+            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            if tile is TILES[1]:
+                raise RuntimeError("out of resources")
+            return {id(TILES[0]): 0.9, id(TILES[2]): 0.5}.get(id(tile), 1.0)
+
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
+        assert report["down"]["chosen"] == str(TILES[2]) and str(TILES[1]) in report["down"]["failed"]
+        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR]["down"] is TILES[2]
+        # tune again: TILES[2] is now the current tile and a candidate; it fails this time -> an error, no change
+        def failing_current(m):
+            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            if tile is TILES[2]:
+                raise RuntimeError("out of resources")
+            return 1.0
+
+        with pytest.raises(RuntimeError, match="out of resources"):
+            step_tuning.tune_decode_step(model, measure=failing_current, candidates={"down": TILES[:3]})
+        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[2]}
+        assert all(isinstance(c, triton.Config) for c in model.__dict__[patch_model.GEMV_CONFIGS_ATTR].values())
+    finally:
+        patch_model.disable(model)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0, "1.0", None, True],
+                         ids=["nan", "inf", "zero", "negative", "str", "None", "bool"])
+def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
+    model = tiny_model(seed=14).to(DEV)
+    patch_model.enable(model)
+    try:
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"o": TILES[1]}
+        calls = []
+
+        def measure(m):
+            calls.append(1)
+            return bad if len(calls) == 2 else 1.0
+
+        with pytest.raises(ValueError, match="measure returned .* finite number > 0"):
+            step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
+        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"o": TILES[1]}
+    finally:
+        patch_model.disable(model)
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    ({"gateup": TILES[:2]}, ValueError, "unknown GEMV role"),
+    ([TILES[0]], TypeError, "candidates must be a dict"),
+    ({"down": ["junk", TILES[0]]}, TypeError, "must be a list of triton.Config"),
+    ({"down": TILES[0]}, TypeError, "must be a list of triton.Config"),
+], ids=["unknown-role", "list", "junk-entry", "not-a-list"])
+def test_bad_candidates_get_a_named_error(bad, err, match):
+    model = tiny_model(seed=15).to(DEV)
+    patch_model.enable(model)
+    try:
+        with pytest.raises(err, match=match):
+            step_tuning.tune_decode_step(model, measure=lambda m: 1.0, candidates=bad)
+    finally:
+        patch_model.disable(model)
+
+
+def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(monkeypatch):
+    from llmlab import switches
+    from llmlab.engine import LLM
+
+    runs = []
+
+    def fake_tune(model, **kw):  # stands in for the GPU timing: picks TILES[0] for the down projection
+        runs.append(next(model.parameters()).dtype)
+        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"down": TILES[0]}
+        return {"down": {"chosen": str(TILES[0])}}
+
+    monkeypatch.setattr(step_tuning, "tune_decode_step", fake_tune)
+    llm = LLM(tiny_model(seed=16).to(DEV), name="tiny")
+    sw = switches.SWITCHES["step_tuning"]
+    patch_model.enable(llm.model)
+    try:
+        sw.apply(llm, True, {})
+        assert llm.model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[0]} and len(runs) == 1
+        assert llm.model.__dict__["_llmlab_step_tuning_report"]["seconds"] >= 0
+        sw.apply(llm, False, {})
+        assert patch_model.GEMV_CONFIGS_ATTR not in llm.model.__dict__
+        sw.apply(llm, True, {})
+        assert llm.model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[0]} and len(runs) == 1
+        llm.model.half()  # other weights' dtype: the tiles were chosen for fp32 and are chosen again
+        sw.apply(llm, True, {})
+        assert runs == [torch.float32, torch.float16]
+    finally:
+        patch_model.disable(llm.model)
+
+
+def test_models_the_fused_step_does_not_run_are_refused_by_the_switch_with_the_reason():
+    ok, why = step_tuning.fusable(tiny_model(seed=17, attention_bias=True))
+    assert not ok and "leave step tuning off" in why
+    assert step_tuning.fusable(tiny_model(seed=17)) == (True, "")
 
 
 def test_bad_use_gets_a_named_error():
@@ -171,12 +300,15 @@ def test_bad_use_gets_a_named_error():
                 step_tuning.tune_decode_step(model)
         with pytest.raises(ValueError, match="rounds and finalists"):
             step_tuning.tune_decode_step(model, measure=lambda m: 1.0, rounds=0)
+        for bad in ({"steps": 0}, {"steps": -3}, {"context": -1}, {"steps": 2.5}):
+            with pytest.raises(ValueError, match="steps must be a whole number >= 1 and context >= 0"):
+                step_tuning.measure_step_ms(model, **bad)
     finally:
         patch_model.disable(model)
     biased = tiny_model(seed=9, attention_bias=True).to(DEV)
     patch_model.enable(biased)
     try:
-        with pytest.raises(ValueError, match="does not run the fused batch-1 GEMVs"):
+        with pytest.raises(ValueError, match="does not run the fused batch-1 GEMVs.*leave step tuning off"):
             step_tuning.tune_decode_step(biased, measure=lambda m: 1.0)
     finally:
         patch_model.disable(biased)
