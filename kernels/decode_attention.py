@@ -550,7 +550,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None,
                      scale: float | None = None, num_splits: int | None = None,
                      check_lens: bool = True, trigger_next: bool = False,
-                     prefetch_kv: bool = False) -> torch.Tensor:
+                     prefetch_kv: bool = False, config: triton.Config | None = None) -> torch.Tensor:
     """One decode step of GQA attention, flash-decoding style (split over the sequence, merged by log-sum-exp).
 
     Args:
@@ -578,6 +578,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             new token's K/V. Then, with PDL, each split program loads its first K/V tile BEFORE it waits for that
             kernel, and reads the newest slot again after. Without PDL it changes nothing. Measured on the H200
             (call AY, 1B chat decode, one process): 851 -> 844 us per step; at 8K context unchanged.
+        config: run the split kernel with this config (a `triton.Config` with BLOCK_N, SPLIT_N and FUSED_MERGE,
+            e.g. one of `candidate_configs`) instead of the autotuner's pick — how `step_tuning` runs the one it
+            chose by timing the whole decode step. Not together with num_splits.
 
     Returns:
         (B, H, hd) or (B, H, 1, hd) like q, in q's dtype.
@@ -585,7 +588,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     Raises:
         ValueError: shape mismatches, H not a multiple of Hkv, S == 0, seq_lens out of 1..S, a non-contiguous
             last dimension. TypeError: unsupported or mismatched dtypes, an argument that is not a tensor,
-            trigger_next or prefetch_kv not True/False, prefetch_kv without seq_lens.
+            trigger_next or prefetch_kv not True/False, prefetch_kv without seq_lens; a config that is not a
+            split config (BLOCK_N a power of 2 >= 16, SPLIT_N a multiple of it, FUSED_MERGE True/False), or
+            given with num_splits.
     """
     check_tensors("decode_attention", DTYPES, q=q, k=k, v=v)
     if not (q.dtype == k.dtype == v.dtype):
@@ -640,9 +645,38 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     if prefetch_kv and seq_lens is None:
         raise TypeError("decode_attention: prefetch_kv needs seq_lens (it re-reads each sequence's newest slot, "
                         "seq_lens - 1); pass seq_lens or prefetch_kv=False")
-    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None,
+    if config is not None:
+        _check_split_config(config)
+        if num_splits is not None:
+            raise TypeError("decode_attention: give num_splits or config, not both (a config sets the split "
+                            "length SPLIT_N itself)")
+    return _decode(q, k, v, seq_lens, scale, int(num_splits) if num_splits else None, config=config,
                    trigger_next=check_flag("decode_attention", "trigger_next", trigger_next),
                    prefetch_kv=prefetch_kv).view(q_shape)
+
+
+def _check_split_config(config) -> None:
+    """A `config=` for decode_attention: a triton.Config whose kwargs are exactly BLOCK_N (a power of 2 >= 16, as
+    tl.dot needs), SPLIT_N (a positive multiple of BLOCK_N) and FUSED_MERGE (a bool). TypeError otherwise."""
+    keys = {"BLOCK_N", "SPLIT_N", "FUSED_MERGE"}
+    if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
+        raise TypeError(f"decode_attention: config must be a triton.Config with BLOCK_N, SPLIT_N and FUSED_MERGE "
+                        f"and nothing else (see candidate_configs), got {config!r}")
+    bn, sn, fm = (config.kwargs[k] for k in ("BLOCK_N", "SPLIT_N", "FUSED_MERGE"))
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (bn, sn))
+    if not ints or bn < 16 or bn & (bn - 1) or sn < 1 or sn % bn or not isinstance(fm, bool):
+        raise TypeError(f"decode_attention: config's BLOCK_N must be a power of 2 >= 16, SPLIT_N a positive "
+                        f"multiple of it and FUSED_MERGE True or False, got BLOCK_N={bn!r}, SPLIT_N={sn!r}, "
+                        f"FUSED_MERGE={fm!r}")
+
+
+def candidate_configs(q: torch.Tensor, k: torch.Tensor, has_lens: bool = True) -> list:
+    """The split configs the autotuner would time for a call with q (B, H, hd) and a cache k (B, Hkv, S, hd)
+    (`_candidate_configs`: with has_lens, a static cache's, no fused merge). One config where autotuning is off
+    (the interpreter, LLMLAB_TRITON_AUTOTUNE=0). `step_tuning` times each of them inside the decode step."""
+    B, Hkv, S, hd = k.shape
+    return _candidate_configs(_decode_split_tuned.configs, triton.next_power_of_2(S), triton.next_power_of_2(B * Hkv),
+                              has_lens, _num_sms(q.device), _key_bytes(k, hd))
 
 
 if __name__ == "__main__":

@@ -147,10 +147,12 @@ def _decode_lens(kv_cache, positions: torch.Tensor, B: int) -> torch.Tensor:
     return lens
 
 
-def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None) -> torch.Tensor:
+def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_cache, inv_freq=None,
+                             config=None) -> torch.Tensor:
     """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then flash-decoding
     attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd). The angles come as
-    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute."""
+    cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute. config: the attention's split config
+    chosen by step tuning (None: the autotuner's)."""
     K = _kernels()
     B, hd, H = qkv.shape[0], attn.head_dim, attn.n_heads
     k_all, v_all = kv_cache.k[attn.layer_idx][:B], kv_cache.v[attn.layer_idx][:B]  # (B, Hkv, S, hd) views
@@ -166,7 +168,7 @@ def _static_decode_attention(attn, qkv: torch.Tensor, cos, sin, positions, kv_ca
     # same-process A/B at batch 1: chat 851 -> 844 us per step, 8K context unchanged; the same holds, untimed, for
     # the static-cache decode of several rows, which comes here too)
     return K.decode_attention(qkv[:, :H], k_all, v_all, seq_lens=lens, check_lens=False, trigger_next=True,
-                              prefetch_kv=True)  # (B, H, hd)
+                              prefetch_kv=True, config=config)  # (B, H, hd)
 
 
 def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
@@ -276,7 +278,8 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     h: (1, 1, D) the embedded token -> logits (1, 1, V)."""
     K = _kernels()
     inv_freq = model.rope.inv_freq  # (hd/2,) fp32
-    tiles = model.__dict__.get(GEMV_CONFIGS_ATTR, {})  # {role: triton.Config} chosen in the step (step_tuning)
+    tiles = model.__dict__.get(STEP_TILES_ATTR, {})  # {role: triton.Config} chosen in the step (step_tuning)
+    attention_tile = tiles.get(attention_role(kv_cache.k[0].shape[2]))
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -284,7 +287,7 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
         qkv = K.fused_gemv(h, w_qkv, norm_weight=n1.weight, eps=n1.eps,
                            config=tiles.get("qkv"))  # (1, 1, (H + 2 Hkv) hd)
         y = _static_decode_attention(attn, qkv.view(1, -1, attn.head_dim), None, None, positions, kv_cache,
-                                     inv_freq=inv_freq)
+                                     inv_freq=inv_freq, config=attention_tile)
         h = K.fused_gemv(y.view(1, 1, -1), attn.o_proj.weight, residual=h, config=tiles.get("o"))  # h + o_proj(y)
         w_gate_up, _, _ = _fused_linear(mlp, "_llmlab_fused_gate_up")
         act = K.fused_gemv(h, w_gate_up, norm_weight=n2.weight, eps=n2.eps, swiglu_out=True,
@@ -293,12 +296,20 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
     return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
 
-# The batch-1 decode step's four GEMVs per layer (`_one_token_decode`), by role. `step_tuning` may choose a tile
-# for each by timing the whole captured step; the choices live in the model's __dict__ under GEMV_CONFIGS_ATTR
-# (forgotten by `disable`), and `llmlab.cuda_graphs.weights_fingerprint` includes them, so graphs captured with
-# other tiles are not reused.
+# The batch-1 decode step's four GEMVs per layer (`_one_token_decode`), by role, and its attention. `step_tuning`
+# may choose a tile (a split config for the attention) for each by timing the whole captured step; the choices live
+# in the model's __dict__ under STEP_TILES_ATTR (forgotten by `disable`), and
+# `llmlab.cuda_graphs.weights_fingerprint` includes them, so graphs captured with other tiles are not reused. The
+# attention's best split depends on the static cache's size, so its role names it: "attention@1024" for caches of
+# 513..1024 slots (the attention autotuner's own key rounds the same way); other sizes keep the autotuner's pick.
 GEMV_ROLES = ("qkv", "o", "gate_up", "down")
-GEMV_CONFIGS_ATTR = "_llmlab_gemv_configs"
+STEP_TILES_ATTR = "_llmlab_step_tiles"
+
+
+def attention_role(slots: int) -> str:
+    """The step-tuning role of the attention over a static cache of `slots` slots per row: "attention@<power of 2
+    >= slots>"."""
+    return f"attention@{1 << max(0, int(slots) - 1).bit_length()}"
 
 
 def gemv_weights(model) -> dict:
@@ -353,7 +364,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
         if type(module) in targets and "forward" in module.__dict__:
             del module.forward
         module.__dict__.pop("_llmlab_argmax", None)
-        module.__dict__.pop(GEMV_CONFIGS_ATTR, None)
+        module.__dict__.pop(STEP_TILES_ATTR, None)
         for attr in _FUSED:
             module.__dict__.pop(attr, None)  # forget the fused tensor (the layers' weights stay views of it: the
             # concatenated storage is the weights' own memory, nothing extra to free)

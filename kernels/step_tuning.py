@@ -15,7 +15,7 @@ So this module times the step itself. For each GEMV role of `_one_token_decode` 
 layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have timed for
 that shape (`fused_gemv.candidate_configs`), replays it, and keeps the fastest. It is coordinate descent — one
 role at a time, the others at their current tile — with the closest few timed again in alternating rounds, so
-that drift hits them alike. The chosen tiles go into the model (`patch_model.GEMV_CONFIGS_ATTR`), where the step
+that drift hits them alike. The chosen tiles go into the model (`patch_model.STEP_TILES_ATTR`), where the step
 reads them; runners captured before are not reused (their fingerprint changes).
 
     from llmlab.kernels import patch_model, step_tuning
@@ -27,6 +27,7 @@ The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per m
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import statistics
@@ -34,23 +35,18 @@ import time
 
 import torch
 
-from . import fused_gemv, patch_model
+from . import decode_attention, fused_gemv, patch_model
 
-# roles in the order they are tuned: the largest weights first (their tiles move the step most)
+# GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
+# attention (role "attention@<slots>", `patch_model.attention_role`) last
 ORDER = ("gate_up", "down", "qkv", "o")
 
 
-def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
-    """Mean time (ms) of one batch-1 decode step of `model`, replayed from a CUDA graph captured now, with
-    `context` tokens in the cache (fewer if the model's context is short; their values do not matter for the
-    time): CUDA events around `steps` steps (each a replay plus the device-side advance of the token and position,
-    as `generate_fast` runs them), after three untimed ones. The cache holds 1024 slots (a chat runner's size,
-    `llmlab.cuda_graphs.runner_for`) or the model's context if shorter. (On a CPU: the same steps run eagerly
-    and are timed by the host clock — in Triton's interpreter that says nothing about a GPU; the tests use it.)
+def runner_slots(model, context: int = 256, steps: int = 32) -> int:
+    """Slots per row of the static cache `measure_step_ms` builds: 1024 (a chat runner's size,
+    `llmlab.cuda_graphs.runner_for`), more if context + steps needs it, the model's context if shorter.
 
-    Raises ValueError if the model's context cannot hold `steps` + 8 tokens, or steps < 1, or context < 0."""
-    from llmlab.cuda_graphs import GraphDecoder
-
+    Raises ValueError if steps < 1, context < 0, or the model's context cannot hold `steps` + 8 tokens."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(context, bool) \
             or not isinstance(context, int) or context < 0:
         raise ValueError(f"measure_step_ms: steps must be a whole number >= 1 and context >= 0, got steps={steps!r}, "
@@ -59,6 +55,21 @@ def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
     if slots < steps + 8:
         raise ValueError(f"measure_step_ms: {steps} timed steps need a context of at least {steps + 8} tokens; "
                          f"this model has {model.config.max_seq_len}: time fewer steps")
+    return slots
+
+
+def measure_step_ms(model, context: int = 256, steps: int = 32) -> float:
+    """Mean time (ms) of one batch-1 decode step of `model`, replayed from a CUDA graph captured now, with
+    `context` tokens in the cache (fewer if the model's context is short; their values do not matter for the
+    time): CUDA events around `steps` steps (each a replay plus the device-side advance of the token and position,
+    as `generate_fast` runs them), after three untimed ones. The cache has `runner_slots` slots. (On a CPU: the
+    same steps run eagerly and are timed by the host clock — in Triton's interpreter that says nothing about a GPU;
+    the tests use it.)
+
+    Raises ValueError if the model's context cannot hold `steps` + 8 tokens, or steps < 1, or context < 0."""
+    from llmlab.cuda_graphs import GraphDecoder
+
+    slots = runner_slots(model, context, steps)
     context = min(context, slots - steps - 4)
     runner = GraphDecoder(model, max_batch=1, max_seq_len=slots)
     runner.start(torch.zeros(1, dtype=torch.long, device=runner.device), context)
@@ -78,18 +89,22 @@ def measure_step_ms(model, context: int = 128, steps: int = 32) -> float:
     return start.elapsed_time(end) / steps
 
 
-def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rounds: int = 3, finalists: int = 3,
-                     keep_margin: float = 0.005, log=None) -> dict:
-    """Choose a tile for each GEMV role of the batch-1 decode step by timing the captured step (see above).
+def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None, candidates: dict | None = None,
+                     rounds: int = 3, finalists: int = 3, keep_margin: float = 0.005, log=None) -> dict:
+    """Choose a tile for each GEMV role of the batch-1 decode step, and the attention's split config, by timing
+    the captured step (see above).
 
     Args:
         model: an `llmlab.model.Transformer` with the Triton kernels on (`patch_model.enable`), Llama-shaped (the
             fused batch-1 step runs it: no biases, no sliding window, one dtype).
-        measure: model -> step time in ms (a finite number > 0). Default `measure_step_ms` (CUDA). Tests pass a
-            stand-in.
-        candidates: {role: [triton.Config, ...]} (roles from `patch_model.GEMV_ROLES`) to try instead of
-            `fused_gemv.candidate_configs`; a role with fewer than two candidates is left alone (with autotuning
-            off there is one).
+        context, steps: the step is timed `steps` times with `context` tokens cached (default 256: between a chat
+            turn's 128-token prompt and its end), on a static cache of `runner_slots(model, context, steps)` slots;
+            the attention's choice is made for caches of that size (role `patch_model.attention_role(slots)`).
+        measure: model -> step time in ms (a finite number > 0). Default `measure_step_ms` (CUDA) with context and
+            steps. Tests pass a stand-in.
+        candidates: {role: [triton.Config, ...]} (roles from `patch_model.GEMV_ROLES`, or the attention role) to
+            try instead of `fused_gemv.candidate_configs` / `decode_attention.candidate_configs`; a role with fewer
+            than two candidates is left alone (with autotuning off there is one).
         rounds: rounds over the finalists, the order reversed every other round; each finalist is kept by its
             median.
         finalists: how many of the first pass's fastest tiles are timed again, besides the role's current tile.
@@ -116,23 +131,27 @@ def tune_decode_step(model, *, measure=None, candidates: dict | None = None, rou
     if not ok:
         raise ValueError(f"tune_decode_step: {why}")
     probe = next(model.parameters())
+    slots = runner_slots(model, context, steps)
     if measure is None:
         if probe.device.type != "cuda":
             raise RuntimeError(f"tune_decode_step: timing the captured step needs a CUDA GPU (the model is on "
                                f"{probe.device}); pass measure= to time it another way")
-        measure = measure_step_ms
+        measure = functools.partial(measure_step_ms, context=context, steps=steps)
     if rounds < 1 or finalists < 1:
         raise ValueError(f"tune_decode_step: rounds and finalists must be >= 1, got {rounds}, {finalists}")
-    _check_candidates(candidates)
+    attention = patch_model.attention_role(slots)
+    _check_candidates(candidates, attention)
     weights = patch_model.gemv_weights(model)
-    before = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
+    before = dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {}))
     tiles = dict(before)
     report = {}
     try:
-        for role in ORDER:
-            weight, glu = weights[role]
+        for role in ORDER + (attention,):
             cands = (candidates or {}).get(role)
-            if cands is None:
+            if cands is None and role == attention:
+                cands = _attention_candidates(model, slots)
+            elif cands is None:
+                weight, glu = weights[role]
                 cands = fused_gemv.candidate_configs(weight, swiglu_out=glu)
             if len(cands) < 2:
                 continue
@@ -159,26 +178,39 @@ def fusable(model) -> tuple[bool, str]:
     return True, ""
 
 
-def _check_candidates(candidates) -> None:
+def _attention_candidates(model, slots: int) -> list:
+    """The attention's split configs the autotuner would time for the step's static cache (batch 1)."""
+    probe = next(model.parameters())
+    cfg = model.config
+    q = torch.empty(1, cfg.n_heads, cfg.head_dim, device=probe.device, dtype=probe.dtype)
+    k = torch.empty(1, cfg.n_kv_heads, slots, cfg.head_dim, device="meta", dtype=probe.dtype)
+    return decode_attention.candidate_configs(q, k, has_lens=True)
+
+
+def _check_candidates(candidates, attention: str) -> None:
     if candidates is None:
         return
     if not isinstance(candidates, dict):
         raise TypeError(f"tune_decode_step: candidates must be a dict {{role: [triton.Config, ...]}}, got "
                         f"{type(candidates).__name__}")
-    unknown = set(candidates) - set(patch_model.GEMV_ROLES)
+    roles = patch_model.GEMV_ROLES + (attention,)
+    unknown = set(candidates) - set(roles)
     if unknown:
-        raise ValueError(f"tune_decode_step: unknown GEMV role(s) {sorted(unknown)} in candidates; the roles are "
-                         f"{', '.join(patch_model.GEMV_ROLES)}")
+        raise ValueError(f"tune_decode_step: unknown role(s) {sorted(unknown)} in candidates; the roles of this "
+                         f"step are {', '.join(roles)}")
     for role, cands in candidates.items():
+        what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
+                if role == attention else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)")
+        check = decode_attention._check_split_config if role == attention else fused_gemv._check_tile
         if not isinstance(cands, (list, tuple)):
-            raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with BLOCK_N, "
-                            f"BLOCK_K and STAGES (as fused_gemv.candidate_configs returns), got {cands!r}")
+            raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with {what}, "
+                            f"got {cands!r}")
         for c in cands:
             try:
-                fused_gemv._check_tile(c)
+                check(c)
             except TypeError as e:
                 raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with "
-                                f"BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns): {e}") from None
+                                f"{what}: {e}") from None
 
 
 class MeasureError(ValueError):
@@ -202,9 +234,9 @@ def _name(config) -> str:
 
 def _set_tiles(model, tiles: dict) -> None:
     if tiles:
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(tiles)
+        model.__dict__[patch_model.STEP_TILES_ATTR] = dict(tiles)
     else:
-        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
+        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
 
 
 def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int, finalists: int,

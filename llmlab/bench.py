@@ -777,9 +777,9 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                                    warmup=lambda: run_llmlab(run_llm, kwargs, prompts, warm_tokens))
             tuned = {}
             if r.settings.get("step_tuning"):  # the tiles step tuning chose ({} = the autotuner's picks kept)
-                tiles = run_llm.model.__dict__.get("_llmlab_gemv_configs", {})
+                tiles = run_llm.model.__dict__.get("_llmlab_step_tiles", {})
                 report = run_llm.model.__dict__.get("_llmlab_step_tuning_report") or {}
-                tuned = {"gemv_tiles": {role: str(c) for role, c in tiles.items()},
+                tuned = {"step_tiles": {role: str(c) for role, c in tiles.items()},
                          "step_tuning_s": report.get("seconds")}  # the tuning's own time (before warm-up)
             add_row(r.name, r.step.label, weights_label(r.step, run_llm.dtype),
                     weight_bytes_per_param(r.step, run_llm.dtype), runs, hw, warm, settings=r.settings,

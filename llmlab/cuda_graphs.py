@@ -69,7 +69,7 @@ def weights_fingerprint(model) -> tuple:
     params = tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
     forwards = tuple((n, getattr(m.__dict__["forward"], "__qualname__", repr(m.__dict__["forward"])))
                      for n, m in model.named_modules() if "forward" in m.__dict__)
-    tiles = tuple(sorted((role, str(c)) for role, c in model.__dict__.get("_llmlab_gemv_configs", {}).items()))
+    tiles = tuple(sorted((role, str(c)) for role, c in model.__dict__.get("_llmlab_step_tiles", {}).items()))
     return params + forwards + (("gemv_configs", tiles),)
 
 

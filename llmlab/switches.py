@@ -211,7 +211,7 @@ def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
 
     model = llm.model
     if not value:
-        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
+        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
         return llm
     if not patch_model.is_enabled(model):
         raise ValueError("step tuning chooses the Triton kernels' tiles: turn the triton_kernels switch on too")
@@ -221,14 +221,14 @@ def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
         from .kernels import step_tuning
 
         t0 = time.perf_counter()
-        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)  # start from the autotuner's picks
+        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # start from the autotuner's picks
         report = step_tuning.tune_decode_step(model, log=print)
         model.__dict__["_llmlab_step_tuning_report"] = {"seconds": time.perf_counter() - t0, "roles": report}
-        cached = model.__dict__[_STEP_TILES] = (key, dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {})))
+        cached = model.__dict__[_STEP_TILES] = (key, dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {})))
     if cached[1]:
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(cached[1])
+        model.__dict__[patch_model.STEP_TILES_ATTR] = dict(cached[1])
     else:
-        model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)
+        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
     return llm
 
 

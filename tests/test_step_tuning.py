@@ -82,11 +82,12 @@ def _fake_clock(costs: dict, base: float = 1.0):
     autotuner's pick, i.e. no tile, costs `costs[(role, None)]`, default 0). Records every call's tiles."""
     seen = []
 
+    roles = set(patch_model.GEMV_ROLES) | {role for role, _ in costs}
+
     def measure(model):
-        tiles = model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {})
+        tiles = model.__dict__.get(patch_model.STEP_TILES_ATTR, {})
         seen.append(dict(tiles))
-        return base + sum(costs.get((role, str(tiles.get(role)) if role in tiles else None), 0.0)
-                          for role in patch_model.GEMV_ROLES)
+        return base + sum(costs.get((role, str(tiles.get(role)) if role in tiles else None), 0.0) for role in roles)
     return measure, seen
 
 
@@ -116,7 +117,7 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
         costs.update({(role, str(t)): 0.0 for role, t in winners.items()})
         measure, seen = _fake_clock(costs)
         report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=2)
-        tiles = model.__dict__[patch_model.GEMV_CONFIGS_ATTR]
+        tiles = model.__dict__[patch_model.STEP_TILES_ATTR]
         assert {r: str(c) for r, c in tiles.items()} == {r: str(c) for r, c in winners.items()}
         assert {r: report[r]["chosen"] for r in report} == {r: str(c) for r, c in winners.items()}
         assert all(report[r]["current"] == "autotuner" for r in report)
@@ -126,7 +127,7 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
         assert len(set(before)) >= 2
     finally:
         patch_model.disable(model)
-    assert patch_model.GEMV_CONFIGS_ATTR not in model.__dict__  # disable forgets the tiles
+    assert patch_model.STEP_TILES_ATTR not in model.__dict__  # disable forgets the tiles
 
 
 def test_the_autotuners_pick_stays_when_no_tile_beats_it_by_the_margin():
@@ -139,7 +140,7 @@ def test_the_autotuners_pick_stays_when_no_tile_beats_it_by_the_margin():
         report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1,
                                               keep_margin=0.003)
         assert report["down"]["chosen"] == "autotuner"
-        assert patch_model.GEMV_CONFIGS_ATTR not in model.__dict__
+        assert patch_model.STEP_TILES_ATTR not in model.__dict__
         costs[("down", str(TILES[0]))] = -0.01  # now 1% faster: it is chosen
         report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1)
         assert report["down"]["chosen"] == str(TILES[0])
@@ -154,7 +155,7 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
         bad = triton.Config({"BLOCK_N": 4, "BLOCK_K": 64, "STAGES": 1}, num_warps=4)
 
         def measure(m):
-            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
             if tile is bad:
                 raise RuntimeError("out of resources")  # as a launch this GPU cannot fit
             return 0.5 if tile is None else 1.0
@@ -162,7 +163,7 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
         report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": [TILES[0], bad]})
         assert str(bad) in report["down"]["failed"] and str(bad) not in report["down"]["first_pass_ms"]
         assert report["down"]["chosen"] == "autotuner"
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"o": TILES[1]}
+        model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
         calls = []
 
         def broken(m):
@@ -173,7 +174,7 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
 
         with pytest.raises(KeyboardInterrupt):
             step_tuning.tune_decode_step(model, measure=broken, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"o": TILES[1]}  # as before the call
+        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}  # as before the call
         assert _decode_logits(model).shape == (1, 1, 256)  # still usable: a batch-1 step that reads the tiles
     finally:
         patch_model.disable(model)
@@ -194,25 +195,25 @@ def test_a_failing_tile_is_never_chosen_even_when_it_was_the_current_one():
     patch_model.enable(model)
     try:
         def measure(m):  # TILES[1] cannot run; TILES[2] would be fastest if it could
-            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
             if tile is TILES[1]:
                 raise RuntimeError("out of resources")
             return {id(TILES[0]): 0.9, id(TILES[2]): 0.5}.get(id(tile), 1.0)
 
         report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
         assert report["down"]["chosen"] == str(TILES[2]) and str(TILES[1]) in report["down"]["failed"]
-        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR]["down"] is TILES[2]
+        assert model.__dict__[patch_model.STEP_TILES_ATTR]["down"] is TILES[2]
         # tune again: TILES[2] is now the current tile and a candidate; it fails this time -> an error, no change
         def failing_current(m):
-            tile = m.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}).get("down")
+            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
             if tile is TILES[2]:
                 raise RuntimeError("out of resources")
             return 1.0
 
         with pytest.raises(RuntimeError, match="out of resources"):
             step_tuning.tune_decode_step(model, measure=failing_current, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[2]}
-        assert all(isinstance(c, triton.Config) for c in model.__dict__[patch_model.GEMV_CONFIGS_ATTR].values())
+        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[2]}
+        assert all(isinstance(c, triton.Config) for c in model.__dict__[patch_model.STEP_TILES_ATTR].values())
     finally:
         patch_model.disable(model)
 
@@ -223,7 +224,7 @@ def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
     model = tiny_model(seed=14).to(DEV)
     patch_model.enable(model)
     try:
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"o": TILES[1]}
+        model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
         calls = []
 
         def measure(m):
@@ -232,17 +233,18 @@ def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
 
         with pytest.raises(ValueError, match="measure returned .* finite number > 0"):
             step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"o": TILES[1]}
+        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}
     finally:
         patch_model.disable(model)
 
 
 @pytest.mark.parametrize("bad, err, match", [
-    ({"gateup": TILES[:2]}, ValueError, "unknown GEMV role"),
+    ({"gateup": TILES[:2]}, ValueError, "unknown role"),
+    ({"attention@256": TILES[:2]}, TypeError, "must be a list of triton.Config with a split config"),
     ([TILES[0]], TypeError, "candidates must be a dict"),
     ({"down": ["junk", TILES[0]]}, TypeError, "must be a list of triton.Config"),
     ({"down": TILES[0]}, TypeError, "must be a list of triton.Config"),
-], ids=["unknown-role", "list", "junk-entry", "not-a-list"])
+], ids=["unknown-role", "gemv-tile-for-attention", "list", "junk-entry", "not-a-list"])
 def test_bad_candidates_get_a_named_error(bad, err, match):
     model = tiny_model(seed=15).to(DEV)
     patch_model.enable(model)
@@ -261,7 +263,7 @@ def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(
 
     def fake_tune(model, **kw):  # stands in for the GPU timing: picks TILES[0] for the down projection
         runs.append(next(model.parameters()).dtype)
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"down": TILES[0]}
+        model.__dict__[patch_model.STEP_TILES_ATTR] = {"down": TILES[0]}
         return {"down": {"chosen": str(TILES[0])}}
 
     monkeypatch.setattr(step_tuning, "tune_decode_step", fake_tune)
@@ -270,12 +272,12 @@ def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(
     patch_model.enable(llm.model)
     try:
         sw.apply(llm, True, {})
-        assert llm.model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[0]} and len(runs) == 1
+        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[0]} and len(runs) == 1
         assert llm.model.__dict__["_llmlab_step_tuning_report"]["seconds"] >= 0
         sw.apply(llm, False, {})
-        assert patch_model.GEMV_CONFIGS_ATTR not in llm.model.__dict__
+        assert patch_model.STEP_TILES_ATTR not in llm.model.__dict__
         sw.apply(llm, True, {})
-        assert llm.model.__dict__[patch_model.GEMV_CONFIGS_ATTR] == {"down": TILES[0]} and len(runs) == 1
+        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[0]} and len(runs) == 1
         llm.model.half()  # other weights' dtype: the tiles were chosen for fp32 and are chosen again
         sw.apply(llm, True, {})
         assert runs == [torch.float32, torch.float16]
@@ -334,7 +336,7 @@ def test_chosen_tiles_make_captured_runners_stale():
     try:
         before = weights_fingerprint(model)
         runner = runner_for(model, "static", 1, 32)
-        model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = {"down": TILES[0]}
+        model.__dict__[patch_model.STEP_TILES_ATTR] = {"down": TILES[0]}
         assert weights_fingerprint(model) != before
         assert runner_for(model, "static", 1, 32) is not runner
     finally:
@@ -379,3 +381,90 @@ def test_tuning_the_real_step_keeps_the_greedy_tokens():
     finally:
         patch_model.disable(model)
     assert got.token_ids == ref.token_ids
+
+
+SPLITS = [triton.Config({"BLOCK_N": n, "SPLIT_N": sn, "FUSED_MERGE": f}, num_warps=4, num_stages=2)
+          for n, sn, f in [(16, 16, False), (16, 64, False), (32, 32, True)]]
+
+
+@torch.no_grad()
+def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_is_unchanged():
+    """The attention role is named by the static cache's size (`attention_role`): the tuned split config runs in
+    steps on caches of that size only, and every split config computes the same attention."""
+    from llmlab.static_cache import StaticKVCache
+
+    model = tiny_model(seed=18).to(DEV)  # context 256: the timed runner has 256 slots
+    role = patch_model.attention_role(step_tuning.runner_slots(model))
+    assert role == "attention@256"
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(18)).to(DEV)
+
+    def greedy(slots, steps=5):
+        cache = StaticKVCache(model.config, 1, slots, torch.float32, DEV)
+        nxt, out = model(ids, kv_cache=cache)[:, -1:].argmax(-1), []
+        for s_ in range(steps):
+            nxt = model(nxt, positions=torch.tensor([[40 + s_]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
+            out.append(int(nxt))
+        return out
+
+    patch_model.enable(model)
+    try:
+        before = greedy(256)
+        costs = {(role, None): 0.05, (role, str(SPLITS[0])): 0.1, (role, str(SPLITS[1])): 0.0,
+                 (role, str(SPLITS[2])): 0.1}
+        measure, _ = _fake_clock(costs)
+        report = step_tuning.tune_decode_step(model, measure=measure, candidates={role: SPLITS}, rounds=1)
+        assert report[role]["chosen"] == str(SPLITS[1])
+        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {role: SPLITS[1]}
+        calls = []
+        real = patch_model._kernels().decode_attention
+
+        def spy(*a, **kw):
+            calls.append(kw.get("config"))
+            return real(*a, **kw)
+
+        ns = patch_model._kernels()
+        ns.decode_attention = spy
+        try:
+            assert greedy(256) == before  # the chosen split: the same tokens
+            assert calls and all(c is SPLITS[1] for c in calls)
+            calls.clear()
+            greedy(64)  # a 64-slot cache is another size: the autotuner's pick
+            assert calls and all(c is None for c in calls)
+        finally:
+            ns.decode_attention = real
+        for config in SPLITS:  # every candidate computes the same attention
+            model.__dict__[patch_model.STEP_TILES_ATTR] = {role: config}
+            assert greedy(256) == before
+    finally:
+        patch_model.disable(model)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (triton.Config({"BLOCK_N": 16, "SPLIT_N": 32}), "with BLOCK_N, SPLIT_N and FUSED_MERGE"),
+    (triton.Config({"BLOCK_N": 16, "SPLIT_N": 32, "FUSED_MERGE": False, "PDL": True}), "and nothing else"),
+    (triton.Config({"BLOCK_N": 8, "SPLIT_N": 32, "FUSED_MERGE": False}), "power of 2 >= 16"),
+    (triton.Config({"BLOCK_N": 16, "SPLIT_N": 24, "FUSED_MERGE": False}), "multiple of it"),
+    (triton.Config({"BLOCK_N": 16, "SPLIT_N": 32, "FUSED_MERGE": 1}), "FUSED_MERGE True or False"),
+    ("BLOCK_N=16", "with BLOCK_N, SPLIT_N and FUSED_MERGE"),
+], ids=["no-FUSED_MERGE", "extra-key", "BLOCK_N-8", "SPLIT_N-24", "FUSED_MERGE-int", "str"])
+def test_decode_attention_refuses_a_config_that_is_not_a_split_config(bad, match):
+    from llmlab.kernels.decode_attention import decode_attention
+
+    q, k, v = torch.randn(1, 4, 16, device=DEV), torch.randn(1, 2, 50, 16, device=DEV), torch.randn(1, 2, 50, 16,
+                                                                                                    device=DEV)
+    with pytest.raises(TypeError, match=match):
+        decode_attention(q, k, v, config=bad)
+    with pytest.raises(TypeError, match="num_splits or config, not both"):
+        decode_attention(q, k, v, config=SPLITS[0], num_splits=2)
+
+
+@pytest.mark.parametrize("config", SPLITS, ids=str)
+def test_decode_attention_with_a_given_split_config_equals_the_reference(config):
+    from llmlab.kernels.decode_attention import decode_attention, decode_attention_reference
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(*shape, generator=g).to(DEV) for shape in ((2, 4, 16), (2, 2, 70, 16), (2, 2, 70, 16)))
+    lens = torch.tensor([70, 23], device=DEV)
+    want = torch.stack([decode_attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])[0]
+                        for b, n in enumerate([70, 23])])
+    torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, config=config), want, atol=1e-4, rtol=1e-4)

@@ -79,13 +79,13 @@ def main(argv: list[str]) -> None:
                     t0 = time.perf_counter()
                     tuning["report"] = step_tuning.tune_decode_step(model, log=print)
                     tuning["seconds"] = time.perf_counter() - t0
-                    tuning["tiles"] = dict(model.__dict__.get(patch_model.GEMV_CONFIGS_ATTR, {}))
+                    tuning["tiles"] = dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {}))
                     print(f"step tuning took {tuning['seconds']:.1f} s", flush=True)
-                model.__dict__[patch_model.GEMV_CONFIGS_ATTR] = dict(tuning["tiles"])
+                model.__dict__[patch_model.STEP_TILES_ATTR] = dict(tuning["tiles"])
             runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq)  # captured with env set
             generate_fast(model, prompt, max_new_tokens=8, runner=runners[name])  # warm-up
         finally:
-            model.__dict__.pop(patch_model.GEMV_CONFIGS_ATTR, None)  # tiles are baked into the captured graph
+            model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # tiles are baked into the captured graph
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
