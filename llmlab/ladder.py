@@ -13,7 +13,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +torch_compile   fuse the small ops with torch.compile (Inductor)
     +triton_kernels  hand-written Triton kernels for RMSNorm, SwiGLU, RoPE, decode attention (llmlab.kernels)
                      INSTEAD of torch.compile's: CUDA graphs + these kernels, to compare hand fusion with Inductor's
-    +step_tuning     the Triton GEMVs' tiles chosen by timing the whole decode step (llmlab.kernels.step_tuning)
+    +step_tuning     the Triton kernels' configs chosen by timing the whole decode step (llmlab.kernels.step_tuning)
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -239,6 +239,7 @@ register_step(LadderStep("+triton_kernels", {"triton_kernels": True, "torch_comp
                          gpu_only="the Triton kernels are compiled for a CUDA GPU; on a CPU only the slow "
                                   "interpreter runs them (for tests)"))
 register_step(LadderStep("+step_tuning", {"step_tuning": True},
-                         "the Triton GEMVs' tiles chosen by timing the captured decode step instead of each GEMV alone "
-                         "(llmlab.kernels.step_tuning; ~6 s of tuning on an H200 before the run)",
+                         "the Triton GEMVs' tiles and the attention's split chosen by timing the captured decode step "
+                         "instead of each kernel alone "
+                         "(llmlab.kernels.step_tuning; 8-19 s of tuning on an H200 before the run)",
                          gpu_only="it times CUDA-graph replays of the decode step; a CPU has none"))

@@ -55,8 +55,7 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
     unknown = set(settings) - set(SWITCHES)
     if unknown:
         raise ValueError(f"unknown switch(es) {sorted(unknown)}; known: {', '.join(SWITCHES)}")
-    kwargs: dict = {}
-    for key, switch in SWITCHES.items():
+    for key, switch in SWITCHES.items():  # every value checked before any switch changes the model
         value = settings.get(key, switch.default)
         if switch.choices is not None and value not in switch.choices:
             raise ValueError(f"{key}={value!r} is not one of {switch.choices}")
@@ -66,7 +65,9 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
             ok, why = switch.available(llm)
             if not ok:
                 raise ValueError(f"switch {switch.label!r} cannot be set to {value!r} here: {why}")
-        llm = switch.apply(llm, value, kwargs)
+    kwargs: dict = {}
+    for key, switch in SWITCHES.items():
+        llm = switch.apply(llm, settings.get(key, switch.default), kwargs)
     return llm, kwargs
 
 
@@ -189,8 +190,9 @@ register(Switch("triton_kernels", "Triton kernels", False,
 
 
 # -- step tuning (llmlab.kernels.step_tuning) --------------------------------------------------------------------
-# Chooses the Triton kernels' GEMV tiles by timing the captured batch-1 decode step (once per model and dtype; ~6 s on an H200),
-# instead of the autotuner's picks made by timing each GEMV alone. Off: the autotuner's picks again.
+# Chooses the Triton kernels' GEMV tiles and the attention's split by timing the captured batch-1 decode step (once
+# per model, dtype and device; 8-19 s on an H200), instead of the autotuner's picks made by timing each kernel
+# alone. Off: the autotuner's picks again.
 
 _STEP_TILES = "_llmlab_step_tuned"  # (what they were tuned for, the tiles): on -> off -> on does not retune
 
@@ -221,8 +223,13 @@ def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
         from .kernels import step_tuning
 
         t0 = time.perf_counter()
-        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # start from the autotuner's picks
-        report = step_tuning.tune_decode_step(model, log=print)
+        held = model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # start from the autotuner's picks
+        try:
+            report = step_tuning.tune_decode_step(model, log=print)
+        except BaseException:
+            if held is not None:  # an error or an interrupt: the tiles the model had stay
+                model.__dict__[patch_model.STEP_TILES_ATTR] = held
+            raise
         model.__dict__["_llmlab_step_tuning_report"] = {"seconds": time.perf_counter() - t0, "roles": report}
         cached = model.__dict__[_STEP_TILES] = (key, dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {})))
     if cached[1]:
@@ -242,6 +249,7 @@ def _step_tuning_available(llm: LLM) -> tuple[bool, str]:
 
 
 register(Switch("step_tuning", "step tuning", False,
-                "choose each Triton GEMV's tile by timing the whole captured decode step (batch 1), not the GEMV "
-                "alone: inside the step, kernels overlap their neighbours (programmatic dependent launch)",
+                "choose each Triton GEMV's tile and the attention's split by timing the whole captured decode step "
+                "(batch 1), not each kernel alone: inside the step, kernels overlap their neighbours (programmatic "
+                "dependent launch)",
                 _step_tuning, available=_step_tuning_available))

@@ -110,6 +110,7 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
     try:
         before = greedy()
         cands = {role: TILES[:3] for role in patch_model.GEMV_ROLES}
+        cands[patch_model.attention_role(step_tuning.runner_slots(model))] = []  # not this test's subject
         # each role's fastest tile is a different one; the autotuner's pick costs 0.05
         costs = {(role, None): 0.05 for role in patch_model.GEMV_ROLES}
         costs.update({(role, str(t)): 0.1 for role in patch_model.GEMV_ROLES for t in TILES[:3]})
@@ -285,6 +286,38 @@ def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(
         patch_model.disable(llm.model)
 
 
+def test_the_switch_keeps_the_models_tiles_when_tuning_fails(monkeypatch):
+    from llmlab import switches
+    from llmlab.engine import LLM
+
+    def interrupted(model, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(step_tuning, "tune_decode_step", interrupted)
+    llm = LLM(tiny_model(seed=19).to(DEV), name="tiny")
+    patch_model.enable(llm.model)
+    try:
+        llm.model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
+        with pytest.raises(KeyboardInterrupt):
+            switches.SWITCHES["step_tuning"].apply(llm, True, {})
+        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}
+    finally:
+        patch_model.disable(llm.model)
+
+
+def test_a_refused_switch_changes_nothing(monkeypatch):
+    """Every switch's value and availability is checked before any is applied: a refusal of a later switch does
+    not leave an earlier one (the Triton kernels) half-applied to the model."""
+    from llmlab import switches
+    from llmlab.engine import LLM
+
+    llm = LLM(tiny_model(seed=20, attention_bias=True).to(DEV), name="tiny")
+    monkeypatch.setattr(switches.SWITCHES["triton_kernels"], "available", lambda llm: (True, ""))
+    with pytest.raises(ValueError, match="switch .step tuning. cannot be set to True here"):
+        switches.apply_switches(llm, {"triton_kernels": True, "step_tuning": True})
+    assert not patch_model.is_enabled(llm.model)
+
+
 def test_models_the_fused_step_does_not_run_are_refused_by_the_switch_with_the_reason():
     ok, why = step_tuning.fusable(tiny_model(seed=17, attention_bias=True))
     assert not ok and "leave step tuning off" in why
@@ -300,8 +333,12 @@ def test_bad_use_gets_a_named_error():
         if DEV == "cpu":
             with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
                 step_tuning.tune_decode_step(model)
-        with pytest.raises(ValueError, match="rounds and finalists"):
-            step_tuning.tune_decode_step(model, measure=lambda m: 1.0, rounds=0)
+        for bad in ({"rounds": 0}, {"finalists": 0}, {"rounds": 1.5}, {"finalists": "3"}):
+            with pytest.raises(ValueError, match="rounds and finalists must be whole numbers >= 1"):
+                step_tuning.tune_decode_step(model, measure=lambda m: 1.0, **bad)
+        for bad in ("x", float("nan"), 5, -0.1, True):
+            with pytest.raises(ValueError, match=r"keep_margin must be a fraction in \[0, 1\)"):
+                step_tuning.tune_decode_step(model, measure=lambda m: 1.0, keep_margin=bad)
         for bad in ({"steps": 0}, {"steps": -3}, {"context": -1}, {"steps": 2.5}):
             with pytest.raises(ValueError, match="steps must be a whole number >= 1 and context >= 0"):
                 step_tuning.measure_step_ms(model, **bad)
@@ -374,7 +411,8 @@ def test_tuning_the_real_step_keeps_the_greedy_tokens():
     patch_model.enable(model)
     try:
         report = step_tuning.tune_decode_step(model, rounds=2)
-        assert set(report) <= set(patch_model.GEMV_ROLES)
+        attention = patch_model.attention_role(step_tuning.runner_slots(model))
+        assert set(report) <= set(patch_model.GEMV_ROLES) | {attention}
         for r in report.values():
             assert r["chosen"] in r["step_ms"] and all(t > 0 for t in r["step_ms"].values())
         got = generate_fast(model, prompt, max_new_tokens=40, mode="graphs")
