@@ -10,7 +10,8 @@ The kernel micro-benchmark (Llama-3.1-8B: 32 heads, 8 KV heads, hd 128, bf16) ta
 3. the split kernel's own merge (FUSED_MERGE) at 8-32 splits (the tuner offers it up to 8), with the merge tile
    at 4096 and 8192 partial values (one or two L2 round trips for 16 splits);
 4. the split kernel letting the next kernel launch after its wait instead of at its start (LLMLAB_AB_LATE_TRIGGER,
-   a temporary switch), with and without the merge's trigger_next.
+   a temporary switch of commit c01a1ad, removed after call BB: at later commits these rows equal the plain ones),
+   with and without the merge's trigger_next.
 
 Writes JSON to argv[1].
 """
