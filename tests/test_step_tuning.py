@@ -92,19 +92,25 @@ def _fake_clock(costs: dict, base: float = 1.0):
 
 
 @torch.no_grad()
-def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
+def _greedy(model, ids, slots: int, steps: int) -> list[int]:
+    """Prefill ids (1, T) into a static cache of `slots` slots, then `steps` greedy batch-1 decode steps (the fused
+    path, which reads the step-tuned configs): the tokens."""
     from llmlab.static_cache import StaticKVCache
 
+    cache = StaticKVCache(model.config, 1, slots, torch.float32, DEV)
+    nxt, out, T = model(ids, kv_cache=cache)[:, -1:].argmax(-1), [], ids.shape[1]
+    for s in range(steps):
+        nxt = model(nxt, positions=torch.tensor([[T + s]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
+        out.append(int(nxt))
+    return out
+
+
+def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
     model = tiny_model(seed=6).to(DEV)
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6)).to(DEV)
 
-    def greedy(steps=6):
-        cache = StaticKVCache(model.config, 1, 24, torch.float32, DEV)
-        nxt, out = model(ids, kv_cache=cache)[:, -1:].argmax(-1), []
-        for s in range(steps):
-            nxt = model(nxt, positions=torch.tensor([[5 + s]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
-            out.append(int(nxt))
-        return out
+    def greedy():
+        return _greedy(model, ids, 24, 6)
 
     patch_model.enable(model)
     try:
@@ -429,20 +435,13 @@ SPLITS = [triton.Config({"BLOCK_N": n, "SPLIT_N": sn, "FUSED_MERGE": f}, num_war
 def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_is_unchanged():
     """The attention role is named by the static cache's size (`attention_role`): the tuned split config runs in
     steps on caches of that size only, and every split config computes the same attention."""
-    from llmlab.static_cache import StaticKVCache
-
     model = tiny_model(seed=18).to(DEV)  # context 256: the timed runner has 256 slots
     role = patch_model.attention_role(step_tuning.runner_slots(model))
     assert role == "attention@256"
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(18)).to(DEV)
 
-    def greedy(slots, steps=5):
-        cache = StaticKVCache(model.config, 1, slots, torch.float32, DEV)
-        nxt, out = model(ids, kv_cache=cache)[:, -1:].argmax(-1), []
-        for s_ in range(steps):
-            nxt = model(nxt, positions=torch.tensor([[40 + s_]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
-            out.append(int(nxt))
-        return out
+    def greedy(slots):
+        return _greedy(model, ids, slots, 5)
 
     patch_model.enable(model)
     try:
