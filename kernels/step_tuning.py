@@ -121,6 +121,7 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
         {role: {"chosen": str, "current": str, "step_ms": {config: median ms}, "first_pass_ms": {config: ms},
         "failed": {config: error}}} ("autotuner" names the autotuner's own pick; a tile that could not run, e.g. too
         many registers for this GPU, is in "failed" and never chosen). The chosen tiles are stored on the model.
+        Empty where every role has fewer than two candidates (autotuning off), with a line saying so to `log`.
 
     Raises:
         ValueError: the Triton kernels are not on; a model the fused batch-1 step does not run; rounds or
@@ -176,6 +177,9 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
         _set_tiles(model, before)
         raise
     _set_tiles(model, tiles)
+    if not report and log is not None:
+        log("step tuning: every role has one config here (autotuning is off: Triton's interpreter, or "
+            "LLMLAB_TRITON_AUTOTUNE=0), so there is nothing to choose")
     return report
 
 

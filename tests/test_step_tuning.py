@@ -330,6 +330,20 @@ def test_models_the_fused_step_does_not_run_are_refused_by_the_switch_with_the_r
     assert step_tuning.fusable(tiny_model(seed=17)) == (True, "")
 
 
+def test_with_one_config_per_role_nothing_is_tuned_and_the_log_says_why():
+    model = tiny_model(seed=21).to(DEV)
+    patch_model.enable(model)
+    try:
+        lines = []
+        single = {role: TILES[:1] for role in patch_model.GEMV_ROLES}
+        single[patch_model.attention_role(step_tuning.runner_slots(model))] = SPLITS[:1]
+        assert step_tuning.tune_decode_step(model, measure=lambda m: 1.0, candidates=single, log=lines.append) == {}
+        assert len(lines) == 1 and "nothing to choose" in lines[0]
+        assert patch_model.STEP_TILES_ATTR not in model.__dict__
+    finally:
+        patch_model.disable(model)
+
+
 def test_bad_use_gets_a_named_error():
     model = tiny_model(seed=9).to(DEV)
     with pytest.raises(ValueError, match="turn the Triton kernels on first"):
