@@ -54,11 +54,11 @@ def runner_slots(model, context: int = 256, steps: int = 32) -> int:
     Raises ValueError if steps < 1, context < 0, or the model's context cannot hold `steps` + 8 tokens."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(context, bool) \
             or not isinstance(context, int) or context < 0:
-        raise ValueError(f"measure_step_ms: steps must be a whole number >= 1 and context >= 0, got steps={steps!r}, "
+        raise ValueError(f"step tuning: steps must be a whole number >= 1 and context >= 0, got steps={steps!r}, "
                          f"context={context!r}")
     slots = min(model.config.max_seq_len, max(1024, context + steps + 8))
     if slots < steps + 8:
-        raise ValueError(f"measure_step_ms: {steps} timed steps need a context of at least {steps + 8} tokens; "
+        raise ValueError(f"step tuning: {steps} timed steps need a context of at least {steps + 8} tokens; "
                          f"this model has {model.config.max_seq_len}: time fewer steps")
     return slots
 

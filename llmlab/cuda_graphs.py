@@ -63,14 +63,15 @@ def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions:
 
 def weights_fingerprint(model) -> tuple:
     """What a captured step depends on: (name, address, dtype, shape) of every parameter, which modules run a
-    swapped-in `forward` (the "Triton kernels" switch sets one per module) and the GEMV tiles chosen in the step
-    (`llmlab.kernels.step_tuning`). It changes when weights are replaced or moved, a forward is swapped or a tile
-    is chosen, any of which makes captured graphs (they hold the old addresses and the old kernels) stale."""
+    swapped-in `forward` (the "Triton kernels" switch sets one per module) and the kernel configs chosen in the step
+    (`llmlab.kernels.step_tuning`: GEMV tiles, the attention's split). It changes when weights are replaced or
+    moved, a forward is swapped or a config is chosen, any of which makes captured graphs (they hold the old
+    addresses and the old kernels) stale."""
     params = tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
     forwards = tuple((n, getattr(m.__dict__["forward"], "__qualname__", repr(m.__dict__["forward"])))
                      for n, m in model.named_modules() if "forward" in m.__dict__)
     tiles = tuple(sorted((role, str(c)) for role, c in model.__dict__.get("_llmlab_step_tiles", {}).items()))
-    return params + forwards + (("gemv_configs", tiles),)
+    return params + forwards + (("step_tiles", tiles),)
 
 
 def _raise_recompile_limit(limit: int = 64) -> None:
