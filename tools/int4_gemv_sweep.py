@@ -17,22 +17,25 @@ PACKAGE = [(32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (32, 128, 2, 1, 4)]  # the pa
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
 
 
-def check_small(launch, cases) -> None:
-    """The interpreter: each (N, K, group, cfg) of `cases` (one-warp programs) against the fp32 reference."""
+def check_small(launch, cases, prepare=None) -> None:
+    """The interpreter: each (N, K, group, cfg) of `cases` (one-warp programs) against the fp32 reference;
+    `prepare(packed) -> packed` puts the package's packing into the experiment's own order, if it has one."""
     torch.manual_seed(0)
     for N, K, G, cfg in cases:
         packed, scales = dq.quantize_int4(torch.randn(N, K), G)
         x = torch.randn(1, K)
         y = torch.full((1, N), float("nan"))
-        launch(x, packed, scales, y, dict(cfg, num_warps=1))()
+        launch(x, prepare(packed) if prepare else packed, scales, y, dict(cfg, num_warps=1))()
         err = float((y - dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales))).abs().max())
         print(N, K, G, cfg, "max err", err)
         assert err < 1e-3, err
 
 
-def sweep(out_path: str, name: str, launch, configs: list[dict]) -> None:
+def sweep(out_path: str, name: str, launch, configs: list[dict], prepare=None, keep=None) -> None:
     """Time every cfg of `configs` with `launch` and the package kernel's PACKAGE configs at each of SHAPES; print
-    each shape's ten fastest; write every row (time, speedup over bf16, relative error, config) to out_path."""
+    each shape's ten fastest; write every row (time, speedup over bf16, relative error, config) to out_path.
+    `prepare(packed) -> packed`: the experiment's own weight order (done once, untimed), as in `check_small`;
+    `keep(N, K, cfg) -> bool`: which configs to time at a shape (default: all)."""
     from llmlab.kernels.bench_kernels import _graph_ms
 
     torch.manual_seed(0)
@@ -44,6 +47,7 @@ def sweep(out_path: str, name: str, launch, configs: list[dict]) -> None:
         packed, scales = dq.quantize_int4(W, 128)
         ref = dq.dequant_matmul_reference(x, dq.dequantize_int4(packed, scales)).float()
         sets = [(packed.clone(), scales.clone()) for _ in range(8)]
+        own = [((prepare(a) if prepare else a), b) for a, b in sets]
         ws, cnt = dq._scratch(x.device, N)
         first = len(rows)
 
@@ -70,12 +74,14 @@ def sweep(out_path: str, name: str, launch, configs: list[dict]) -> None:
                     y.stride(1), ws.stride(0), GROUP=128, num_warps=nw, **meta)
             timed("package", make, dict(meta, num_warps=nw))
         for cfg in configs:
-            timed(name, lambda y, i=0, cfg=cfg: launch(x, *sets[i], y, cfg), cfg)
+            if keep is not None and not keep(N, K, cfg):
+                continue
+            timed(name, lambda y, i=0, cfg=cfg: launch(x, *own[i], y, cfg), cfg)
         print(f"\n{N}x{K}: bf16 cuBLAS {t_bf16 * 1e3:.1f} us")
         for r in sorted(rows[first:], key=lambda r: r["time_us"])[:10]:
             print(f"  {r['impl']:10s} {r['time_us']:6.1f} us x{r['speedup_vs_bf16']:.2f} err {r['rel_err']:.1e} "
                   f"{r['config']}")
-        del W, sets
+        del W, sets, own
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__,
                    "triton": triton.__version__}, "rows": rows}, f, indent=1)
