@@ -238,6 +238,11 @@ def _int4_matmul_kernel(
 # instructions per weight) was slower, 25 us: one warp per scheduler stalled on shared memory (call AG). So was a
 # persistent form (call AP, `tools/exp_int4_persistent.py`): programs walking 2-8 (row block, split) items in one
 # pipelined loop ran 1.1-2x slower, worse with more items each — what this kernel needs is warps in flight.
+# Nor did fewer instructions pay by themselves (session 11, `data/runs/2026-12-01_h200_session11.md`): codes stored
+# so that x loads straight into the weight tile's layout (no shared memory or barrier in the loop; call BH,
+# `tools/exp_int4_xlayout.py`) ran 20.7 vs 14.8 us — every thread of a warp then redoes the same x work, or holds
+# so many rows that too few warps run; x's lift and word sums moved before the conversion (call BI,
+# `tools/exp_int4_xlift.py`, 10% fewer instructions when compiled offline) ran 15.7 vs 14.8 us.
 # The configs: the ones that won somewhere in the sweeps of calls W, X, AE and AI (every config timed by CUDA-graph
 # replay at the 8B shapes, `tools/exp_quant_gemv.py`).
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
