@@ -34,7 +34,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import int4_gemv_sweep  # noqa: E402
-from llmlab.kernels import dequant_matmul as dq  # noqa: E402
 from llmlab.kernels.dequant_matmul import X_EXP, _field, _lift  # noqa: E402
 from llmlab.kernels.split_k import split_k_range, split_k_store  # noqa: E402
 
@@ -140,52 +139,13 @@ def check_small() -> None:
 
 
 def asm(cfg: dict | None = None) -> None:
-    """Compile for sm_90 without a GPU; print the loop's conversions (TTGIR) and the SASS opcode counts."""
-    import collections
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """Compile for sm_90 without a GPU; print the loop's conversions and SASS opcode counts (SASS_OUT: a path
+    prefix to keep the TTGIR and SASS)."""
     cfg = cfg or dict(BLOCK_N=256, SPLIT_K=8, STAGES=1, num_warps=1)
-    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
-           "N": "i32", "K": "i32", "stride_xk": "constexpr", "stride_wn": "i32", "stride_sn": "i32",
-           "stride_sg": "constexpr", "stride_yn": "constexpr", "stride_ws": "i32", "GROUP": "constexpr",
-           "BLOCK_N": "constexpr", "SPLIT_K": "constexpr", "STAGES": "constexpr"}
-    consts = dict(stride_xk=1, stride_sg=1, stride_yn=1, GROUP=128,
-                  **{k: v for k, v in cfg.items() if k != "num_warps"})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if sig[a] != "constexpr"
-             and a not in ("N", "K")}
-    src = ASTSource(fn=_int4_gemv_c32, signature=sig, constexprs=consts, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-    ttgir = k.asm["ttgir"]
-    print("convert_layout ops:", ttgir.count("convert_layout"), " local_load:", ttgir.count("local_load"))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-        sass = subprocess.run([cuobj, "-sass", f.name], capture_output=True, text=True).stdout
-        res = subprocess.run([cuobj, "-res-usage", f.name], capture_output=True, text=True).stdout
-    print(" ".join(re.findall(r"REG:\d+|STACK:\d+|SHARED:\d+", res)))
-    ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass))
-    print(cfg, "registers:", getattr(k, "n_regs", "?"), "spills:", getattr(k, "n_spills", "?"))
-    if os.environ.get("TTGIR_OUT"):
-        open(os.environ["TTGIR_OUT"], "w").write(ttgir)
-    print(sorted(ops.items(), key=lambda t: -t[1])[:30])
-    lines = sass.splitlines()
-    for i, line in enumerate(lines):  # the K loop: the backward branch
-        m = re.search(r"/\*([0-9a-f]{4})\*/.*BRA (0x[0-9a-f]+)", line)
-        if m and int(m.group(2), 16) < int(m.group(1), 16):
-            lo, hi = int(m.group(2), 16), int(m.group(1), 16)
-            body = [re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln) for ln in lines]
-            loop = collections.Counter(b.group(2) for b in body if b and lo <= int(b.group(1), 16) <= hi)
-            weights = cfg["BLOCK_N"] // (32 * cfg["num_warps"]) * 128  # per thread per group of 128
-            print(f"loop: {sum(loop.values())} instructions, {sum(loop.values()) / weights:.2f} per weight;",
-                  sorted(loop.items(), key=lambda t: -t[1])[:24])
-    if os.environ.get("SASS_OUT"):
-        open(os.environ["SASS_OUT"], "w").write(sass)
+    meta = {k: v for k, v in cfg.items() if k != "num_warps"}
+    int4_gemv_sweep.loop_instructions(_int4_gemv_c32, dict(stride_xk=1, stride_sg=1, stride_yn=1, GROUP=128, **meta),
+                                      cfg["num_warps"], cfg["BLOCK_N"] // (32 * cfg["num_warps"]) * 128,
+                                      os.environ.get("SASS_OUT", ""))
 
 
 SWEEP = [dict(BLOCK_N=32 * nw * r, SPLIT_K=sk, STAGES=st, num_warps=nw)

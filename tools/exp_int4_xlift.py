@@ -95,42 +95,11 @@ def check_small() -> None:
 
 def asm(fn=None, cfg: dict | None = None) -> None:
     """The K loop of `fn` (default: this kernel) compiled for sm_90: instructions per weight and the opcode mix."""
-    import collections
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = fn or _int4_gemv_xlift
     cfg = cfg or dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, STAGES=4, num_warps=1)
-    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
-           "N": "i32", "K": "i32", "stride_xk": "constexpr", "stride_wn": "i32", "stride_sn": "i32",
-           "stride_sg": "constexpr", "stride_yn": "constexpr", "stride_ws": "i32", "GROUP": "constexpr",
-           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPLIT_K": "constexpr", "STAGES": "constexpr"}
-    consts = dict(stride_xk=1, stride_sg=1, stride_yn=1, GROUP=128, **{k: v for k, v in cfg.items() if k != "num_warps"})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if sig[a] != "constexpr" and a not in ("N", "K")}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-    cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([cuobj, "-sass", f.name], capture_output=True, text=True).stdout
-        res = subprocess.run([cuobj, "-res-usage", f.name], capture_output=True, text=True).stdout
-    lines = sass.splitlines()
-    ops = [re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln) for ln in lines]
-    for line in lines:  # the K loop: the backward branch
-        m = re.search(r"/\*([0-9a-f]{4})\*/.*BRA (0x[0-9a-f]+)", line)
-        if m and int(m.group(2), 16) < int(m.group(1), 16):
-            lo, hi = int(m.group(2), 16), int(m.group(1), 16)
-            loop = collections.Counter(o.group(2) for o in ops if o and lo <= int(o.group(1), 16) <= hi)
-            weights = cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
-            print(fn.__name__, cfg, " ".join(re.findall(r"REG:\d+", res)), "convert_layout:",
-                  k.asm["ttgir"].count("convert_layout"))
-            print(f"  loop: {sum(loop.values())} instructions, {sum(loop.values()) / weights:.2f} per weight;",
-                  sorted(loop.items(), key=lambda t: -t[1])[:16])
+    meta = {k: v for k, v in cfg.items() if k != "num_warps"}
+    int4_gemv_sweep.loop_instructions(fn or _int4_gemv_xlift, dict(stride_xk=1, stride_sg=1, stride_yn=1, GROUP=128,
+                                                                   **meta),
+                                      cfg["num_warps"], cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"]))
 
 
 SWEEP = dq._GEMV1_SHAPES  # the package's configs: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)

@@ -85,3 +85,47 @@ def sweep(out_path: str, name: str, launch, configs: list[dict], prepare=None, k
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__,
                    "triton": triton.__version__}, "rows": rows}, f, indent=1)
+
+
+def loop_instructions(fn, constexprs: dict, num_warps: int, weights_per_thread: int, out_prefix: str = "") -> None:
+    """Compile `fn` (a GEMV kernel with the argument names of `_int4_gemv_kernel`) for sm_90 without a GPU and print
+    its registers, the layout conversions in its TTGIR and the SASS opcode mix of its K loop (the one backward
+    branch), per weight of `weights_per_thread`. out_prefix: also write <prefix>.ttgir and <prefix>.sass.
+    A count from the local Triton, which may compile differently from the device's (calls BH, BI)."""
+    import collections
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+             "cnt_ptr": "*i32"}
+    sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if sig[a] != "constexpr" and a not in ("N", "K")}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobj, "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([cuobj, "-res-usage", f.name], capture_output=True, text=True).stdout
+    if out_prefix:
+        open(out_prefix + ".ttgir", "w").write(k.asm["ttgir"])
+        open(out_prefix + ".sass", "w").write(sass)
+    lines = sass.splitlines()
+    ops = [re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln) for ln in lines]
+    print(fn.__name__, constexprs, "num_warps", num_warps, " ".join(re.findall(r"REG:\d+", res)),
+          "convert_layout:", k.asm["ttgir"].count("convert_layout"))
+    for line in lines:
+        m = re.search(r"/\*([0-9a-f]{4})\*/.*BRA (0x[0-9a-f]+)", line)
+        if m and int(m.group(2), 16) < int(m.group(1), 16):
+            lo, hi = int(m.group(2), 16), int(m.group(1), 16)
+            loop = collections.Counter(o.group(2) for o in ops if o and lo <= int(o.group(1), 16) <= hi)
+            n = sum(loop.values())
+            print(f"  loop: {n} instructions, {n / weights_per_thread:.2f} per weight;",
+                  sorted(loop.items(), key=lambda t: -t[1])[:16])
