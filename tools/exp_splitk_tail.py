@@ -5,7 +5,7 @@ two instructions of the fixup (`split_k.split_k_store`): the release fence's ERR
 acknowledged before the counter's update) and the CCTL.IVALL after the acq_rel atomic (7.3%: waiting for the atomic
 to return, then invalidating L1 for the acquire). Only the last program of a row block needs the acquire.
 
-The package kernel's loop with four endings (MODE), timed by the same harness:
+The package kernel's loop with three endings (MODE), timed by the same harness:
   0  the package's: partial store, barrier, acq_rel atomic, the last program sums the partials (.cg loads);
   1  release-only atomic; the last program alone then acquires (a second, acquire-only atomic read of the counter)
      before its .cg loads — formally what the memory model asks, with the L1 invalidation in one program only;
