@@ -91,7 +91,8 @@ def loop_instructions(fn, constexprs: dict, num_warps: int, weights_per_thread: 
     """Compile `fn` (a GEMV kernel with the argument names of `_int4_gemv_kernel`) for sm_90 without a GPU and print
     its registers, the layout conversions in its TTGIR and the SASS opcode mix of its K loop (the one backward
     branch), per weight of `weights_per_thread`. out_prefix: also write <prefix>.ttgir and <prefix>.sass.
-    A count from the local Triton, which may compile differently from the device's (calls BH, BI)."""
+    Count with the device's Triton version: 3.9 and 3.6 placed call BI's layout conversion differently (a venv
+    with `pip install triton==3.6.0`, torch taken from the main venv, compiles for sm_90 without a GPU)."""
     import collections
     import os
     import re
