@@ -64,10 +64,11 @@ VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "data" / "bench"
 _AS_LOADED = LadderStep("as loaded", {})  # weights in the model's own dtype (peers and the roofline)
-# rungs with these switches on warm up on the whole workload (compilation and graph capture are sized by it and
-# their time is reported as warmup_s); the other rungs and hf_eager warm up with this many new tokens
-FULL_WARMUP_SWITCHES = ("torch_compile", "cuda_graphs")
-SHORT_WARMUP_TOKENS = 8
+# Every row warms up on the whole workload before it is timed. The compiled and graph-captured rows need it
+# (compilation and capture are sized by it; warmup_s reports its time), and so do the eager ones: the first time a
+# decode step meets a new KV length it pays one-off costs (measured on the H200, call BM: the eager KV-cache decode's
+# first 256-token run took 52 ms per step, the next ones 13 ms), which a short warm-up left in the timed runs of
+# whichever row met those lengths first.
 
 # the keys every result row has (null where not measured); kernel rows add bw_fraction or speedup_vs_bf16
 ROW_KEYS = ("workload", "model", "step", "batch_size", "weights", "tokens_per_s", "ttft_ms", "tpot_ms_p50",
@@ -687,9 +688,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         sample, why_not = nvml_available()
     groups = group_by_length(prompts)
     notes = [f"{wl.name}: {wl.description}" + (f" (--quick: {new_tokens} new tokens)" if quick else ""),
-             f"median of {repeats} timed run(s) after one untimed warm-up run: of the whole workload for compiled "
-             f"or graph-captured rows ({', '.join(FULL_WARMUP_SWITCHES)}) and hf_static (warmup_s = its compile "
-             f"time), of {SHORT_WARMUP_TOKENS} new tokens per request for the eager rows",
+             f"median of {repeats} timed run(s) after one untimed warm-up run of the whole workload (warmup_s: its "
+             f"time, compilation and CUDA-graph capture included)",
              "greedy decoding; EOS ignored: every request generates exactly its new tokens",
              "prompts: random token ids (seed 0), the same for every row",
              "mbu/mfu count the bytes/FLOPs of a KV-cache decode step (weights once + each sequence's KV cache) "
@@ -769,12 +769,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         run_llm = kwargs = None
         try:
             run_llm, kwargs = apply_switches(llm, r.settings)
-            # compiled / captured rungs warm up on the whole workload (their warm-up time is a result); the eager
-            # ones only need their first calls done: a few tokens of every group
-            full = any(r.settings.get(k) for k in FULL_WARMUP_SWITCHES)
-            warm_tokens = new_tokens if full else min(SHORT_WARMUP_TOKENS, new_tokens)
-            runs, hw, warm = timed(lambda: run_llmlab(run_llm, kwargs, prompts, new_tokens), dev, repeats, sample,
-                                   warmup=lambda: run_llmlab(run_llm, kwargs, prompts, warm_tokens))
+            runs, hw, warm = timed(lambda: run_llmlab(run_llm, kwargs, prompts, new_tokens), dev, repeats, sample)
             tuned = {}
             if r.settings.get("step_tuning"):  # the tiles step tuning chose ({} = the autotuner's picks kept)
                 tiles = run_llm.model.__dict__.get("_llmlab_step_tiles", {})
@@ -804,9 +799,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             try:
                 if static:
                     torch._dynamo.reset()  # a clean compile cache: the warm-up time is transformers' own
-                warm_tokens = new_tokens if static else min(SHORT_WARMUP_TOKENS, new_tokens)
-                runs, hw, warm = timed(lambda: run_hf(hf, prompts, new_tokens, static), dev, repeats, sample,
-                                       warmup=lambda: run_hf(hf, prompts, warm_tokens, static))
+                runs, hw, warm = timed(lambda: run_hf(hf, prompts, new_tokens, static), dev, repeats, sample)
                 how = ""
                 if static:
                     how = ", cache_implementation='static'" + (" (compiled by transformers)" if dev.type == "cuda"

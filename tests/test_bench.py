@@ -90,6 +90,24 @@ def test_batch_workload_is_grouped_and_says_so():
     assert rows["hf_eager"]["tokens_match_eager"] is True  # the attention mask makes padding harmless
 
 
+def test_every_row_warms_up_on_the_whole_workload(monkeypatch):
+    """The untimed warm-up generates as many tokens as the timed runs, for the eager rows and the HF peers too: a
+    decode step's first meeting with a KV length has one-off costs (call BM) that must not land in a timed run."""
+    calls = []
+    real_llmlab, real_hf = bench.run_llmlab, bench.run_hf
+    monkeypatch.setattr(bench, "run_llmlab", lambda llm, kw, prompts, n: calls.append(("llmlab", n))
+                        or real_llmlab(llm, kw, prompts, n))
+    monkeypatch.setattr(bench, "run_hf", lambda hf, prompts, n, static, **kw: calls.append(("hf", n))
+                        or real_hf(hf, prompts, n, static, **kw))
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    doc = run_bench("chat", "tiny", steps=["no_kv_cache", "eager"], peers=True, out=None, quick=True, llm=llm,
+                    repeats=1, print_fn=lambda *a: None)
+    new_tokens = {n for _, n in calls}
+    assert len(new_tokens) == 1, calls  # warm-up and timed runs alike
+    assert [who for who, _ in calls] == ["llmlab"] * 4 + ["hf"] * 4  # 2 rows x (warm-up + 1 run), 2 peers
+    assert "warm-up run of the whole workload" in " ".join(doc["notes"])
+
+
 def test_run_metrics_by_hand():
     cfg = tiny_model().config
     # two groups run one after the other: 2 requests of 4 tokens, then 1 request of 6 tokens; 3 new tokens each
