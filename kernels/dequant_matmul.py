@@ -78,23 +78,33 @@ def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def _check_group(K: int, group_size: int) -> None:
+    """A group size the kernels can use: a positive multiple of 32 (their smallest K tile) that divides K."""
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"int4: group_size must be an int (e.g. 128), got {group_size!r}")
-    if group_size <= 0 or group_size % 2:
-        raise ValueError(f"int4: group_size must be a positive even number, got {group_size}")
+    fits = [g for g in (256, 128, 64, 32) if K % g == 0]
+    if not fits:
+        raise ValueError(f"int4: K = {K} (the input dimension) is not a multiple of 32, so no group size the kernels "
+                         f"can use fits it; pad the input dimension to a multiple of 32 or keep this layer in "
+                         f"bf16 or int8")
+    hint = f"e.g. {fits[1] if len(fits) > 1 and fits[0] > 128 else fits[0]}"
+    if group_size <= 0 or group_size % 32:
+        raise ValueError(f"int4: group_size must be a positive multiple of 32 (the kernels' smallest K tile), got "
+                         f"{group_size}; use one that divides K = {K} ({hint})")
+    if group_size > K:
+        raise ValueError(f"int4: group_size {group_size} is larger than K = {K} (a row's length); use a group size "
+                         f"that divides K ({hint})")
     if K % group_size:
-        fits = [g for g in (256, 128, 64, 32) if K % g == 0]
-        hint = f"a group size that divides K (e.g. {fits[0]})" if fits else "a group size that divides K"
-        raise ValueError(f"int4: group_size {group_size} does not divide K = {K}; use {hint} or pad K to a "
-                         f"multiple of {group_size}")
+        raise ValueError(f"int4: group_size {group_size} does not divide K = {K}; use a group size that divides K "
+                         f"({hint}) or pad K to a multiple of {group_size}")
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float -> (packed (N, K // 2) uint8, scales (N, K // group_size) fp32): symmetric, group-wise.
 
     Raises:
-        ValueError: w is not a 2-D float tensor; group_size does not divide K (the message names both and the fix),
-            or is odd. TypeError: group_size not an int.
+        ValueError: w is not a 2-D float tensor; group_size not a positive multiple of 32 (the kernels' smallest K
+            tile), larger than K, or not dividing K; K not a multiple of 32 (the messages name the fix).
+        TypeError: group_size not an int.
     """
     _check_weight("quantize_int4", w)
     N, K = w.shape
@@ -623,13 +633,13 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if G % 2:
         raise ValueError(f"int4_matmul: {scales.shape[1]} scales per row over K = {K} make groups of {G} weights, "
                          f"an odd size; quantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
+    if G % 32:
+        raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
+                         f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     _check_group(K, G)
     _check_x("int4_matmul", x, K)
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if G % 32:
-        raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
-                         f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
     if M == 1 and words:  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = _scratch(x.device, N)

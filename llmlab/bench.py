@@ -838,17 +838,35 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
              "at the measured copy bandwidth"
              + ("; mfu > 1: the arithmetic, not the bandwidth, is the tighter limit here (see "
                 "compute_ceiling_tokens_per_s)" if mfu_at_ceiling > 1 else "")))
+    above = mbu_above_roofline_note(doc["results"])
+    if above:
+        doc["notes"].append(above)
     doc["complete"] = True
     doc["elapsed_s"] = time.perf_counter() - t_start
     save()
     print_fn("")
     print_fn(format_table(doc["results"]))
+    if above:
+        print_fn(above)
+    printed = {s.name for s, _ in skipped}  # the ladder's skips were listed before the first row
     for s in doc["skipped"]:
-        print_fn(f"skipped {s['step']}: {s['reason']}")
+        if s["step"] not in printed:
+            print_fn(f"skipped {s['step']}: {s['reason']}")
     if path is not None:
         print_fn(f"\nwrote {path}")
         doc["path"] = str(path)
     return doc
+
+
+def mbu_above_roofline_note(results: list[dict]) -> str | None:
+    """A note for rows with MBU above 100% (None if there are none): bytes read faster than the measured copy
+    bandwidth, which happens on a CPU when a small model's weights stay in the caches between decode steps."""
+    above = [r["step"] for r in results if r["step"] != "roofline" and (r.get("mbu") or 0) > 1]
+    if not above:
+        return None
+    return (f"MBU above 100% ({', '.join(above)}): the bytes were read faster than the measured copy bandwidth — "
+            f"on a CPU a small model's weights stay in the caches between steps, so the DRAM roofline does not "
+            f"bound it")
 
 
 def _tf_version() -> str:

@@ -125,14 +125,20 @@ def _bench(args) -> int:
     from .bench import DEFAULT_OUT, WORKLOADS, load_bench_model, run_bench
 
     names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
+    if not names:
+        raise ValueError(f"--workload {args.workload!r} names no workload; give one or more of "
+                         f"{', '.join(WORKLOADS)} (comma-separated) or 'all'")
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
     out = None if args.no_save else (args.out or DEFAULT_OUT)
     if out is not None:
         _writable_folder(out)  # before the model loads and the first row runs
-    llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    if not steps:
+        raise ValueError(f"--steps {args.steps!r} names no ladder step; give 'all' or comma-separated rungs "
+                         f"(see llmlab/ladder.py, e.g. eager,+cuda_graphs)")
+    llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     ran = 0
     for name in names:
         try:

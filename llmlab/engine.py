@@ -47,14 +47,18 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """None -> bf16 on CUDA, fp32 on CPU. Accepts 'fp32', 'bf16', 'fp16' or a torch.dtype.
+    """None -> bf16 on CUDA, fp32 on CPU. Accepts 'fp32', 'bf16', 'fp16' (or their long names) or one of those
+    three torch dtypes.
 
     Raises:
-        ValueError: an unknown dtype name.
+        ValueError: an unknown dtype name, or a torch dtype the model does not run in (int8, float64, ...).
     """
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not one llmlab runs a model in; use torch.float32, torch.bfloat16 or "
+                             f"torch.float16 (or 'fp32', 'bf16', 'fp16')")
         return dtype
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, bf16, fp16")

@@ -53,13 +53,14 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
              f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
     print_fn(device_line(llm))
-    print_fn(f"prompt {prompt!r}, {max_new_tokens} new tokens, greedy, median of {repeats} runs\n")
+    shown = prompt if len(prompt) <= 80 else prompt[:80] + f"... ({len(prompt)} characters)"
+    print_fn(f"prompt {shown!r}, {max_new_tokens} new tokens, greedy, median of {repeats} runs\n")
     rows, reference = [], None
     _, skipped = available_steps(llm)
     for setting in tour_settings(llm):
         run_llm, kwargs = apply_switches(llm, setting.settings)
         kwargs.update(max_new_tokens=max_new_tokens, stop_at_eos=False)
-        run_llm.generate(prompt, **{**kwargs, "max_new_tokens": 4})  # warm-up: first-call costs stay out of the table
+        run_llm.generate(prompt, **kwargs)  # warm-up on the whole run: first-call costs stay out of the table
         runs = [run_llm.generate(prompt, **kwargs) for _ in range(repeats)]
         tokens = runs[0].token_ids[0]
         reference = reference or tokens

@@ -253,6 +253,18 @@ def test_cli_errors(capsys):
     assert "unknown ladder step 'warp'" in capsys.readouterr().err
     assert main(["bench", "--workload", "long", "--no-save", "--device", "cpu"]) == 2
     assert "needs a context of 8192 tokens but pydoc-llama has 1024: it does not fit" in capsys.readouterr().err
+    assert main(["bench", "--workload", ",", "--no-save", "--device", "cpu"]) == 2
+    assert "names no workload" in capsys.readouterr().err
+    assert main(["bench", "--steps", " , ", "--no-save", "--device", "cpu"]) == 2
+    assert "names no ladder step" in capsys.readouterr().err
+
+
+def test_mbu_above_the_roofline_gets_a_note():
+    rows = [{"step": "eager", "mbu": 1.3}, {"step": "+cuda_graphs", "mbu": 0.4}, {"step": "roofline", "mbu": 1.0}]
+    note = bench.mbu_above_roofline_note(rows)
+    assert note.startswith("MBU above 100% (eager)") and "caches" in note
+    assert bench.mbu_above_roofline_note(rows[1:]) is None
+    assert bench.mbu_above_roofline_note([{"step": "x", "mbu": None}]) is None
 
 
 @pytest.mark.parametrize("budget", ["-1", "nan"])

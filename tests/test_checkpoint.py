@@ -206,6 +206,15 @@ def test_run_tour_rows(folder):
     assert any("device:" in line for line in lines)
 
 
+def test_run_tour_shortens_a_long_prompt_in_its_header(folder):
+    lines = []
+    with pytest.raises(ValueError, match="longer than|context"):
+        run_tour(str(folder), device="cpu", prompt="word " * 5000, max_new_tokens=8, repeats=1,
+                 print_fn=lines.append)
+    header = next(line for line in lines if line.startswith("prompt "))
+    assert "(25000 characters)" in header and len(header) < 200
+
+
 # -- dtypes -------------------------------------------------------------------------------------------------------
 
 

@@ -146,6 +146,18 @@ def test_group_size_that_does_not_divide_k_is_a_clear_error():
         int4_matmul(torch.randn(1, 320, device=DEV), packed, torch.ones(4, 20, device=DEV))  # G = 16
 
 
+@pytest.mark.parametrize("K, group, match", [
+    (128, 8, r"positive multiple of 32.*got 8; use one that divides K = 128 \(e.g. 128\)"),
+    (128, 0, "positive multiple of 32"),
+    (64, 128, r"group_size 128 is larger than K = 64.*e.g. 64"),
+    (200, 32, r"K = 200 .* not a multiple of 32.*pad the input dimension"),
+])
+def test_group_sizes_the_kernels_cannot_use_are_refused_when_quantizing(K, group, match):
+    """quantize_int4 refuses what int4_matmul would refuse later, with a hint that fits K."""
+    with pytest.raises(ValueError, match=match):
+        quantize_int4(_w(4, K), group)
+
+
 def test_wrong_shapes_and_dtypes_are_clear_errors():
     w8, s8 = quantize_int8(_w(8, 32))
     with pytest.raises(ValueError, match=r"x must be \(M, 32\)"):
