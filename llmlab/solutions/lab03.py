@@ -29,19 +29,30 @@ def paged_waste_tokens(lengths: list[int], block_size: int) -> int:
 
 
 def check_kv_bytes_per_token(fn) -> None:
+    """Compare `fn(config, bytes_per_elem)` with the reference on an MHA shape and two GQA shapes."""
     for name in ("llama-2-7b", "llama-3.1-8b", "qwen2.5-0.5b"):
         c = ModelConfig.from_preset(name)
         for b in (1, 2, 4):
-            assert fn(c, b) == kv_bytes_per_token(c, b), f"{name}, {b} bytes/element: {fn(c, b)}"
+            want, got = kv_bytes_per_token(c, b), fn(c, b)
+            assert got is not None and got == want, (
+                f"{name} ({c.n_layers} layers, {c.n_kv_heads} KV heads of {c.n_heads}, head_dim {c.head_dim}), "
+                f"{b} bytes/element: expected {want} bytes per token, got {got}")
 
 
 def check_slot(fn) -> None:
+    """Compare `fn(block_table, position, block_size)` with the reference, at block edges and for two sizes."""
     table = [7, 2, 9]
-    for pos in (0, 15, 16, 17, 33, 47):
-        assert fn(table, pos, 16) == slot(table, pos, 16), f"position {pos}"
+    for bs, positions in ((16, (0, 15, 16, 17, 33, 47)), (4, (0, 3, 4, 5, 11))):
+        for pos in positions:
+            want, got = slot(table, pos, bs), fn(table, pos, bs)
+            assert isinstance(got, (tuple, list)) and tuple(got) == want, (
+                f"table {table}, block size {bs}, position {pos}: expected (block, offset) = {want}, got {got!r}")
 
 
 def check_paged_waste_tokens(fn) -> None:
+    """Compare `fn(lengths, block_size)` with the reference, including lengths that fill their last block."""
     for lengths in ([1], [16], [17, 33, 1000], [5] * 10):
         for bs in (16, 32):
-            assert fn(lengths, bs) == paged_waste_tokens(lengths, bs), (lengths, bs)
+            want, got = paged_waste_tokens(lengths, bs), fn(lengths, bs)
+            assert got is not None and got == want, (
+                f"lengths {lengths}, block size {bs}: expected {want} empty slots, got {got}")
