@@ -79,3 +79,25 @@ def test_smoke_facts(smoke_dir):
     assert len(facts["samples_greedy"]) == 3
     gen = json.loads((smoke_dir / "generation_config.json").read_text())
     assert gen["eos_token_id"] == gen["bos_token_id"] == facts["model_config"]["eos_token_id"]
+
+
+def test_refuses_to_overwrite_a_model_before_training(tmp_path, monkeypatch):
+    """A folder holding model.safetensors (the shipped model by default) is kept unless --overwrite is given."""
+    import llmlab.train.__main__ as cli
+    from llmlab.checkpoint import DEFAULT_MODEL_DIR
+
+    def no_training(*a, **k):
+        raise AssertionError("training started before the output folder was checked")
+
+    monkeypatch.setattr(cli, "prepare_data", no_training)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--out", str(tmp_path), "--smoke", "--device", "cpu"])
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "--overwrite" in msg and "--out <new folder>" in msg
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+    with pytest.raises(SystemExit, match="shipped default model"):  # the default --out is the shipped model
+        cli.main(["--device", "cpu"])
+    assert (DEFAULT_MODEL_DIR / "model.safetensors").is_file()
+    with pytest.raises(AssertionError, match="training started"):  # --overwrite lets it through
+        cli.main(["--out", str(tmp_path), "--smoke", "--device", "cpu", "--overwrite"])

@@ -1,6 +1,8 @@
-"""Train the shipped default model: `python -m llmlab.train --out data/models/pydoc-llama`.
+"""Train the shipped default model: `python -m llmlab.train --out data/models/pydoc-llama --overwrite`.
 
-The defaults are the shipped recipe (see `TrainConfig`). `--smoke` trains a tiny model on a slice of the corpus on
+The defaults are the shipped recipe (see `TrainConfig`); the recipe is meant for a CUDA GPU (on a CPU the time
+budget stops it after a few hundred steps, far from converged). A folder that already holds a model.safetensors is
+never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains a tiny model on a slice of the corpus on
 the CPU in seconds, to test the pipeline end to end.
 """
 
@@ -25,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None,
                    help=f"model folder to write (default {DEFAULT_MODEL_DIR}; with --smoke a temp folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="allow replacing a model already in --out (needed to re-create the shipped default model)")
     p.add_argument("--smoke", action="store_true", help="tiny model, corpus slice, 30 CPU steps: a plumbing test")
     p.add_argument("--device", default=None, help="auto (default: cuda if available), cuda, cuda:1, cpu")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
@@ -41,6 +45,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help=f"seed for init and batches (default {d.seed})")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
     return p.parse_args(argv)
+
+
+def check_out_folder(out: Path, overwrite: bool) -> None:
+    """Refuse, before any training time is spent, to replace a model already in `out` unless `overwrite`.
+
+    Raises:
+        SystemExit: `out` holds a model.safetensors and `overwrite` is False (the message says how to proceed).
+    """
+    if overwrite or not (Path(out) / "model.safetensors").is_file():
+        return
+    try:
+        shipped = Path(out).resolve() == DEFAULT_MODEL_DIR.resolve()
+    except OSError:
+        shipped = False
+    what = "the shipped default model that every lab loads" if shipped else "the model already there"
+    raise SystemExit(
+        f"python -m llmlab.train: error: {out} already holds a model (model.safetensors); training would replace "
+        f"{what}. Write elsewhere with `--out <new folder>`, or pass `--overwrite` to replace it on purpose "
+        f"(the shipped recipe is meant for a CUDA GPU)"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -61,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
         import tempfile
 
         out = Path(tempfile.gettempdir()) / "pydoc-llama-smoke" if args.smoke else DEFAULT_MODEL_DIR
+    if args.out is not None or not args.smoke:  # the smoke run's own temp folder is scratch space
+        check_out_folder(out, args.overwrite)
     command = "python -m llmlab.train " + shlex.join(argv)
 
     threads = torch.get_num_threads()
