@@ -16,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
+from .kv_memory import check_fits, element_size
 from .model import Transformer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +103,21 @@ def load_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_hf_config(hf, name=folder.name)
 
 
+def check_weights_fit(config: ModelConfig, device, dtype: torch.dtype, what: str, fix: str,
+                      copies: int = 1) -> None:
+    """Raise MemoryError BEFORE materializing weights that cannot fit in the free memory of `device`.
+
+    Needs `copies` x parameters (`config.num_params()`) x bytes per element of `dtype`, compared with
+    `kv_memory.available_memory(device)` (CUDA free memory, or the host's MemAvailable), as the KV caches do.
+    The message names `what`, the GB needed and available, and `fix`. Raises nothing when it fits.
+    """
+    n = config.num_params()
+    nbytes = copies * n * element_size(dtype)
+    dt = str(dtype).removeprefix("torch.")
+    held = f"{copies} copies" if copies > 1 else "one copy"
+    check_fits(nbytes, device, f"{what} ({n / 1e9:.2f}B parameters, {held} in {dt})", fix)
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
@@ -115,6 +131,8 @@ def load_model(
 
     Raises:
         FileNotFoundError: missing folder, config.json or weight files.
+        MemoryError: the weights would not fit in the free memory (checked before reading them; on a CPU the
+            loader briefly holds two copies: the file's tensors and the model).
         KeyError: a weight the model needs is not in the checkpoint, or the checkpoint has a tensor the model does
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
@@ -124,6 +142,7 @@ def load_model(
     config = load_config(folder)
     with torch.device("meta"):
         model = Transformer(config)
+    _check_checkpoint_fits(config, folder, torch.device(device), dtype)
     expected = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
     if config.tie_embeddings:
         expected.pop("lm_head.weight")
@@ -153,6 +172,19 @@ def load_model(
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(dtype=dtype).eval()
+
+
+def _check_checkpoint_fits(config: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
+    """The tensors read from the file are held on the host until copied into the model on `device`."""
+    what = f"loading the checkpoint {folder.name!r}"
+    smaller = " or a smaller dtype (bf16)" if element_size(dtype) > 2 else ""
+    fix = (f"use a smaller model (the default model: `--model default`){smaller}, or a machine with more memory "
+           f"(or a GPU with enough free memory)")
+    if device.type == "cpu":
+        check_weights_fit(config, device, dtype, what, fix, copies=2)
+    else:
+        check_weights_fit(config, "cpu", dtype, what + " (host copy)", fix)
+        check_weights_fit(config, device, dtype, what, fix)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike | None = None):

@@ -16,10 +16,11 @@ import warnings
 
 import torch
 
-from .checkpoint import load_model, load_tokenizer, resolve
+from .checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from .config import ModelConfig
 from .fast_generate import decode_mode, generate_fast
 from .generate import Generation, check_flags, generate
+from .kv_memory import element_size
 from .model import Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -102,10 +103,16 @@ class LLM:
 
         Raises:
             ValueError: unknown preset name (the message lists the presets).
+            MemoryError: the weights would not fit in the free memory of the device (checked before building;
+                the weights are initialised in torch's default dtype, fp32, then cast to `dtype`).
         """
         config = ModelConfig.from_preset(preset, **overrides)
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
+        build = torch.get_default_dtype()  # Transformer(config) initialises in this dtype, then .to(dt)
+        check_weights_fit(config, dev, max(build, dt, key=element_size), f"building preset {preset!r}",
+                          "use a smaller preset, or the default model (`--model default`, `llmlab.load()`), or a "
+                          "machine with more memory (or a GPU with enough free memory)")
         torch.manual_seed(seed)
         with torch.device(dev):
             model = Transformer(config).to(dt).eval()

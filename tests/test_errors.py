@@ -475,3 +475,46 @@ def test_cli_counts_below_one_are_refused_before_any_work(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert "is not a positive whole number" in capsys.readouterr().err
+
+
+# --- found by a fresh user's run (session 12): weights larger than the memory, corrupt weight files --------------
+
+@pytest.fixture
+def little_memory(monkeypatch):
+    """The machine claims 1 MB free (host and GPU): every model but the tiniest is refused before allocation.
+
+    Building a preset's weights fails the test instead of allocating them (without the check, 30 GB)."""
+    import llmlab.engine
+    from llmlab import kv_memory
+
+    def no_building(*a, **k):
+        raise AssertionError("the weights were built before checking that they fit")
+
+    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (10**6, "host memory is available"))
+    monkeypatch.setattr(llmlab.engine, "Transformer", no_building)
+
+
+def test_preset_larger_than_memory_is_refused_before_building(good, little_memory):
+    with pytest.raises(MemoryError) as e:
+        LLM.from_preset("qwen2.5-7b", device="cpu", dtype="bf16")
+    msg = str(e.value)
+    assert "'qwen2.5-7b'" in msg and "7.62B parameters" in msg and "float32" in msg  # built in fp32, then cast
+    assert "needs 30.46 GB but only 0.00 GB of host memory" in msg and "--model default" in msg
+    still_works(good)
+
+
+def test_checkpoint_larger_than_memory_is_refused(good, little_memory):
+    with pytest.raises(MemoryError) as e:
+        LLM.load(good[0], device="cpu")
+    msg = str(e.value)
+    assert f"loading the checkpoint '{good[0].name}'" in msg and "2 copies in float32" in msg
+    assert "but only 0.00 GB of host memory" in msg and "smaller dtype (bf16)" in msg
+    still_works(good)
+
+
+def test_cli_preset_larger_than_memory_is_one_line(good, little_memory, capsys):
+    code = main(["bench", "--workload", "chat", "--model", "qwen2.5-7b", "--quick", "--no-save", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("llmlab: error: building preset 'qwen2.5-7b'") and err.count("\n") == 1
+    assert "Traceback" not in err
+    still_works(good)
