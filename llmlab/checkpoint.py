@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
@@ -136,7 +136,8 @@ def load_model(
         KeyError: a weight the model needs is not in the checkpoint, or the checkpoint has a tensor the model does
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
-            config.json is not valid JSON, lacks a required key or names an unsupported architecture.
+            config.json is not valid JSON, lacks a required key or names an unsupported architecture; a weights
+            file is not valid safetensors (truncated, or a git-lfs pointer: the message says which and the fix).
     """
     folder = resolve(name_or_path)
     config = load_config(folder)
@@ -148,7 +149,11 @@ def load_model(
         expected.pop("lm_head.weight")
     tensors: dict[str, torch.Tensor] = {}
     for file in _weight_files(folder):
-        with safe_open(str(file), framework="pt") as f:
+        try:
+            f = safe_open(str(file), framework="pt")
+        except SafetensorError as e:
+            raise ValueError(_not_safetensors(file, e)) from None
+        with f:
             for key in f.keys():
                 name = key.removeprefix("model.")
                 if name not in expected:
@@ -172,6 +177,20 @@ def load_model(
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(dtype=dtype).eval()
+
+
+def _not_safetensors(file: Path, error: Exception) -> str:
+    """Why `file` could not be opened as safetensors, and how to get a good copy."""
+    size = file.stat().st_size
+    with open(file, "rb") as fh:
+        head = fh.read(64)
+    if size < 1024 and head.startswith(b"version https://git-lfs"):
+        return (f"{file} is a git-lfs pointer ({size} bytes of text), not the weights: the repository was cloned "
+                f"without git-lfs. Fetch the real file with `git lfs install && git lfs pull` in that repository, "
+                f"or download the model again")
+    return (f"{file} is not a valid safetensors file ({error}); at {size:,} bytes it is probably truncated (an "
+            f"interrupted download or copy). Download or copy it again (a hub model: delete its folder from the "
+            f"Hugging Face cache and load it again)")
 
 
 def _check_checkpoint_fits(config: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype) -> None:

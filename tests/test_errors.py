@@ -518,3 +518,29 @@ def test_cli_preset_larger_than_memory_is_one_line(good, little_memory, capsys):
     assert code == 2 and err.startswith("llmlab: error: building preset 'qwen2.5-7b'") and err.count("\n") == 1
     assert "Traceback" not in err
     still_works(good)
+
+
+def test_truncated_weights_file_names_it_and_the_fix(good, tmp_path, capsys):
+    folder = copy_of(good, tmp_path)
+    file = folder / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:1000])  # an interrupted download
+    with pytest.raises(ValueError) as e:
+        LLM.load(folder, device="cpu")
+    msg = str(e.value)
+    assert str(file) in msg and "not a valid safetensors file" in msg and "truncated" in msg and "again" in msg
+    assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("llmlab: error:") and err.count("\n") == 1 and str(file) in err and out == ""
+    still_works(good)
+
+
+def test_git_lfs_pointer_instead_of_weights_says_git_lfs_pull(good, tmp_path, capsys):
+    folder = copy_of(good, tmp_path)
+    file = folder / "model.safetensors"
+    file.write_text("version https://git-lfs.github.com/spec/v1\n"
+                    "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 15483224\n")
+    with pytest.raises(ValueError, match="is a git-lfs pointer .*`git lfs install && git lfs pull`"):
+        load_model(folder)
+    assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
+    assert "git lfs pull" in capsys.readouterr().err
+    still_works(good)
