@@ -155,14 +155,18 @@ def _bench(args) -> int:
 
 def _profile(args) -> int:
     from .bench import load_bench_model
-    from .profiling import format_summary, profile_decode
+    from .profiling import check_trace_path, format_summary, profile_decode
     from .record import parse_setting
 
+    trace = check_trace_path(args.trace) if args.trace else None  # before any model is loaded or step profiled
     llm, _, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     settings = parse_setting(args.setting) if args.setting else {}
     s = profile_decode(llm, n_steps=args.steps, settings=settings, prompt_len=args.prompt_tokens,
-                       batch=args.batch, trace_path=args.trace)
+                       batch=args.batch, trace_path=trace)
     print(format_summary(s))
+    if s["trace_error"]:
+        print(f"llmlab: error: {s['trace_error']}", file=sys.stderr)
+        return 2
     return 0
 
 

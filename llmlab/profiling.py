@@ -245,19 +245,58 @@ def summarize(prefill_only: list[Ev], full: list[Ev], n_steps: int, batch: int =
     return out
 
 
-def _export(prof, trace_path: str | os.PathLike) -> Path:
-    """Chrome trace JSON (gzip-compressed when the name ends in .gz; Perfetto opens both)."""
-    path = Path(trace_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        with tempfile.TemporaryDirectory() as d:
-            raw = Path(d) / "trace.json"
-            prof.export_chrome_trace(str(raw))
-            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    else:
-        prof.export_chrome_trace(str(path))
+def check_trace_path(trace_path: str | os.PathLike) -> Path:
+    """The trace file's path, checked BEFORE profiling: not a folder, and inside a folder that exists (or can be
+    created) and can be written to. A probe file in the nearest existing folder is created and removed.
+
+    Raises:
+        ValueError: the path cannot be written (the message names it, why, and what to give instead).
+    """
+    path = Path(trace_path).expanduser()
+    example = "--trace /tmp/decode.json"
+    if path.is_dir():
+        raise ValueError(f"trace path {path} is a folder; give a file name in it, e.g. --trace {path / 'decode.json'}")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"cannot write the trace to {path}: {folder} is a file, not a folder; give a path inside "
+                         f"a folder, e.g. {example}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the trace to {path}: the folder {folder} is not writable ({e.strerror}); "
+                         f"give a path in a folder you can write to, e.g. {example}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"cannot write the trace to {path}: the file exists and is read-only; give another name")
     return path
+
+
+def _export(prof, path: Path) -> str | None:
+    """Write the Chrome trace JSON to `path` (gzip-compressed when the name ends in .gz; Perfetto opens both).
+
+    torch's exporter only logs when it cannot open the file, so the file is checked afterwards. Returns None when
+    the trace was written, else why it was not.
+    """
+    try:
+        if path.exists():
+            path.unlink()  # a stale trace left in place must not pass for the new one
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".gz":
+            with tempfile.TemporaryDirectory() as d:
+                raw = Path(d) / "trace.json"
+                prof.export_chrome_trace(str(raw))
+                with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        else:
+            prof.export_chrome_trace(str(path))
+    except OSError as e:
+        return f"the trace was not written to {path} ({e}); the profile above is complete"
+    if not path.is_file() or path.stat().st_size == 0:
+        return (f"the trace was not written to {path} (torch's exporter could not create it; see its log "
+                f"above); the profile above is complete")
+    return None
 
 
 def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, prompt_len: int = 128,
@@ -270,14 +309,17 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
         n_steps: decode steps to summarize (the prefill step before them is profiled but not counted).
         settings: switch values (`llmlab.switches`), e.g. {"cuda_graphs": True}; None = the defaults.
         prompt_len, batch: the prompt (random token ids, seeded) — a (batch, prompt_len) batch.
-        trace_path: where to write the Chrome trace (.json, or .json.gz to compress); None = no file.
+        trace_path: where to write the Chrome trace (.json, or .json.gz to compress); None = no file. Checked
+            before profiling (`check_trace_path`).
         warmup: run the same generate once untraced first (compilation, CUDA-graph capture, lazy init stay out).
 
     Returns:
-        `summarize(...)` plus "device", "model", "settings", "setting_label", "prompt_len", "trace_path".
+        `summarize(...)` plus "device", "model", "settings", "setting_label", "prompt_len", "trace_path" (None
+        when no trace was written) and "trace_error" (None, or why the trace file could not be written after all).
 
     Raises:
-        ValueError: n_steps < 1, prompt_len + n_steps + 1 beyond the context, unknown/unavailable switches.
+        ValueError: n_steps < 1, prompt_len + n_steps + 1 beyond the context, unknown/unavailable switches, a
+            trace_path that cannot be written.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -286,6 +328,8 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     if prompt_len + n_steps + 1 > llm.config.max_seq_len:
         raise ValueError(f"prompt_len {prompt_len} + {n_steps + 1} tokens exceeds the context of "
                          f"{llm.config.max_seq_len} tokens")
+    if trace_path is not None:
+        trace_path = check_trace_path(trace_path)
     settings = dict(settings or {})
     run_llm, kwargs = apply_switches(llm, settings)
     gen = torch.Generator().manual_seed(seed)
@@ -318,9 +362,11 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     summary = summarize(prefill_events, events_from_profiler(prof), n_steps, batch=batch)
     summary.update({"device": str(run_llm.device), "model": llm.name, "settings": settings,
                     "setting_label": describe(settings) if settings else "defaults", "prompt_len": prompt_len,
-                    "dtype": str(run_llm.dtype).removeprefix("torch."), "trace_path": None})
+                    "dtype": str(run_llm.dtype).removeprefix("torch."), "trace_path": None, "trace_error": None})
     if trace_path is not None:
-        summary["trace_path"] = str(_export(prof, trace_path))
+        summary["trace_error"] = _export(prof, trace_path)
+        if summary["trace_error"] is None:
+            summary["trace_path"] = str(trace_path)
     return summary
 
 
@@ -372,4 +418,6 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  ({s.get('note', '')})")
     if s.get("trace_path"):
         lines.append(f"  trace: {s['trace_path']} (open in https://ui.perfetto.dev or chrome://tracing)")
+    if s.get("trace_error"):
+        lines.append(f"  trace: NOT written: {s['trace_error']}")
     return "\n".join(lines)

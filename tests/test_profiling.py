@@ -123,3 +123,46 @@ def test_profile_decode_on_gpu_counts_kernels():
         g = profile_decode(llm, n_steps=6, prompt_len=32, settings={"cuda_graphs": True})
         print(format_summary(g))
         assert g["launches_per_token"] < s["launches_per_token"] / 10  # one graph launch replaces them
+
+
+@pytest.mark.parametrize("bad", ["README.md/x.json", "folder", "/sys/t.json"])
+def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path, monkeypatch):
+    """A trace path inside a file, a folder, or an unwritable folder (/sys: not even root may create files)."""
+    import os
+
+    import llmlab.bench
+
+    (tmp_path / "README.md").write_text("a file")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+    if bad.startswith("/sys") and not os.path.isdir("/sys"):
+        pytest.skip("no /sys here")
+
+    def no_loading(*a, **k):
+        raise AssertionError("the model was loaded before the trace path was checked")
+
+    monkeypatch.setattr(llmlab.bench, "load_bench_model", no_loading)
+    assert main(["profile", "--steps", "2", "--prompt-tokens", "8", "--device", "cpu", "--trace", bad]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("llmlab: error: ") and bad in err and err.count("\n") == 1
+    assert "--trace " in err  # the fix: an example of a path that works
+
+
+def test_profile_decode_checks_the_trace_path_first(llm, tmp_path):
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(ValueError, match=r"f is a file, not a folder"):
+        profile_decode(llm, n_steps=2, prompt_len=8, trace_path=tmp_path / "f" / "x.json")
+
+
+def test_a_trace_the_exporter_did_not_write_is_reported(llm, tmp_path, capsys, monkeypatch):
+    """torch's exporter only logs when it cannot open the file: the file is checked before "trace:" is printed."""
+    from torch.profiler import profile
+
+    monkeypatch.setattr(profile, "export_chrome_trace", lambda self, path: None)  # writes nothing, raises nothing
+    s = profile_decode(llm, n_steps=2, prompt_len=8, trace_path=tmp_path / "t.json")
+    assert s["trace_path"] is None and "not written to" in s["trace_error"]
+    assert "trace: NOT written" in format_summary(s) and "perfetto" not in format_summary(s)
+    assert main(["profile", "--steps", "2", "--prompt-tokens", "8", "--device", "cpu",
+                 "--trace", str(tmp_path / "p.json")]) == 2
+    out, err = capsys.readouterr()
+    assert "perfetto" not in out and err.startswith("llmlab: error: the trace was not written to")
