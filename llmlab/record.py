@@ -369,13 +369,13 @@ def record(model: str | None = None, preset: str = DEFAULT_PRESET, settings: lis
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run `llmlab record` from the CLI's parsed arguments (`llmlab.cli`); returns the exit status: 0, or 2 with
-    one line on stderr (no GPU, bad setting, model not found)."""
+    one line on stderr (no GPU, bad setting, model not found, a model or KV cache too large for the memory)."""
     try:
         settings = [parse_setting(s) for s in args.setting] if args.setting else None
         record(model=args.model, preset=args.preset, settings=settings, out_dir=args.out_dir,
                duration_s=args.duration, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                idle_s=args.idle, interval_s=args.interval, device=args.device, profile=not args.no_profile)
-    except (RuntimeError, ValueError, FileNotFoundError) as e:
+    except (RuntimeError, ValueError, FileNotFoundError, MemoryError) as e:
         print(f"llmlab record: {e}", file=sys.stderr)
         return 2
     return 0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from llmlab import cli
+from llmlab import record as record_mod
 from llmlab.engine import LLM
 from llmlab.record import (parse_setting, profile_kernels, profile_steps, record_setting, setting_label, setting_slug,
                            summarize_kernels, summary_table)
@@ -57,6 +58,15 @@ def test_no_gpu_is_one_clear_line_and_exit_2(capsys):
 def test_bad_setting_exits_2(capsys):
     assert cli.main(["record", "--setting", "warp_drive=on"]) == 2
     assert "unknown switch 'warp_drive'" in capsys.readouterr().err
+
+
+def test_a_model_too_large_for_the_memory_exits_2(capsys, monkeypatch):
+    def too_large(**kwargs):
+        raise MemoryError("building preset 'qwen2.5-7b' needs 30.46 GB but only 24.62 GB are available")
+    monkeypatch.setattr(record_mod, "record", too_large)
+    assert cli.main(["record", "--preset", "qwen2.5-7b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("llmlab record: building preset 'qwen2.5-7b' needs 30.46 GB") and len(err.splitlines()) == 1
 
 
 def test_parse_and_name_settings():
