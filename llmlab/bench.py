@@ -370,8 +370,8 @@ def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: boo
         runs = [fn() for _ in range(repeats)]
         _sync(device)
     finally:
-        if sampler is not None:
-            sampler.stop(raise_error=False)
+        if sampler is not None:  # a run shorter than one interval still gets one reading
+            sampler.stop(raise_error=False, final_reading=True)
     hw = {"gpu_util": None, "sm_active": None, "peak_mem_GB": None}
     if device.type == "cuda":
         hw["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9

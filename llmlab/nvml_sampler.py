@@ -348,8 +348,12 @@ class Sampler:
         self._thread.start()
         return self
 
-    def stop(self, raise_error: bool | None = None) -> None:
+    def stop(self, raise_error: bool | None = None, final_reading: bool = False) -> None:
         """Stop and join the thread, close the backend. Safe to call twice.
+
+        final_reading: if the thread took no reading (the recording was shorter than one interval) and did not
+        fail, take one now, before the backend closes, so that a short run still has a value (over the backend's
+        own window: NVML's GPU-Util averages the last ~1/6-1 s; the GPM metrics the time since the last read).
 
         Raises SamplerError if the thread had failed and `raise_error` (default: `raise_on_error`) is true.
         """
@@ -358,6 +362,15 @@ class Sampler:
         try:
             if thread is not None:
                 thread.join()
+                if final_reading and self.error is None and self._count == 0 and self._opened:
+                    try:
+                        reading = self.backend.read()
+                    except Exception as e:  # recorded like a failure of the thread
+                        self.error = e
+                    else:
+                        with self._lock:
+                            self._buf.append({"t_s": self.now(), **reading})
+                            self._count += 1
         finally:
             if self._opened:
                 self._opened = False

@@ -50,6 +50,22 @@ def _wait_for(pred, timeout_s=5.0):
     return False
 
 
+def test_a_recording_shorter_than_one_interval_gets_a_final_reading():
+    fake = FakeBackend(gpm=True)
+    s = Sampler(interval_s=10.0, backend=fake).start()
+    s.stop(final_reading=True)
+    assert fake.reads == 1 and len(s.samples()) == 1 and s.samples()[0]["gpu_util_pct"] == 10.0
+    assert fake.closed == 1 and not _sampler_threads()
+    fake = FakeBackend()
+    s = Sampler(interval_s=10.0, backend=fake).start()
+    s.stop()  # by default: no reading outside the interval
+    assert fake.reads == 0 and s.samples() == []
+    fake = FakeBackend(fail_after=0)
+    s = Sampler(interval_s=10.0, backend=fake, raise_on_error=False).start()
+    s.stop(final_reading=True)  # a failing final read is the sampler's error, not the caller's exception
+    assert isinstance(s.error, OSError) and s.samples() == []
+
+
 def test_rate_roughly_honours_interval():
     with Sampler(interval_s=0.02, backend=FakeBackend()) as s:
         time.sleep(0.5)
