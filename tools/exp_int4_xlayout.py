@@ -115,18 +115,7 @@ def _scratch(device, N):
     return _scratches[(device, N)]
 
 
-def launch(x, packed, scales, y, cfg: dict):
-    """y (1, N) = x (1, K) @ dequant^T with `packed` in the chunk order (`repack_chunk32`); cfg: BLOCK_N, SPLIT_K,
-    STAGES, num_warps. Returns a no-argument callable that launches it."""
-    N, K = packed.shape[0], 2 * packed.shape[1]
-    G = K // scales.shape[1]
-    ws, cnt = _scratch(x.device, N)
-    meta = {k: v for k, v in cfg.items() if k != "num_warps"}
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-    return lambda: _int4_gemv_c32[grid](
-        x, packed, scales, y, ws, cnt, N, K,
-        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
-        GROUP=G, num_warps=cfg["num_warps"], **meta)
+launch = int4_gemv_sweep.launcher(_int4_gemv_c32, _scratch)  # packed in the chunk order; cfg: BLOCK_N, SPLIT_K, STAGES, num_warps
 
 
 def check_small() -> None:

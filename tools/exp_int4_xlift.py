@@ -72,17 +72,7 @@ def _int4_gemv_xlift(
     split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
-def launch(x, packed, scales, y, cfg: dict):
-    """y (1, N) = x (1, K) @ dequant^T (the package's packing); cfg: BLOCK_N, BLOCK_K, SPLIT_K, STAGES, num_warps."""
-    N, K = packed.shape[0], 2 * packed.shape[1]
-    G = K // scales.shape[1]
-    ws, cnt = dq._scratch(x.device, N)
-    meta = {k: v for k, v in cfg.items() if k != "num_warps"}
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-    return lambda: _int4_gemv_xlift[grid](
-        x, packed, scales, y, ws, cnt, N, K,
-        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
-        GROUP=G, num_warps=cfg["num_warps"], **meta)
+launch = int4_gemv_sweep.launcher(_int4_gemv_xlift)  # cfg: BLOCK_N, BLOCK_K, SPLIT_K, STAGES, num_warps
 
 
 def check_small() -> None:

@@ -28,7 +28,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import int4_gemv_sweep  # noqa: E402
-from llmlab.kernels import dequant_matmul as dq  # noqa: E402
 from llmlab.kernels.dequant_matmul import X_EXP, _int4_word_sums  # noqa: E402
 from llmlab.kernels.split_k import split_k_range, split_k_store  # noqa: E402
 
@@ -85,17 +84,7 @@ def _int4_gemv_tail(
         tl.store(ws_ptr + tl.program_id(1) * stride_ws + rn, y, mask=n_mask)
 
 
-def launch(x, packed, scales, y, cfg: dict):
-    """y (1, N) = x (1, K) @ dequant^T; cfg: BLOCK_N, BLOCK_K, SPLIT_K, STAGES, MODE, num_warps."""
-    N, K = packed.shape[0], 2 * packed.shape[1]
-    G = K // scales.shape[1]
-    ws, cnt = dq._scratch(x.device, N)
-    meta = {k: v for k, v in cfg.items() if k != "num_warps"}
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-    return lambda: _int4_gemv_tail[grid](
-        x, packed, scales, y, ws, cnt, N, K,
-        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
-        GROUP=G, num_warps=cfg["num_warps"], **meta)
+launch = int4_gemv_sweep.launcher(_int4_gemv_tail)  # cfg: BLOCK_N, BLOCK_K, SPLIT_K, STAGES, MODE, num_warps
 
 
 def check_small() -> None:

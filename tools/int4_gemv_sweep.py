@@ -17,6 +17,25 @@ PACKAGE = [(32, 128, 8, 1, 4), (32, 128, 4, 1, 4), (32, 128, 2, 1, 4)]  # the pa
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)]
 
 
+def launcher(kernel, scratch=None):
+    """`launch(x, packed, scales, y, cfg)` for an M = 1 int4 GEMV `kernel` with the package kernel's arguments
+    (x, w, s, y, ws, cnt, N, K, strides; GROUP, num_warps and cfg's meta-parameters as keywords), on a grid of
+    cdiv(N, BLOCK_N) x SPLIT_K programs. Returns a no-argument callable that launches it. scratch(device, N):
+    the split-K scratch (default: the package's, up to 8 splits)."""
+    scratch = scratch or dq._scratch
+
+    def launch(x, packed, scales, y, cfg: dict):
+        N, K = packed.shape[0], 2 * packed.shape[1]
+        ws, cnt = scratch(x.device, N)
+        meta = {k: v for k, v in cfg.items() if k != "num_warps"}
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), cfg["SPLIT_K"])
+        return lambda: kernel[grid](
+            x, packed, scales, y, ws, cnt, N, K,
+            x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1), ws.stride(0),
+            GROUP=K // scales.shape[1], num_warps=cfg["num_warps"], **meta)
+    return launch
+
+
 def check_small(launch, cases, prepare=None) -> None:
     """The interpreter: each (N, K, group, cfg) of `cases` (one-warp programs) against the fp32 reference;
     `prepare(packed) -> packed` puts the package's packing into the experiment's own order, if it has one."""
