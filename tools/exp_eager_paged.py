@@ -27,7 +27,8 @@ for rep in range(4):
         g = llm.generate(prompt, max_new_tokens=256, stop_at_eos=False, **kw)
         ms = g.step_ms[1:]
         ref.setdefault(name, g.token_ids)
-        print(f"{name:10s} repeat {rep}: {256 / sum(g.step_ms) * 1e3:6.1f} tok/s  TPOT mean {statistics.fmean(ms):6.2f} "
+        print(f"{name:10s} repeat {rep}: {256 / sum(g.step_ms) * 1e3:6.1f} tok/s  "
+              f"TPOT mean {statistics.fmean(ms):6.2f} "
               f"p50 {statistics.median(ms):6.2f} min {min(ms):6.2f} max {max(ms):6.2f} ms; first/last 32 steps "
               f"{statistics.fmean(ms[:32]):6.2f} / {statistics.fmean(ms[-32:]):6.2f} ms", flush=True)
 print("greedy tokens equal:", ref["contiguous"] == ref["paged"])

@@ -115,7 +115,8 @@ def _scratch(device, N):
     return _scratches[(device, N)]
 
 
-launch = int4_gemv_sweep.launcher(_int4_gemv_c32, _scratch)  # packed in the chunk order; cfg: BLOCK_N, SPLIT_K, STAGES, num_warps
+# packed in the chunk order; cfg: BLOCK_N, SPLIT_K, STAGES, num_warps
+launch = int4_gemv_sweep.launcher(_int4_gemv_c32, _scratch)
 
 
 def check_small() -> None:

@@ -97,7 +97,8 @@ SWEEP = dq._GEMV1_SHAPES  # the package's configs: (BLOCK_N, BLOCK_K, SPLIT_K, n
 
 def sweep(out_path: str) -> None:
     int4_gemv_sweep.sweep(out_path, "xlift", launch,
-                          [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, STAGES=st, num_warps=nw) for n, k, sk, nw, st in SWEEP],
+                          [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, STAGES=st, num_warps=nw)
+                           for n, k, sk, nw, st in SWEEP],
                           keep=lambda N, K, c: 128 % c["BLOCK_K"] == 0)
 
 

@@ -2,8 +2,8 @@
 
 The defaults are the shipped recipe (see `TrainConfig`); the recipe is meant for a CUDA GPU (on a CPU the time
 budget stops it after a few hundred steps, far from converged). A folder that already holds a model.safetensors is
-never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains a tiny model on a slice of the corpus on
-the CPU in seconds, to test the pipeline end to end.
+never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains
+a tiny model on a slice of the corpus on the CPU in seconds, to test the pipeline end to end.
 """
 
 from __future__ import annotations
