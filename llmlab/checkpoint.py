@@ -131,8 +131,9 @@ def load_model(
 
     Raises:
         FileNotFoundError: missing folder, config.json or weight files.
-        MemoryError: the weights would not fit in the free memory (checked before reading them; on a CPU the
-            loader briefly holds two copies: the file's tensors and the model).
+        MemoryError: one copy of the weights in `dtype` does not fit in the free memory (checked before reading
+            them, after the weight files are found): loading would certainly fail. Near the limit it may still
+            fail: converting from the file's dtype needs a second copy for a moment.
         KeyError: a weight the model needs is not in the checkpoint, or the checkpoint has a tensor the model does
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
@@ -143,6 +144,7 @@ def load_model(
     config = load_config(folder)
     with torch.device("meta"):
         model = Transformer(config)
+    _weight_files(folder)  # a missing shard is named before any question of memory
     _check_checkpoint_fits(config, folder, torch.device(device), dtype)
     expected = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
     if config.tie_embeddings:
@@ -194,16 +196,16 @@ def _not_safetensors(file: Path, error: Exception) -> str:
 
 
 def _check_checkpoint_fits(config: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
-    """The tensors read from the file are held on the host until copied into the model on `device`."""
+    """Refuse what certainly fails: one copy of the weights in `dtype` larger than the free memory of `device` (and,
+    for a GPU, of the host, which holds the file's tensors on the way)."""
     what = f"loading the checkpoint {folder.name!r}"
     smaller = " or a smaller dtype (bf16)" if element_size(dtype) > 2 else ""
-    fix = (f"use a smaller model (the default model: `--model default`){smaller}, or a machine with more memory "
-           f"(or a GPU with enough free memory)")
-    if device.type == "cpu":
-        check_weights_fit(config, device, dtype, what, fix, copies=2)
-    else:
+    default = "" if folder.resolve() == DEFAULT_MODEL_DIR.resolve() else \
+        " (the default model: `llmlab.load()`, `--model default`)"
+    fix = f"use a smaller model{default}{smaller}, or a machine with more memory (or a GPU with enough free memory)"
+    if device.type != "cpu":
         check_weights_fit(config, "cpu", dtype, what + " (host copy)", fix)
-        check_weights_fit(config, device, dtype, what, fix)
+    check_weights_fit(config, device, dtype, what, fix)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike | None = None):

@@ -100,27 +100,68 @@ def allocated_bytes(cache) -> int:
 
 # -- does it fit? -------------------------------------------------------------------------------------------------
 
+CGROUP_FILES = {"v2": ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                "v1": ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")}
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this container's memory limit (cgroup v2, else v1), or None without a limit. Binder,
+    Docker and Kubernetes limit a container below the host's memory, which /proc/meminfo still shows."""
+    for limit_file, usage_file in CGROUP_FILES.values():
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 writes a huge number for none
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
 def available_memory(device) -> tuple[int, str]:
     """(bytes free for a new allocation, a description) on `device`.
 
-    CUDA: `torch.cuda.mem_get_info` free bytes ("GPU memory is free"). CPU: MemAvailable from /proc/meminfo (Linux),
-    else physical pages x page size from os.sysconf ("host memory is available").
+    CUDA: `torch.cuda.mem_get_info` free bytes plus what PyTorch's caching allocator holds but no tensor uses
+    ("GPU memory is free"). CPU: MemAvailable from /proc/meminfo (Linux), else available pages x page size from
+    os.sysconf, and no more than what this container's memory limit (cgroup) leaves ("host memory is
+    available"). A reading that is missing or not positive counts as unknown: 2^62 bytes, so nothing is refused.
     """
     device = torch.device(device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return free, "GPU memory is free"
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + max(0, cached), "GPU memory is free"
+    host = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "host memory is available"
-    except OSError:
+                    host = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host memory is available"
-    except (ValueError, OSError, AttributeError):
+    if host is None:
+        try:
+            pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")  # -1: unknown
+            host = pages * page if pages > 0 and page > 0 else None
+        except (ValueError, OSError, AttributeError):
+            host = None
+    if host is not None and host <= 0:
+        host = None
+    room = _cgroup_room()
+    if room is not None:
+        return (room if host is None else min(host, room)), "host memory is available (container limit included)"
+    if host is None:
         return 1 << 62, "host memory is available (unknown)"
+    return host, "host memory is available"
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in GB, or MB below 1 GB (so that small sizes do not all read 0.06 GB)."""
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def check_fits(nbytes: int, device, what: str, fix: str) -> None:
@@ -131,7 +172,7 @@ def check_fits(nbytes: int, device, what: str, fix: str) -> None:
     """
     free, where = available_memory(device)
     if nbytes > free:
-        raise MemoryError(f"{what} needs {nbytes / 1e9:.2f} GB but only {free / 1e9:.2f} GB of {where}; {fix}")
+        raise MemoryError(f"{what} needs {_size(nbytes)} but only {_size(free)} of {where}; {fix}")
 
 
 # -- waste: max-length preallocation vs paging ---------------------------------------------------------------------

@@ -276,26 +276,36 @@ def check_trace_path(trace_path: str | os.PathLike) -> Path:
 def _export(prof, path: Path) -> str | None:
     """Write the Chrome trace JSON to `path` (gzip-compressed when the name ends in .gz; Perfetto opens both).
 
-    torch's exporter only logs when it cannot open the file, so the file is checked afterwards. Returns None when
-    the trace was written, else why it was not.
+    The trace is written to a temporary file in the same folder and moved into place only when it is complete, so
+    a failed export (a full disk) leaves an older trace at `path` untouched. torch's exporter only logs when it
+    cannot open the file, so the file is checked afterwards. Returns None when the trace was written, else why not.
     """
+    tmp = None
     try:
-        if path.exists():
-            path.unlink()  # a stale trace left in place must not pass for the new one
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        tmp.unlink()  # torch's exporter creates the file itself: an empty one left here would pass for a trace
         if path.suffix == ".gz":
-            with tempfile.TemporaryDirectory() as d:
-                raw = Path(d) / "trace.json"
+            raw = tmp.with_suffix(".raw.json")
+            try:
                 prof.export_chrome_trace(str(raw))
-                with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+                with open(raw, "rb") as src, gzip.open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst)
+            finally:
+                raw.unlink(missing_ok=True)
         else:
-            prof.export_chrome_trace(str(path))
+            prof.export_chrome_trace(str(tmp))
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            return (f"the trace was not written to {path} (torch's exporter could not create it; see its log "
+                    f"above); the profile above is complete")
+        os.replace(tmp, path)
     except OSError as e:
         return f"the trace was not written to {path} ({e}); the profile above is complete"
-    if not path.is_file() or path.stat().st_size == 0:
-        return (f"the trace was not written to {path} (torch's exporter could not create it; see its log "
-                f"above); the profile above is complete")
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return None
 
 

@@ -69,3 +69,39 @@ def test_decode_latency_vs_context_rows():
     rows = decode_latency_vs_context(tiny_model(seed=0), [8, 64], steps=2)
     assert [r["context"] for r in rows] == [8, 64] and all(r["ms"] > 0 for r in rows)
     assert rows[1]["kv_mb_read"] == 8 * rows[0]["kv_mb_read"]
+
+
+def test_a_container_memory_limit_caps_what_is_available(tmp_path, monkeypatch):
+    """Binder/Docker limit a container below the host's MemAvailable: the cgroup's room counts (v2, then v1)."""
+    from llmlab import kv_memory
+
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("2000000000\n")
+    usage.write_text("1500000000\n")
+    monkeypatch.setattr(kv_memory, "CGROUP_FILES", {"v2": (str(limit), str(usage))})
+    free, where = available_memory("cpu")
+    assert free == 500_000_000 and "container limit" in where
+    with pytest.raises(MemoryError, match=r"needs 600.0 MB but only 500.0 MB of host memory is available"):
+        check_fits(600_000_000, "cpu", "a model", "use a smaller one")
+    limit.write_text("max\n")  # no limit: the host's figure
+    assert available_memory("cpu")[1] == "host memory is available"
+
+
+def test_an_unreadable_or_negative_host_reading_refuses_nothing(monkeypatch):
+    import builtins
+
+    from llmlab import kv_memory
+
+    real_open = builtins.open
+
+    def no_meminfo(path, *a, **k):
+        if str(path) == "/proc/meminfo":
+            raise OSError("no /proc here")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", no_meminfo)
+    monkeypatch.setattr(kv_memory, "CGROUP_FILES", {})
+    monkeypatch.setattr(kv_memory.os, "sysconf", lambda name: -1)  # sysconf's "unknown"
+    free, where = available_memory("cpu")
+    assert free == 1 << 62 and "unknown" in where
+    check_fits(10**12, "cpu", "a large model", "")  # not refused on a guess

@@ -166,3 +166,22 @@ def test_a_trace_the_exporter_did_not_write_is_reported(llm, tmp_path, capsys, m
                  "--trace", str(tmp_path / "p.json")]) == 2
     out, err = capsys.readouterr()
     assert "perfetto" not in out and err.startswith("llmlab: error: the trace was not written to")
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
+def test_a_failed_export_keeps_the_previous_trace_and_leaves_no_temp_file(llm, tmp_path, monkeypatch, name):
+    from torch.profiler import profile
+
+    old = tmp_path / name
+    old.write_bytes(b"the previous trace")
+
+    def disk_full(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(profile, "export_chrome_trace", disk_full)
+    s = profile_decode(llm, n_steps=2, prompt_len=8, trace_path=old)
+    assert s["trace_path"] is None and "No space left" in s["trace_error"]
+    assert old.read_bytes() == b"the previous trace" and sorted(p.name for p in tmp_path.iterdir()) == [name]
+    monkeypatch.undo()
+    s = profile_decode(llm, n_steps=2, prompt_len=8, trace_path=old)  # a good export replaces it
+    assert s["trace_path"] is not None and old.stat().st_size > 100 and len(list(tmp_path.iterdir())) == 1

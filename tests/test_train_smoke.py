@@ -101,3 +101,15 @@ def test_refuses_to_overwrite_a_model_before_training(tmp_path, monkeypatch):
     assert (DEFAULT_MODEL_DIR / "model.safetensors").is_file()
     with pytest.raises(AssertionError, match="training started"):  # --overwrite lets it through
         cli.main(["--out", str(tmp_path), "--smoke", "--device", "cpu", "--overwrite"])
+    sharded = tmp_path / "hub"  # a hub checkpoint's shards and config, no model.safetensors
+    sharded.mkdir()
+    (sharded / "model-00001-of-00002.safetensors").write_bytes(b"shard")
+    with pytest.raises(SystemExit, match="already holds a model"):
+        cli.main(["--out", str(sharded), "--smoke", "--device", "cpu"])
+    (sharded / "model-00001-of-00002.safetensors").unlink()
+    (sharded / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="already holds a model"):
+        cli.main(["--out", str(sharded), "--smoke", "--device", "cpu"])
+    (sharded / "config.json").unlink()
+    with pytest.raises(AssertionError, match="training started"):  # an empty folder is free to use
+        cli.main(["--out", str(sharded), "--smoke", "--device", "cpu"])

@@ -1,8 +1,8 @@
 """Train the shipped default model: `python -m llmlab.train --out data/models/pydoc-llama --overwrite`.
 
 The defaults are the shipped recipe (see `TrainConfig`); the recipe is meant for a CUDA GPU (on a CPU the time
-budget stops it after a few hundred steps, far from converged). A folder that already holds a model.safetensors is
-never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains
+budget stops it after a few hundred steps, far from converged). A folder that already holds a model (config.json,
+*.safetensors) is never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains
 a tiny model on a slice of the corpus on the CPU in seconds, to test the pipeline end to end.
 """
 
@@ -50,10 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_out_folder(out: Path, overwrite: bool) -> None:
     """Refuse, before any training time is spent, to replace a model already in `out` unless `overwrite`.
 
+    A model is a config.json or any *.safetensors file (one file or the shards of a hub checkpoint: writing a new
+    config.json beside old shards would leave a folder that no longer loads).
+
     Raises:
-        SystemExit: `out` holds a model.safetensors and `overwrite` is False (the message says how to proceed).
+        SystemExit: `out` holds a model and `overwrite` is False (the message says how to proceed).
     """
-    if overwrite or not (Path(out) / "model.safetensors").is_file():
+    out = Path(out)
+    if overwrite or not out.is_dir() or not ((out / "config.json").is_file() or any(out.glob("*.safetensors"))):
         return
     try:
         shipped = Path(out).resolve() == DEFAULT_MODEL_DIR.resolve()
@@ -61,8 +65,8 @@ def check_out_folder(out: Path, overwrite: bool) -> None:
         shipped = False
     what = "the shipped default model that every lab loads" if shipped else "the model already there"
     raise SystemExit(
-        f"python -m llmlab.train: error: {out} already holds a model (model.safetensors); training would replace "
-        f"{what}. Write elsewhere with `--out <new folder>`, or pass `--overwrite` to replace it on purpose "
+        f"python -m llmlab.train: error: {out} already holds a model (config.json / *.safetensors); training "
+        f"would replace {what}. Write elsewhere with `--out <new folder>`, or pass `--overwrite` to replace it on purpose "
         f"(the shipped recipe is meant for a CUDA GPU)"
     )
 
