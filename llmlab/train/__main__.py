@@ -2,8 +2,9 @@
 
 The defaults are the shipped recipe (see `TrainConfig`); the recipe is meant for a CUDA GPU (on a CPU the time
 budget stops it after a few hundred steps, far from converged). A folder that already holds a model (config.json,
-*.safetensors) is never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped model. `--smoke` trains
-a tiny model on a slice of the corpus on the CPU in seconds, to test the pipeline end to end.
+*.safetensors) is never overwritten without `--overwrite`, so a trial run cannot silently replace the shipped
+model. `--smoke` trains a tiny model on a slice of the corpus on the CPU in seconds, to test the pipeline end to
+end.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def check_out_folder(out: Path, overwrite: bool) -> None:
     what = "the shipped default model that every lab loads" if shipped else "the model already there"
     raise SystemExit(
         f"python -m llmlab.train: error: {out} already holds a model (config.json / *.safetensors); training "
-        f"would replace {what}. Write elsewhere with `--out <new folder>`, or pass `--overwrite` to replace it on purpose "
-        f"(the shipped recipe is meant for a CUDA GPU)"
+        f"would replace {what}. Write elsewhere with `--out <new folder>`, or pass `--overwrite` to replace it on "
+        f"purpose (the shipped recipe is meant for a CUDA GPU)"
     )
 
 
