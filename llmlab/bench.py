@@ -343,8 +343,8 @@ def _free(device: torch.device) -> None:
 
 
 def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: bool, backend=None,
-          interval_s: float = 0.1, warmup: Callable[[], Any] | None = None) -> tuple[list[Run], dict, float]:
-    """One untimed warm-up call (`warmup`, default `fn` itself), then `repeats` timed calls of `fn` with the NVML
+          interval_s: float = 0.1) -> tuple[list[Run], dict, float]:
+    """One untimed warm-up call of `fn` (the whole workload), then `repeats` timed calls of `fn` with the NVML
     sampler running (when `sample`).
 
     Returns (runs, {"gpu_util", "sm_active", "peak_mem_GB"}, warm-up seconds): gpu_util and sm_active are the
@@ -352,7 +352,7 @@ def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: boo
     sampled or not reported. backend: a telemetry backend for the sampler (tests); default NVML.
     """
     t0 = time.perf_counter()
-    (warmup or fn)()
+    fn()
     _sync(device)
     warmup_s = time.perf_counter() - t0
     if device.type == "cuda":

@@ -103,19 +103,16 @@ def load_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_hf_config(hf, name=folder.name)
 
 
-def check_weights_fit(config: ModelConfig, device, dtype: torch.dtype, what: str, fix: str,
-                      copies: int = 1) -> None:
+def check_weights_fit(config: ModelConfig, device, dtype: torch.dtype, what: str, fix: str) -> None:
     """Raise MemoryError BEFORE materializing weights that cannot fit in the free memory of `device`.
 
-    Needs `copies` x parameters (`config.num_params()`) x bytes per element of `dtype`, compared with
-    `kv_memory.available_memory(device)` (CUDA free memory, or the host's MemAvailable), as the KV caches do.
-    The message names `what`, the GB needed and available, and `fix`. Raises nothing when it fits.
+    One copy of the parameters (`config.num_params()`) in `dtype` is compared with
+    `kv_memory.available_memory(device)` (CUDA free memory, or the host's, container limit included), as the KV
+    caches do. The message names `what`, the size needed and available, and `fix`. Raises nothing when it fits.
     """
     n = config.num_params()
-    nbytes = copies * n * element_size(dtype)
     dt = str(dtype).removeprefix("torch.")
-    held = f"{copies} copies" if copies > 1 else "one copy"
-    check_fits(nbytes, device, f"{what} ({n / 1e9:.2f}B parameters, {held} in {dt})", fix)
+    check_fits(n * element_size(dtype), device, f"{what} ({n / 1e9:.2f}B parameters, one copy in {dt})", fix)
 
 
 def load_model(
@@ -144,13 +141,13 @@ def load_model(
     config = load_config(folder)
     with torch.device("meta"):
         model = Transformer(config)
-    _weight_files(folder)  # a missing shard is named before any question of memory
+    files = _weight_files(folder)  # a missing shard is named before any question of memory
     _check_checkpoint_fits(config, folder, torch.device(device), dtype)
     expected = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
     if config.tie_embeddings:
         expected.pop("lm_head.weight")
     tensors: dict[str, torch.Tensor] = {}
-    for file in _weight_files(folder):
+    for file in files:
         try:
             f = safe_open(str(file), framework="pt")
         except SafetensorError as e:
