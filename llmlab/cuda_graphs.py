@@ -13,7 +13,13 @@ same kernels on the same addresses with the same shapes. So
 * one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, 8, 16, 32, 64, ...) and a batch
   replays the smallest bucket that fits; the rows beyond the batch ("padding") decode a dummy token at position 0
   in their own rows of the cache, so they cannot change the real rows (every op is row-wise);
-* the prefill stays eager: its length varies with the prompt, and it runs once per request.
+* the prefill runs eagerly unless asked for (`prefill(..., bucketed=True)`, the "prefill_graphs" switch): its
+  length varies with the prompt, so a captured prefill pads the prompt to a length bucket (16, 32, ..., 512
+  tokens) and replays that bucket's graph, captured the first time a bucket is met. The pad tokens go FIRST but
+  sit at positions after the prompt (T, T+1, ...): the causal mask hides them from every prompt token, the prompt's
+  last token is the last input (its logits are the ones returned), and the slots they write are the ones the
+  decode steps write next, before anything reads them. A long prompt stays eager: its prefill is compute-bound
+  and its launches are hidden behind the work anyway.
 
 `GraphDecoder(model, max_batch, max_seq_len)` with `cuda_graphs=False` runs exactly the same code without
 capturing (the "eager static" path): that is how the CPU tests check everything but the capture itself.
@@ -38,6 +44,10 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # warm-up call and a slightly longer request reuse the captured graphs. Attention reads the whole cache every step,
 # so it is not sized to a long model context (131072 tokens for Llama 3.2 would be 4 GB read per token).
 MIN_SEQ, SEQ_ROUND = 1024, 512
+# Prefill graphs: the padded prompt lengths captured, and the most rows x padded tokens one may hold (above either,
+# the prefill runs eagerly: at ~500+ tokens a 1B model's prefill is compute-bound, the launches no longer matter).
+PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)
+PREFILL_MAX_TOKENS = 8192
 MODES = {"static": (False, False), "graphs": (True, False), "compile": (False, True), "compile+graphs": (True, True)}
 
 
@@ -95,7 +105,8 @@ class GraphDecoder:
         compile: run the step through torch.compile (see the module docstring for the modes).
         warmup_steps: eager runs of each bucket before capturing it (cuBLAS and the compiler set up there).
 
-    Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `buckets`, `cache` (the StaticKVCache),
+    Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `prefill_graphs` {(bucket, padded length):
+    CUDAGraph} (captured on first use by `prefill(..., bucketed=True)`), `buckets`, `cache` (the StaticKVCache),
     static input buffers `ids` (max_batch, 1) and `pos` (max_batch,), the last step's outputs `logits` (B, V) and
     `tokens` (B,) (views of the bucket's output tensors, which its graph rewrites at each replay; None before the
     first step),
@@ -147,6 +158,13 @@ class GraphDecoder:
                 self._fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
 
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # prefill graphs: their own memory pool (a prefill's activations are larger than a decode step's, and a
+        # prefill's output must survive the decode graphs' replays until it is sampled), static inputs allocated
+        # on first use
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._prefill_outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._prefill_pool = None
+        self._prefill_ids = self._prefill_pos = None
         self.warmup_steps = warmup_steps
         with torch.no_grad():
             if cuda_graphs:
@@ -207,12 +225,17 @@ class GraphDecoder:
 
     # -- a request --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, row: int = 0) -> torch.Tensor:
-        """Eagerly run prompts (B, T) through the model, filling cache rows row..row+B-1 at positions 0..T-1.
+    def prefill(self, input_ids: torch.Tensor, row: int = 0, bucketed: bool = False) -> torch.Tensor:
+        """Run prompts (B, T) through the model, filling cache rows row..row+B-1 at positions 0..T-1.
 
         The rows are zeroed first: the mask adds -inf to the slots a query may not see, and -inf + NaN is NaN, so
         a NaN or inf left there by an earlier sequence would otherwise poison the new one.
-        Returns the last position's logits (B, V). Rows of different prompt lengths: prefill them one call each.
+        bucketed: pad the prompts to `prefill_length(B, T)` and replay that bucket's prefill graph, captured on
+        first use (the module docstring says how the padding stays invisible); on a runner without graphs the same
+        padded forward runs eagerly (what the CPU tests check). Rows from `row` > 0, and prompts longer than the
+        buckets, run eagerly and unpadded.
+        Returns the last position's logits (B, V); a bucketed prefill's are a view that the next bucketed prefill
+        rewrites. Rows of different prompt lengths: prefill them one call each.
 
         Raises:
             ValueError: rows beyond max_batch, T beyond max_seq_len.
@@ -222,11 +245,74 @@ class GraphDecoder:
             raise ValueError(f"rows {row}..{row + B - 1} are outside this runner's {self.max_batch} rows")
         if T > self.max_seq_len:
             raise ValueError(f"a {T}-token prompt does not fit this runner's {self.max_seq_len}-token cache")
+        length = self.prefill_length(B, T) if bucketed and row == 0 else None
+        if length is not None:
+            return self._bucketed_prefill(input_ids, length)
         cache = self.cache if (row, B) == (0, self.max_batch) else self.cache.rows(row, row + B)
         for t in cache.k + cache.v:
             t.zero_()
         positions = torch.arange(T, device=self.device)
         return self.model(input_ids, positions, kv_cache=cache, last_only=True)[:, -1]
+
+    def prefill_length(self, batch: int, length: int) -> int | None:
+        """The padded prompt length a bucketed prefill of (batch, length) uses: the smallest of PREFILL_LENGTHS
+        >= length that fits the cache, with bucket(batch) x it <= PREFILL_MAX_TOKENS; None: it runs eagerly."""
+        rows = self.bucket(batch)
+        for n in PREFILL_LENGTHS:
+            if n >= length:
+                return n if n <= self.max_seq_len and rows * n <= PREFILL_MAX_TOKENS else None
+        return None
+
+    def _bucketed_prefill(self, input_ids: torch.Tensor, length: int) -> torch.Tensor:
+        B, T = input_ids.shape
+        b = self.bucket(B)
+        if self._prefill_ids is None:
+            self._prefill_ids = torch.zeros(self.max_batch, PREFILL_LENGTHS[-1], dtype=torch.long, device=self.device)
+            self._prefill_pos = torch.zeros(PREFILL_LENGTHS[-1], dtype=torch.long, device=self.device)
+        ids = self._prefill_ids[:b, :length]
+        pad = length - T
+        ids[:B, pad:].copy_(input_ids)  # the prompt last ...
+        ids[:B, :pad].zero_()  # ... after pad tokens (id 0)
+        ids[B:].zero_()  # the bucket's pad rows
+        # the pads at positions T..length-1 (after the prompt: the causal mask hides them), then the prompt at 0..T-1
+        positions = torch.cat([torch.arange(T, length), torch.arange(T)])
+        self._prefill_pos[:length].copy_(positions, non_blocking=True)
+        key = (b, length)
+        graph = self.prefill_graphs.get(key)
+        if graph is None and self.graphs:  # a graph runner: capture this bucket now (once)
+            graph = self._capture_prefill(b, length)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill_forward(b, length)
+        return self._prefill_outputs[key][:B]
+
+    def _prefill_forward(self, b: int, length: int) -> None:
+        """The bucketed prefill of rows 0..b-1 from the static inputs (eagerly, or while being captured)."""
+        cache = self.cache if b == self.max_batch else self.cache.rows(0, b)
+        for t in cache.k + cache.v:
+            t.zero_()
+        logits = self.model(self._prefill_ids[:b, :length], self._prefill_pos[:length], kv_cache=cache,
+                            last_only=True)[:, -1]  # (b, V)
+        self._prefill_outputs[(b, length)] = logits
+
+    def _capture_prefill(self, b: int, length: int) -> torch.cuda.CUDAGraph:
+        """Capture the bucketed prefill of (b rows, length tokens), as `capture` does a decode bucket: warm-up
+        runs on a side stream first (they compute the very prefill asked for: the inputs are already in place)."""
+        dev = self.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(max(self.warmup_steps, 1)):
+                self._prefill_forward(b, length)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._prefill_pool):
+            self._prefill_forward(b, length)
+        if self._prefill_pool is None:
+            self._prefill_pool = graph.pool()
+        self.prefill_graphs[(b, length)] = graph
+        return graph
 
     @torch.no_grad()
     def start(self, tokens: torch.Tensor, positions: int | list[int]) -> None:
@@ -295,7 +381,8 @@ class GraphDecoder:
 
     def __repr__(self) -> str:
         return (f"GraphDecoder(max_batch={self.max_batch}, max_seq_len={self.max_seq_len}, buckets={self.buckets}, "
-                f"graphs={len(self.graphs)}, compile={self.compile_mode}, device={self.device})")
+                f"graphs={len(self.graphs)}, prefill_graphs={len(self.prefill_graphs)}, "
+                f"compile={self.compile_mode}, device={self.device})")
 
 
 class _RunnerCache(dict):

@@ -174,6 +174,7 @@ class LLM:
         gpu_sampling: bool = False,
         pin_memory: bool = False,
         cache_factory=None,
+        prefill_graphs: bool = False,
     ) -> Generation:
         """Generate a continuation of `prompt` (text, or token ids).
 
@@ -182,6 +183,8 @@ class LLM:
         cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
         `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
+        prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
+        a length bucket (`llmlab.cuda_graphs`).
         Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
         generates from it), one longer than the context, or bad sampling settings (and for the fast switches without the KV cache, cuda_graphs on a CPU model); TypeError
         for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that
@@ -190,10 +193,14 @@ class LLM:
         `paged_kv` switch); the fast paths keep their static cache.
         """
         check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory)
+                    torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
+                    prefill_graphs=prefill_graphs)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a model on a CUDA GPU (this one is on {self.device.type}); "
                              f"turn it off")
+        if prefill_graphs and not cuda_graphs:
+            raise ValueError("prefill_graphs=True captures the prefill beside the decode step's CUDA graphs: turn "
+                             "cuda_graphs on too")
         # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
         # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
@@ -206,7 +213,8 @@ class LLM:
                 raise ValueError("CUDA graphs, torch.compile and GPU sampling decode on a static KV cache: "
                                  "turn the KV cache on (use_cache=True)")
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
-                              gpu_sampling=gpu_sampling, pin_memory=pin_memory, **common)
+                              gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,
+                              **common)
         else:
             g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, cache_factory=cache_factory,
                          **common)

@@ -11,16 +11,23 @@ GPU to finish every token before it can launch the next one, and the GPU then wa
 * mode "compile": the step through `torch.compile` (on CUDA with mode="reduce-overhead", i.e. Inductor's own
   CUDA graphs); "compile+graphs": Inductor's fused kernels captured in this package's graphs;
 * gpu_sampling=True: tokens are sampled on the GPU (`llmlab.sampling.sample`, which never reads the device),
-  written to a device buffer, and copied to the host only every `eos_check_every` steps.
+  written to a device buffer, and copied to the host only every `eos_check_every` steps — and the host looks at
+  them one step late: the copy is queued, then the NEXT step is queued, and only then does the host wait for the
+  copy. Waiting right away would drain the GPU's queue at every read, and the GPU would sit idle while the host
+  checks the tokens and launches the next step (the "overlap" of vLLM's async output processing and SGLang's
+  overlap scheduler);
+* prefill_graph=True (graph modes): the prompt is padded to a length bucket and its prefill replayed from a CUDA
+  graph too (`GraphDecoder.prefill(..., bucketed=True)`): a short prompt's prefill is as launch-bound as a decode
+  step, so without it the time to the first token is the eager launch time.
 
 The EOS trade-off. The host learns that a sequence ended only when it reads the tokens. Reading every step costs
 one synchronization per token: the CPU cannot queue step t+1 until step t is done, so the GPU idles while the CPU
-launches. Reading every N steps lets the CPU run up to N steps ahead, at the price of up to N-1 wasted steps after
-the last sequence ends (`Generation.extra["wasted_steps"]`; their time is left out of `step_ms`). `on_token`
-callbacks are still made for every step, in order — in bursts of N.
+launches. Reading every N steps, one step late, lets the CPU run up to N steps ahead and never lets the GPU's queue
+run dry, at the price of up to N wasted steps after the last sequence ends (`Generation.extra["wasted_steps"]`;
+their time is left out of `step_ms`). `on_token` callbacks are still made for every step, in order — in bursts of
+N; a stop they ask for takes effect at the next read.
 
-Prefill stays eager (its length varies). Step times come from CUDA events (`llmlab.timing.StepTimer`), recorded
-between steps without synchronizing.
+Step times come from CUDA events (`llmlab.timing.StepTimer`), recorded between steps without synchronizing.
 """
 
 from __future__ import annotations
@@ -65,6 +72,42 @@ class _Collector:
         return False
 
 
+class _TokenReader:
+    """Copies blocks of generated tokens from the device buffer `out` (B, N) to the host.
+
+    `request(a, b)` queues the copy of steps a..b-1; `take()` returns them as lists (block[row][j]), waiting for the
+    copy if it is still running. late=True on a GPU: the copy goes into page-locked memory, non_blocking, with an
+    event after it, so the host can queue more work before it waits — the caller takes the block one step later.
+    late=False (or a CPU): `take` right after `request` reads at once (`.tolist()` waits for the GPU)."""
+
+    def __init__(self, out: torch.Tensor, late: bool):
+        self.out, self.late = out, late
+        self.async_copy = late and out.is_cuda
+        self._host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True) if self.async_copy else None
+        self._block = None  # (start, stop, event or None) of the requested, not yet taken block
+        self.reads = 0
+
+    def pending(self) -> bool:
+        return self._block is not None
+
+    def request(self, start: int, stop: int) -> None:
+        event = None
+        if self.async_copy:
+            self._host[:, start:stop].copy_(self.out[:, start:stop], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self._block = (start, stop, event)
+        self.reads += 1
+
+    def take(self) -> list[list[int]]:
+        start, stop, event = self._block
+        self._block = None
+        if event is None:
+            return self.out[:, start:stop].tolist()
+        event.synchronize()  # only this copy: the step queued after it keeps the GPU busy meanwhile
+        return self._host[:, start:stop].tolist()
+
+
 @torch.no_grad()
 def generate_fast(
     model,
@@ -81,6 +124,7 @@ def generate_fast(
     gpu_sampling: bool = True,
     eos_check_every: int = 16,
     pin_memory: bool = False,
+    prefill_graph: bool = False,
     max_batch: int | None = None,
     runner: GraphDecoder | None = None,
 ) -> Generation:
@@ -90,31 +134,38 @@ def generate_fast(
         model, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, on_token: as `generate`.
             Greedy and seeded sampled tokens equal `generate`'s (same logits up to rounding, same random draws).
         mode: "static" (eager), "graphs" (CUDA only), "compile", "compile+graphs" (CUDA only) — see the module doc.
-        gpu_sampling: True: the host reads tokens only every `eos_check_every` steps (and at the end). False: every
-            step, like `generate` (one synchronization per token).
+        gpu_sampling: True: the host reads tokens only every `eos_check_every` steps (and at the end), each read
+            waited for after the next step is queued. False: every step, at once, like `generate` (one
+            synchronization per token).
         eos_check_every: steps between host reads with gpu_sampling (>= 1).
         pin_memory: copy the prompt through pinned memory, non_blocking (CUDA only; no effect on a CPU).
+        prefill_graph: replay the prefill from a CUDA graph of its padded length bucket (modes "graphs" and
+            "compile+graphs"; in mode "static" the same padded prefill runs eagerly, for tests).
         max_batch: build the runner for at least this many rows (its buckets), e.g. to capture once for a sweep.
         runner: decode on this `GraphDecoder` (its mode wins over `mode`) instead of the model's cached one.
 
     Returns:
         A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
-        wasted_ms. The first call for a model (and a call that needs a bigger runner) captures/compiles first;
+        wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs. The first call for a model (and a call that needs a bigger runner) captures/compiles first;
         that time is not in `step_ms`.
 
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
             sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, max_batch < 1, a
-            runner too small.
-            TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type), gpu_sampling / pin_memory not
-            a bool, eos_check_every not a whole number. All checked on the host before anything is launched.
+            runner too small, prefill_graph in mode "compile" (its runner captures nothing).
+        TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type), gpu_sampling / pin_memory /
+            prefill_graph not a bool, eos_check_every not a whole number. All checked on the host before anything
+            is launched.
     """
     check_sampling_args(temperature, top_k, top_p)
-    check_flags(gpu_sampling=gpu_sampling, pin_memory=pin_memory)
+    check_flags(gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graph)
     if runner is not None:
         mode = runner.mode
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
+    if prefill_graph and mode == "compile":
+        raise ValueError("prefill_graph replays the prefill from this package's CUDA graphs, which mode 'compile' "
+                         "does not capture (Inductor captures its own): use mode 'graphs' or 'compile+graphs'")
     if isinstance(eos_check_every, bool) or not isinstance(eos_check_every, numbers.Integral):
         raise TypeError(f"eos_check_every={eos_check_every!r}: give a whole number of steps (>= 1)")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, numbers.Integral)
@@ -144,7 +195,8 @@ def generate_fast(
     every = eos_check_every if gpu_sampling else 1
     out = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # the tokens, on the device
     collect = _Collector(B, eos, on_token)
-    host_reads = 0
+    reader = _TokenReader(out, late=gpu_sampling)
+    prefill_length = runner.prefill_length(B, T) if prefill_graph else None
 
     _sync(device)
     timer = StepTimer(device)
@@ -152,22 +204,28 @@ def generate_fast(
     steps_run = 0
     for step in range(max_new_tokens):
         if step == 0:
-            token = sample(runner.prefill(ids), temperature, top_k, top_p, generator)  # (B,)
+            logits = runner.prefill(ids, bucketed=prefill_graph)  # (B, V)
+            token = sample(logits, temperature, top_k, top_p, generator)  # (B,)
         else:
             logits, greedy = runner.step()  # (B, V), (B,): the step's outputs, valid until the next step
             token = greedy if temperature == 0 else sample(logits, temperature, top_k, top_p, generator)
         out[:, step].copy_(token)
         timer.mark()
         steps_run = step + 1
+        if reader.pending() and collect.feed(reader.take()):  # the last read's tokens, now that this step is queued
+            break
         if steps_run % every == 0 or steps_run == max_new_tokens:
-            host_reads += 1
-            if collect.feed(out[:, collect.steps:steps_run].tolist()):  # the host waits for the GPU here
+            reader.request(collect.steps, steps_run)
+            if not reader.late and collect.feed(reader.take()):  # read at once: the host waits for the GPU here
                 break
         if steps_run < max_new_tokens:
             if step == 0:
                 runner.start(token, T)  # the first generated token sits at position T
             else:
                 runner.advance(token)
+    else:
+        if reader.pending():
+            collect.feed(reader.take())
 
     step_ms = timer.step_ms()
     kept = collect.steps
@@ -176,7 +234,8 @@ def generate_fast(
         device=str(device), dtype=str(dtype).removeprefix("torch."),
         extra={"decode_mode": mode, "bucket": runner.bucket(B), "n_graphs": len(runner.graphs),
                "compile_mode": runner.compile_mode, "gpu_sampling": gpu_sampling, "eos_check_every": every,
-               "host_reads": host_reads, "wasted_steps": steps_run - kept, "wasted_ms": sum(step_ms[kept:])})
+               "host_reads": reader.reads, "wasted_steps": steps_run - kept, "wasted_ms": sum(step_ms[kept:]),
+               "prefill_length": prefill_length, "n_prefill_graphs": len(runner.prefill_graphs)})
 
 
 def decode_mode(cuda_graphs: bool, torch_compile: bool) -> str:

@@ -14,6 +14,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +triton_kernels  hand-written Triton kernels for RMSNorm, SwiGLU, RoPE, decode attention (llmlab.kernels)
                      INSTEAD of torch.compile's: CUDA graphs + these kernels, to compare hand fusion with Inductor's
     +step_tuning     the Triton kernels' configs chosen by timing the whole decode step (llmlab.kernels.step_tuning)
+    +prefill_graphs  the prefill replayed from CUDA graphs too (prompt padded to a length bucket): a shorter TTFT
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -243,3 +244,8 @@ register_step(LadderStep("+step_tuning", {"step_tuning": True},
                          "instead of each kernel alone "
                          "(llmlab.kernels.step_tuning; 8-19 s of tuning on an H200 before the run)",
                          gpu_only="it times CUDA-graph replays of the decode step; a CPU has none"))
+register_step(LadderStep("+prefill_graphs", {"prefill_graphs": True},
+                         "the prefill replayed from a CUDA graph too (the prompt padded to a length bucket, captured "
+                         "once per bucket): a 128-token prefill launches as many kernels as a decode step, so the "
+                         "time to the first token was the eager launch time",
+                         gpu_only="CUDA graphs record and replay GPU kernel launches; a CPU has none"))

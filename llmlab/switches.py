@@ -142,6 +142,10 @@ register(Switch("torch_compile", "torch.compile", False,
 register(Switch("gpu_sampling", "GPU sampling", False,
                 "sample on the GPU and keep the tokens there, reading them (and checking EOS) every 16 steps "
                 "instead of synchronizing with the GPU on every token", _kwarg_switch("gpu_sampling")))
+register(Switch("prefill_graphs", "prefill CUDA graphs", False,
+                "replay the prefill from a CUDA graph too, the prompt padded to a length bucket: a short prompt's "
+                "prefill is as launch-bound as a decode step, so this cuts the time to the first token (needs the "
+                "CUDA graphs switch)", _kwarg_switch("prefill_graphs"), available=_needs_cuda))
 register(Switch("pinned_memory", "pinned memory", False,
                 "copy the prompt to the GPU from page-locked host memory, non_blocking", _kwarg_switch("pin_memory"),
                 available=_needs_cuda))

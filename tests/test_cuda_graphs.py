@@ -226,6 +226,50 @@ def test_llm_switches_on_cuda(model):
     assert llm.generate(prompt, max_new_tokens=32, pin_memory=True).token_ids == ref.token_ids  # eager + pinned
 
 
+# -- prefill graphs (the prompt padded to a length bucket) ----------------------------------------------------------
+
+
+@torch.no_grad()
+def test_prefill_graphs_equal_the_eager_prefill(model):
+    """A captured, padded prefill gives the eager prefill's last logits; one graph per (row bucket, length bucket),
+    captured on first use and replayed after."""
+    runner = GraphDecoder(model, max_batch=4, max_seq_len=128)
+    for B, T in [(1, 12), (3, 12), (2, 40), (1, 16), (1, 100), (1, 9)]:
+        prompts = prompt_ids(B, T, seed=B * 1000 + T).cuda()
+        ref = runner.prefill(prompts).clone()  # eager, unpadded
+        got = runner.prefill(prompts, bucketed=True)
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert sorted(runner.prefill_graphs) == [(1, 16), (1, 128), (2, 64), (4, 16)]
+    assert len(runner.graphs) == len(runner.buckets)  # the decode graphs are untouched
+
+
+@pytest.mark.parametrize("B,T", [(1, 12), (3, 30), (2, 64)])
+def test_decode_after_a_prefill_graph_equals_eager_64_steps(model, graphs64, B, T):
+    prompts = prompt_ids(B, T, seed=300 + T)
+    ref = generate(model, prompts, max_new_tokens=64).token_ids
+    got = generate_fast(model, prompts, max_new_tokens=64, runner=graphs64, prefill_graph=True)
+    assert got.extra["prefill_length"] == max(16, 1 << (T - 1).bit_length())
+    assert (graphs64.bucket(B), got.extra["prefill_length"]) in graphs64.prefill_graphs
+    assert_greedy_equal(model, prompts, got.token_ids, ref)
+
+
+def test_prefill_graphs_switch_on_cuda(model):
+    llm = LLM(model)
+    prompt = prompt_ids(1, 20, seed=12)[0].tolist()
+    ref = llm.generate(prompt, max_new_tokens=24)
+    run, kwargs = apply_switches(llm, {"cuda_graphs": True, "gpu_sampling": True, "prefill_graphs": True})
+    assert kwargs["prefill_graphs"] is True
+    g = run.generate(prompt, max_new_tokens=24, **kwargs)
+    assert g.extra["prefill_length"] == 32 and g.extra["n_prefill_graphs"] >= 1
+    assert_greedy_equal(model, [prompt], g.token_ids, ref.token_ids)
+    # changing prompt lengths (new buckets, then beyond them) never triggers a device-side error
+    for T in (3, 33, 200, 20):
+        p = prompt_ids(1, T, seed=T)[0].tolist()
+        g = run.generate(p, max_new_tokens=8, **kwargs)
+        assert_greedy_equal(model, [p], g.token_ids, llm.generate(p, max_new_tokens=8).token_ids)
+    torch.cuda.synchronize()
+
+
 # -- torch.compile (slow: one compilation per bucket, so two buckets: 1, and 4 with a pad row) --------------------
 
 

@@ -251,12 +251,37 @@ def test_fused_projections_follow_weight_changes_and_are_dropped_by_disable():
     torch.testing.assert_close(model(ids), twin(ids), atol=1e-4, rtol=1e-4)
 
 
+@torch.no_grad()
+def test_patched_bucketed_prefill_equals_the_pytorch_prefill():
+    """The prefill a prefill graph replays (prompt padded to 16 tokens, the pads first at later positions) through
+    the Triton kernels: the same last-position logits and prompt K/V as the PyTorch path's unpadded prefill.
+    (Captured on a GPU, eager in the interpreter.)"""
+    from llmlab.cuda_graphs import GraphDecoder
+
+    model = tiny_model(seed=4).to(DEV)
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
+    ref_runner = GraphDecoder(model, max_batch=2, max_seq_len=32, cuda_graphs=False)
+    ref = ref_runner.prefill(ids)
+    patch_model.enable(model)
+    try:
+        runner = GraphDecoder(model, max_batch=2, max_seq_len=32)  # captures on a GPU
+        got = runner.prefill(ids, bucketed=True).clone()
+    finally:
+        patch_model.disable(model)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    for a, b in zip(ref_runner.cache.k + ref_runner.cache.v, runner.cache.k + runner.cache.v):
+        torch.testing.assert_close(b[:, :, :9], a[:, :, :9], atol=1e-4, rtol=1e-4)
+    assert len(runner.prefill_graphs) == (1 if DEV == "cuda" else 0)
+
+
 @pytest.mark.gpu
 @torch.no_grad()
+@pytest.mark.parametrize("prefill_graph", [False, True], ids=["eager-prefill", "prefill-graph"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_graph_replayed_triton_decode_equals_eager_decode(batch):
+def test_graph_replayed_triton_decode_equals_eager_decode(batch, prefill_graph):
     """The +triton_kernels rung as it runs in the ladder: CUDA graphs over the patched model (fp32, so the greedy
-    tokens must match the eager PyTorch decode exactly), 48 steps, rows padded up to the bucket."""
+    tokens must match the eager PyTorch decode exactly), 48 steps, rows padded up to the bucket; with
+    prefill_graph the prefill (7 tokens padded to 16) is replayed from a graph too (the +prefill_graphs rung)."""
     from llmlab.fast_generate import generate_fast
     from llmlab.generate import generate
 
@@ -265,10 +290,12 @@ def test_graph_replayed_triton_decode_equals_eager_decode(batch):
     ref = generate(model, prompts, max_new_tokens=48)
     patch_model.enable(model)
     try:
-        got = generate_fast(model, prompts, max_new_tokens=48, mode="graphs")
+        got = generate_fast(model, prompts, max_new_tokens=48, mode="graphs", prefill_graph=prefill_graph)
     finally:
         patch_model.disable(model)
     assert got.token_ids == ref.token_ids
+    assert got.extra["prefill_length"] == (16 if prefill_graph else None)
+    assert got.extra["n_prefill_graphs"] == (1 if prefill_graph else 0)
     assert len(set(ref.token_ids[0])) >= 3  # the check is not vacuous: the decode does not repeat one token
 
 

@@ -43,6 +43,16 @@ def test_the_ladder_starts_without_then_with_the_cache():
         get_step("nope")
 
 
+def test_the_prefill_graph_rung_sits_above_the_decode_graphs_and_keeps_them(llm):
+    names = step_names()
+    assert names.index("+prefill_graphs") > names.index("+cuda_graphs")
+    step = get_step("+prefill_graphs")
+    assert step.settings == {"prefill_graphs": True} and step.cumulative and step.gpu_only
+    assert switches.SWITCHES["prefill_graphs"].default is False
+    with pytest.raises(ValueError, match="cannot be set to True here: needs a CUDA GPU"):
+        switches.apply_switches(llm, {"prefill_graphs": True})
+
+
 def test_cpu_runs_the_bottom_rungs_and_says_why_it_skips_the_rest(llm):
     runnable, skipped = available_steps(llm)
     assert [r.name for r in runnable] == ["no_kv_cache", "eager"]

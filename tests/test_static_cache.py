@@ -291,9 +291,22 @@ def test_eos_every_n_steps_gives_the_eager_result(model, every):
     got = generate_fast(model, PROMPT, max_new_tokens=64, eos_token_id=eos, mode="static", eos_check_every=every)
     assert got.token_ids == ref.token_ids and got.finish_reason == "eos" == ref.finish_reason
     assert len(got.step_ms) == len(ref.step_ms)
-    steps_run = min(64, -(-len(ref.step_ms) // every) * every)  # rounded up to the next read
+    read_at = min(64, -(-len(ref.step_ms) // every) * every)  # the first read that holds the EOS
+    steps_run = 64 if read_at == 64 else read_at + 1  # looked at one step late (the last read: after the loop)
     assert got.extra["wasted_steps"] == steps_run - len(ref.step_ms)
-    assert got.extra["host_reads"] == -(-steps_run // every)
+    assert got.extra["host_reads"] == -(-read_at // every)
+
+
+def test_reads_at_once_without_gpu_sampling_and_one_step_late_with_it(model):
+    """gpu_sampling=False looks at each token at once (no wasted step); with it, a read is looked at after the
+    next step is queued: an EOS at step 10 read at 16 costs steps 11..16 (6 wasted)."""
+    eos = generate(model, PROMPT, max_new_tokens=64).token_ids[0][10]
+    ref = generate(model, PROMPT, max_new_tokens=64, eos_token_id=eos)
+    at_once = generate_fast(model, PROMPT, max_new_tokens=64, eos_token_id=eos, mode="static", gpu_sampling=False)
+    late = generate_fast(model, PROMPT, max_new_tokens=64, eos_token_id=eos, mode="static", gpu_sampling=True)
+    assert at_once.token_ids == late.token_ids == ref.token_ids
+    assert at_once.extra["wasted_steps"] == 0 and at_once.extra["host_reads"] == 11
+    assert late.extra["wasted_steps"] == 6 and late.extra["host_reads"] == 1
 
 
 def test_eos_in_a_batch_and_no_sync_per_token_flag(model):
@@ -391,3 +404,58 @@ def test_compiled_step_equals_eager_on_cpu(model):
     got = generate_fast(model, prompts, max_new_tokens=64, runner=runner)
     assert got.extra["decode_mode"] == "compile" and got.extra["bucket"] == 4
     assert got.token_ids == generate(model, prompts, max_new_tokens=64).token_ids
+
+
+# -- the bucketed prefill (what a prefill graph replays), run eagerly ------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("T", [1, 12, 16, 17, 40])
+def test_bucketed_prefill_equals_the_plain_prefill(model, T):
+    """Pad tokens first, at positions after the prompt: the last position's logits and the prompt's K/V slots
+    equal the unpadded prefill's (fp32: only the matmuls' row counts differ)."""
+    plain = GraphDecoder(model, max_batch=4, max_seq_len=80, cuda_graphs=False)
+    padded = GraphDecoder(model, max_batch=4, max_seq_len=80, cuda_graphs=False)
+    prompts = prompt_ids(3, T, seed=T)
+    ref = plain.prefill(prompts)
+    got = padded.prefill(prompts, bucketed=True)
+    L = padded.prefill_length(3, T)
+    assert L == next(n for n in cuda_graphs.PREFILL_LENGTHS if n >= T)
+    assert got.shape == ref.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(plain.cache.k + plain.cache.v, padded.cache.k + padded.cache.v):
+        torch.testing.assert_close(b[:3, :, :T], a[:3, :, :T], atol=1e-5, rtol=1e-5)
+    assert not padded.prefill_graphs  # no capture on a CPU: the same padded forward ran eagerly
+
+
+def test_bucketed_prefill_lengths_and_the_eager_fallback():
+    m = tiny_model(seed=0, max_seq_len=700)
+    r = GraphDecoder(m, max_batch=64, max_seq_len=300, cuda_graphs=False)
+    assert [r.prefill_length(1, T) for T in (1, 16, 17, 128, 129, 256, 257)] == [16, 16, 32, 128, 256, 256, None]
+    assert r.prefill_length(64, 128) == 128 and r.prefill_length(64, 129) is None  # 64 x 256 > PREFILL_MAX_TOKENS
+    assert r.prefill_length(33, 100) == 128  # rows count by their bucket (64): 64 x 128 = 8192
+    # a prompt beyond the buckets prefills eagerly, unpadded, and decodes the same
+    p = prompt_ids(1, 600, seed=2)[0].tolist()
+    got = generate_fast(m, p, max_new_tokens=8, mode="static", prefill_graph=True)
+    assert got.extra["prefill_length"] is None and got.token_ids == generate(m, p, max_new_tokens=8).token_ids
+
+
+@pytest.mark.parametrize("T,B", [(5, 1), (12, 1), (33, 3), (64, 2)])
+def test_bucketed_prefill_decodes_like_generate(model, T, B):
+    """64 greedy steps after a padded prefill: the pads' K/V sit in the slots the decode writes next, so no
+    token changes."""
+    prompts = prompt_ids(B, T, seed=50 + T)
+    ref = generate(model, prompts, max_new_tokens=64).token_ids
+    got = generate_fast(model, prompts, max_new_tokens=64, mode="static", prefill_graph=True)
+    assert got.token_ids == ref and got.extra["prefill_length"] == next(
+        n for n in cuda_graphs.PREFILL_LENGTHS if n >= T)
+    assert len(set(got.token_ids[0])) >= 10
+
+
+def test_prefill_graph_errors(model):
+    llm = LLM(model)
+    with pytest.raises(ValueError, match="turn cuda_graphs on too"):
+        llm.generate(PROMPT, max_new_tokens=4, gpu_sampling=True, prefill_graphs=True)
+    with pytest.raises(TypeError, match="prefill_graph='yes'"):
+        generate_fast(model, PROMPT, max_new_tokens=4, mode="static", prefill_graph="yes")
+    assert llm.generate(PROMPT, max_new_tokens=4).n_generated == 4  # still usable
