@@ -232,8 +232,10 @@ class GraphDecoder:
         a NaN or inf left there by an earlier sequence would otherwise poison the new one.
         bucketed: pad the prompts to `prefill_length(B, T)` and replay that bucket's prefill graph, captured on
         first use (the module docstring says how the padding stays invisible); on a runner without graphs the same
-        padded forward runs eagerly (what the CPU tests check). Rows from `row` > 0, and prompts longer than the
-        buckets, run eagerly and unpadded.
+        padded forward runs eagerly (what the CPU tests check). It runs the bucket's bucket(B) rows: rows
+        B..bucket(B)-1 are zeroed and hold pad tokens after it (as a decode step writes its pad rows), so prefill
+        such a row only after it, or prefill rows 0..B-1 unbucketed. Rows from `row` > 0, and prompts longer than
+        the buckets, run eagerly and unpadded.
         Returns the last position's logits (B, V); a bucketed prefill's are a view that the next bucketed prefill
         rewrites. Rows of different prompt lengths: prefill them one call each.
 

@@ -73,12 +73,16 @@ class _Collector:
 
 
 class _TokenReader:
-    """Copies blocks of generated tokens from the device buffer `out` (B, N) to the host.
+    """Copies blocks of generated tokens from the device buffer `out` (N steps, B rows) to the host. Step-major: a
+    block of steps is one contiguous run of memory.
 
     `request(a, b)` queues the copy of steps a..b-1; `take()` returns them as lists (block[row][j]), waiting for the
     copy if it is still running. late=True on a GPU: the copy goes into page-locked memory, non_blocking, with an
     event after it, so the host can queue more work before it waits — the caller takes the block one step later.
-    late=False (or a CPU): `take` right after `request` reads at once (`.tolist()` waits for the GPU)."""
+    (The block must be contiguous on both sides: a strided device-to-host copy goes through a pageable temporary,
+    and a copy into pageable memory makes the host wait for the GPU's whole queue at `request`.)
+    late=False: `take` reads at once (`.tolist()` waits for the GPU). On a CPU there is nothing to copy: `take`
+    reads the buffer, whenever the caller takes it (late or not)."""
 
     def __init__(self, out: torch.Tensor, late: bool):
         self.out, self.late = out, late
@@ -93,7 +97,7 @@ class _TokenReader:
     def request(self, start: int, stop: int) -> None:
         event = None
         if self.async_copy:
-            self._host[:, start:stop].copy_(self.out[:, start:stop], non_blocking=True)
+            self._host[start:stop].copy_(self.out[start:stop], non_blocking=True)  # contiguous rows: truly async
             event = torch.cuda.Event()
             event.record()
         self._block = (start, stop, event)
@@ -103,9 +107,9 @@ class _TokenReader:
         start, stop, event = self._block
         self._block = None
         if event is None:
-            return self.out[:, start:stop].tolist()
+            return self.out[start:stop].T.tolist()
         event.synchronize()  # only this copy: the step queued after it keeps the GPU busy meanwhile
-        return self._host[:, start:stop].tolist()
+        return self._host[start:stop].T.tolist()
 
 
 @torch.no_grad()
@@ -146,8 +150,9 @@ def generate_fast(
 
     Returns:
         A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
-        wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs. The first call for a model (and a call that needs a bigger runner) captures/compiles first;
-        that time is not in `step_ms`.
+        wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs (the
+        runner's, so far). The first call for a model (and a call that needs a bigger runner) captures/compiles
+        first; that time is not in `step_ms`.
 
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
@@ -193,7 +198,7 @@ def generate_fast(
                          f"one or leave runner=None")
     ids = to_device(ids, device, pin_memory)
     every = eos_check_every if gpu_sampling else 1
-    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # the tokens, on the device
+    out = torch.empty(max_new_tokens, B, dtype=torch.long, device=device)  # the tokens, on the device (step-major)
     collect = _Collector(B, eos, on_token)
     reader = _TokenReader(out, late=gpu_sampling)
     prefill_length = runner.prefill_length(B, T) if prefill_graph else None
@@ -209,7 +214,7 @@ def generate_fast(
         else:
             logits, greedy = runner.step()  # (B, V), (B,): the step's outputs, valid until the next step
             token = greedy if temperature == 0 else sample(logits, temperature, top_k, top_p, generator)
-        out[:, step].copy_(token)
+        out[step].copy_(token)
         timer.mark()
         steps_run = step + 1
         if reader.pending() and collect.feed(reader.take()):  # the last read's tokens, now that this step is queued

@@ -142,10 +142,19 @@ register(Switch("torch_compile", "torch.compile", False,
 register(Switch("gpu_sampling", "GPU sampling", False,
                 "sample on the GPU and keep the tokens there, reading them (and checking EOS) every 16 steps "
                 "instead of synchronizing with the GPU on every token", _kwarg_switch("gpu_sampling")))
+
+
+def _prefill_graphs(llm: LLM, value: bool, kwargs: dict) -> LLM:
+    if value and not kwargs.get("cuda_graphs"):  # cuda_graphs is registered (so applied) first
+        raise ValueError("prefill CUDA graphs are captured beside the decode step's: turn the cuda_graphs switch on "
+                         "too")
+    return _kwarg_switch("prefill_graphs")(llm, value, kwargs)
+
+
 register(Switch("prefill_graphs", "prefill CUDA graphs", False,
                 "replay the prefill from a CUDA graph too, the prompt padded to a length bucket: a short prompt's "
                 "prefill is as launch-bound as a decode step, so this cuts the time to the first token (needs the "
-                "CUDA graphs switch)", _kwarg_switch("prefill_graphs"), available=_needs_cuda))
+                "CUDA graphs switch)", _prefill_graphs, available=_needs_cuda))
 register(Switch("pinned_memory", "pinned memory", False,
                 "copy the prompt to the GPU from page-locked host memory, non_blocking", _kwarg_switch("pin_memory"),
                 available=_needs_cuda))

@@ -51,6 +51,13 @@ def test_the_prefill_graph_rung_sits_above_the_decode_graphs_and_keeps_them(llm)
     assert switches.SWITCHES["prefill_graphs"].default is False
     with pytest.raises(ValueError, match="cannot be set to True here: needs a CUDA GPU"):
         switches.apply_switches(llm, {"prefill_graphs": True})
+    # on a GPU: without the decode graphs it is refused when the switches are applied, not later in generate
+    with pytest.raises(ValueError, match="turn the cuda_graphs switch on too"):
+        switches.SWITCHES["prefill_graphs"].apply(llm, True, {"gpu_sampling": True})
+    kwargs = {"cuda_graphs": True}
+    assert switches.SWITCHES["prefill_graphs"].apply(llm, True, kwargs) is llm
+    assert kwargs == {"cuda_graphs": True, "prefill_graphs": True}
+    assert switches.SWITCHES["prefill_graphs"].apply(llm, False, {}) is llm
 
 
 def test_cpu_runs_the_bottom_rungs_and_says_why_it_skips_the_rest(llm):

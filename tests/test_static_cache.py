@@ -459,3 +459,47 @@ def test_prefill_graph_errors(model):
     with pytest.raises(TypeError, match="prefill_graph='yes'"):
         generate_fast(model, PROMPT, max_new_tokens=4, mode="static", prefill_graph="yes")
     assert llm.generate(PROMPT, max_new_tokens=4).n_generated == 4  # still usable
+
+
+def test_token_reads_copy_contiguous_blocks_of_steps(model, monkeypatch):
+    """The late reads copy a block of steps for every row at once: it must be ONE contiguous run of the device
+    buffer (steps-major), or on a GPU the non_blocking copy goes through a pageable temporary and the host waits
+    for the whole queue at the request — no read would be late for a batch of 2 or more."""
+    from llmlab import fast_generate
+
+    blocks = []
+
+    class Recorder(fast_generate._TokenReader):
+        def request(self, start, stop):
+            block = self.out[start:stop]
+            blocks.append((tuple(block.shape), block.is_contiguous()))
+            super().request(start, stop)
+
+    monkeypatch.setattr(fast_generate, "_TokenReader", Recorder)
+    prompts = prompt_ids(3, 10, seed=21)
+    got = generate_fast(model, prompts, max_new_tokens=11, mode="static", eos_check_every=4)
+    assert got.token_ids == generate(model, prompts, max_new_tokens=11).token_ids
+    assert blocks == [((4, 3), True), ((4, 3), True), ((3, 3), True)]
+
+
+@torch.no_grad()
+def test_bucketed_prefill_runs_the_whole_row_bucket(model):
+    """A bucketed prefill of 3 rows runs its bucket of 4: row 3 is zeroed and holds pads afterwards (documented),
+    so a row prefilled on its own comes after it — and then all four rows decode like `generate`."""
+    prompts = prompt_ids(3, 10, seed=31)
+    last = prompt_ids(1, 6, seed=32)
+    runner = GraphDecoder(model, max_batch=4, max_seq_len=64, cuda_graphs=False)
+    runner.prefill(last, row=3)
+    k3 = runner.cache.k[0][3].clone()
+    runner.prefill(prompts, bucketed=True)
+    assert not torch.equal(runner.cache.k[0][3], k3)  # row 3 was a pad row of the prefill's bucket
+    first = torch.cat([runner.prefill(prompts, bucketed=True).argmax(-1), runner.prefill(last, row=3).argmax(-1)])
+    runner.start(first, [10, 10, 10, 6])
+    out = [first]
+    for _ in range(7):
+        _, token = runner.step()
+        out.append(token.clone())
+        runner.advance(token)
+    got = torch.stack(out, dim=1).tolist()
+    assert got[:3] == generate(model, prompts, max_new_tokens=8).token_ids
+    assert got[3:] == generate(model, last, max_new_tokens=8).token_ids
