@@ -186,9 +186,11 @@ class LLM:
         prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
         a length bucket (`llmlab.cuda_graphs`).
         Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
-        generates from it), one longer than the context, or bad sampling settings (and for the fast switches without the KV cache, cuda_graphs on a CPU model); TypeError
-        for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that
-        is not an int, a sampling setting that is not a number, an on/off argument that is not a bool); the model is untouched by a failed call.
+        generates from it), one longer than the context, or bad sampling settings (and for the fast switches
+        without the KV cache, cuda_graphs on a CPU model, prefill_graphs without cuda_graphs); TypeError for
+        arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that is
+        not an int, a sampling setting that is not a number, an on/off argument that is not a bool); the model is
+        untouched by a failed call.
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache.
         """

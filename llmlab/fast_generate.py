@@ -152,7 +152,8 @@ def generate_fast(
         A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
         wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs (the
         runner's, so far). The first call for a model (and a call that needs a bigger runner) captures/compiles
-        first; that time is not in `step_ms`.
+        first; that time is not in `step_ms`. A prefill graph, though, is captured inside the first step of the
+        first call that meets its (rows, length) bucket: that call's step_ms[0] (its TTFT) includes the capture.
 
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
