@@ -152,8 +152,8 @@ def generate_fast(
         A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
         wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs (the
         runner's, so far). The first call for a model (and a call that needs a bigger runner) captures/compiles
-        first; that time is not in `step_ms`. A prefill graph, though, is captured inside the first step of the
-        first call that meets its (rows, length) bucket: that call's step_ms[0] (its TTFT) includes the capture.
+        first, and the first call that meets a prefill bucket captures its graph first; that time is not in
+        `step_ms`.
 
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
@@ -203,6 +203,9 @@ def generate_fast(
     collect = _Collector(B, eos, on_token)
     reader = _TokenReader(out, late=gpu_sampling)
     prefill_length = runner.prefill_length(B, T) if prefill_graph else None
+    first_of_bucket = (runner.bucket(B), prefill_length) not in runner.prefill_graphs
+    if prefill_length is not None and runner.graphs and first_of_bucket:
+        runner.prefill(ids, bucketed=True)  # capture this bucket's prefill graph now, untimed (as the decode graphs)
 
     _sync(device)
     timer = StepTimer(device)
