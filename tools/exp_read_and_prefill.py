@@ -15,10 +15,12 @@ larger than these effects):
     late      reads one step late, eager prefill
     late+pg   reads one step late, prefill graph
 Per round and variant: tokens/s of the 256 new tokens (prefill included), TTFT, TPOT mean and p50, and the mean time
-of the steps right after a read against the others. Writes JSON to argv[1].
+of the steps right after a read against the others. Writes JSON to argv[1]; argv[2]: rounds (default 5).
+Without a CUDA GPU it runs as a smoke test of itself: the default model, mode "static", 48 new tokens.
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,18 +30,24 @@ import torch
 from llmlab import fast_generate
 from llmlab.envinfo import describe
 from llmlab.engine import LLM
+from llmlab.fast_generate import decode_mode, generate_fast
 from llmlab.ladder import available_steps
 from llmlab.switches import apply_switches
 
 out_path = sys.argv[1]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-llm = LLM.from_preset("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
-settings = next(r.settings for r in available_steps(llm)[0] if r.name == "+step_tuning")
+gpu = torch.cuda.is_available()
+if gpu:
+    llm = LLM.from_preset("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
+    settings = next(r.settings for r in available_steps(llm)[0] if r.name == "+step_tuning")
+    N = 256
+else:  # a smoke test of this script
+    llm, settings, N = LLM.load("default"), {"kv_cache": True}, 48
 t0 = time.perf_counter()
 run, kwargs = apply_switches(llm, settings)  # tunes the tiles (~20 s)
-print(f"settings {settings}; tuning {time.perf_counter() - t0:.1f} s", flush=True)
-prompt = [(7 * i) % 1000 + 1 for i in range(128)]
-N = 256
+mode = decode_mode(kwargs.get("cuda_graphs", False), kwargs.get("torch_compile", False))
+print(f"settings {settings} (mode {mode}); tuning {time.perf_counter() - t0:.1f} s", flush=True)
+prompt = [(7 * i) % (llm.config.vocab_size - 1) + 1 for i in range(128)]
 real_reader = fast_generate._TokenReader
 
 
@@ -57,7 +65,8 @@ def one(name):
     reader, pg = VARIANTS[name]
     fast_generate._TokenReader = reader
     try:
-        g = run.generate(prompt, max_new_tokens=N, stop_at_eos=False, prefill_graphs=pg, **kwargs)
+        g = generate_fast(run.model, prompt, max_new_tokens=N, mode=mode, gpu_sampling=True,
+                          pin_memory=kwargs.get("pin_memory", False), prefill_graph=pg)  # what LLM.generate runs
     finally:
         fast_generate._TokenReader = real_reader
     ms = g.step_ms
@@ -89,5 +98,5 @@ for name, ms in results.items():
     print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[name].items()})
 for m in (m for ms in results.values() for m in ms):
     m.pop("tokens")
-json.dump({"device": torch.cuda.get_device_name(), "env": describe(), "settings": settings, "rounds": rounds,
+json.dump({"device": torch.cuda.get_device_name() if gpu else "cpu", "commit": os.environ.get("LLMLAB_COMMIT"), "env": describe(), "settings": settings, "rounds": rounds,
            "summary": summary, "results": results}, open(out_path, "w"), indent=1, default=str)
