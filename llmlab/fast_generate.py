@@ -14,8 +14,10 @@ GPU to finish every token before it can launch the next one, and the GPU then wa
   written to a device buffer, and copied to the host only every `eos_check_every` steps — and the host looks at
   them one step late: the copy is queued, then the NEXT step is queued, and only then does the host wait for the
   copy. Waiting right away would drain the GPU's queue at every read, and the GPU would sit idle while the host
-  checks the tokens and launches the next step (the "overlap" of vLLM's async output processing and SGLang's
-  overlap scheduler);
+  checks the tokens and launches the next step. Serving engines do the same with their whole CPU side: SGLang's
+  zero-overhead scheduler (https://lmsys.org/blog/2024-12-04-sglang-v0-4/#zero-overhead-batch-scheduler),
+  TensorRT-LLM's overlap scheduler (https://nvidia.github.io/TensorRT-LLM/latest/features/overlap-scheduler.html),
+  vLLM's async output processing (https://github.com/vllm-project/vllm/pull/7049);
 * prefill_graph=True (graph modes): the prompt is padded to a length bucket and its prefill replayed from a CUDA
   graph too (`GraphDecoder.prefill(..., bucketed=True)`): a short prompt's prefill is as launch-bound as a decode
   step, so without it the time to the first token is the eager launch time.
