@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from llmlab.kernels._util import pdl_kwargs
 from llmlab.kernels.decode_attention import (_merge_into, _tile_output, _tile_scores, decode_attention,
                                              decode_attention_reference)
 
@@ -39,11 +40,14 @@ from llmlab.kernels.decode_attention import (_merge_into, _tile_output, _tile_sc
 def _tma_split_kernel(q_ptr, k_desc, v_desc, o_ptr, lse_ptr, Hkv, N_REP, S, scale,
                       stride_qb, stride_qh, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
-                      STAGES: tl.constexpr, IEEE: tl.constexpr):
-    """Program (b * Hkv + kv head, split): the package's `_decode_split_kernel` without lengths, PDL or fused
-    merge, its K and V tiles loaded through descriptors over the cache viewed as (B * Hkv * S, hd) rows. Keys past
-    the split's end are masked in the scores (their rows belong to the next split or head, or are TMA's zeros past
-    the tensor), so p = 0 there."""
+                      STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    """Program (b * Hkv + kv head, split): the package's `_decode_split_kernel` without lengths or fused merge,
+    its K and V tiles loaded through descriptors over the cache viewed as (B * Hkv * S, hd) rows. Keys past the
+    split's end are masked in the scores (their rows belong to the next split or head, or are TMA's zeros past the
+    tensor), so p = 0 there. PDL as the package's kernel without PREFETCH (so the two launch alike)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // Hkv
     kvh = pid % Hkv
@@ -84,7 +88,7 @@ def tma_attention(q, k, v, o_part, lse, out, block_n, split_n, warps, stages):
         q.stride(0), q.stride(1), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0),
         lse.stride(1),
         BLOCK_H=max(16, triton.next_power_of_2(H // Hkv)), BLOCK_D=hd, BLOCK_N=block_n, SPLIT_N=split_n,
-        STAGES=stages, IEEE=q.dtype == torch.float32, num_warps=warps)
+        STAGES=stages, IEEE=q.dtype == torch.float32, num_warps=warps, **pdl_kwargs(q.device))
     if splits > 1:
         _merge_into(o_part, lse, splits, out)
     else:
