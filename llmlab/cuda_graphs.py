@@ -33,6 +33,7 @@ when a request needs more rows or a longer cache than it has, or the model's wei
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -48,6 +49,9 @@ MIN_SEQ, SEQ_ROUND = 1024, 512
 # the prefill runs eagerly: at ~500+ tokens a 1B model's prefill is compute-bound, the launches no longer matter).
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)
 PREFILL_MAX_TOKENS = 8192
+# ... and the most rows x cache slots: a captured prefill keeps its peak memory for the runner's life, and the
+# attention's keys and values, repeated for every query head over the whole static cache, are most of that peak
+PREFILL_MAX_SLOTS = 65536
 MODES = {"static": (False, False), "graphs": (True, False), "compile": (False, True), "compile+graphs": (True, True)}
 
 
@@ -165,6 +169,7 @@ class GraphDecoder:
         self._prefill_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._prefill_pool = None
         self._prefill_ids = self._prefill_pos = None
+        self._prefill_failed: set[tuple[int, int]] = set()  # buckets whose capture failed: they run eagerly
         self.warmup_steps = warmup_steps
         with torch.no_grad():
             if cuda_graphs:
@@ -258,8 +263,11 @@ class GraphDecoder:
 
     def prefill_length(self, batch: int, length: int) -> int | None:
         """The padded prompt length a bucketed prefill of (batch, length) uses: the smallest of PREFILL_LENGTHS
-        >= length that fits the cache, with bucket(batch) x it <= PREFILL_MAX_TOKENS; None: it runs eagerly."""
+        >= length that fits the cache, with bucket(batch) x it <= PREFILL_MAX_TOKENS; None: it runs eagerly (also
+        when bucket(batch) x max_seq_len > PREFILL_MAX_SLOTS)."""
         rows = self.bucket(batch)
+        if rows * self.max_seq_len > PREFILL_MAX_SLOTS:
+            return None
         for n in PREFILL_LENGTHS:
             if n >= length:
                 return n if n <= self.max_seq_len and rows * n <= PREFILL_MAX_TOKENS else None
@@ -276,12 +284,12 @@ class GraphDecoder:
         ids[:B, pad:].copy_(input_ids)  # the prompt last ...
         ids[:B, :pad].zero_()  # ... after pad tokens (id 0)
         ids[B:].zero_()  # the bucket's pad rows
-        # the pads at positions T..length-1 (after the prompt: the causal mask hides them), then the prompt at 0..T-1
-        positions = torch.cat([torch.arange(T, length), torch.arange(T)])
-        self._prefill_pos[:length].copy_(positions, non_blocking=True)
+        # the pads at positions T..length-1 (after the prompt: the causal mask hides them), then the prompt at
+        # 0..T-1: (T + i) mod length, made on the device (no host -> device copy)
+        torch.remainder(torch.arange(T, T + length, device=self.device), length, out=self._prefill_pos[:length])
         key = (b, length)
         graph = self.prefill_graphs.get(key)
-        if graph is None and self.graphs:  # a graph runner: capture this bucket now (once)
+        if graph is None and self.graphs and key not in self._prefill_failed:  # a graph runner: capture it (once)
             graph = self._capture_prefill(b, length)
         if graph is not None:
             graph.replay()
@@ -298,19 +306,34 @@ class GraphDecoder:
                             last_only=True)[:, -1]  # (b, V)
         self._prefill_outputs[(b, length)] = logits
 
-    def _capture_prefill(self, b: int, length: int) -> torch.cuda.CUDAGraph:
+    def _capture_prefill(self, b: int, length: int) -> torch.cuda.CUDAGraph | None:
         """Capture the bucketed prefill of (b rows, length tokens), as `capture` does a decode bucket: warm-up
-        runs on a side stream first (they compute the very prefill asked for: the inputs are already in place)."""
+        runs on a side stream first (they compute the very prefill asked for: the inputs are already in place).
+
+        A capture that fails (out of memory, say: a captured prefill holds its memory for the runner's life) warns
+        once, leaves the current stream as it was, and returns None: this bucket's prefill runs eagerly from then
+        on. An error in the warm-up (the eager prefill itself) is raised."""
         dev = self.device
+        stream = torch.cuda.current_stream(dev)
         side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(max(self.warmup_steps, 1)):
-                self._prefill_forward(b, length)
-        torch.cuda.current_stream(dev).wait_stream(side)
+        side.wait_stream(stream)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(max(self.warmup_steps, 1)):
+                    self._prefill_forward(b, length)
+        finally:
+            stream.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._prefill_pool):
-            self._prefill_forward(b, length)
+        try:
+            with torch.cuda.graph(graph, pool=self._prefill_pool):
+                self._prefill_forward(b, length)
+        except Exception as e:  # noqa: BLE001 — the eager prefill still works
+            torch.cuda.set_stream(stream)  # a capture_end that raises leaves the capture stream current
+            self._prefill_outputs.pop((b, length), None)
+            self._prefill_failed.add((b, length))
+            warnings.warn(f"the prefill graph of {b} rows x {length} tokens was not captured ({type(e).__name__}: "
+                          f"{e}); this bucket's prefill runs eagerly", stacklevel=4)
+            return None
         if self._prefill_pool is None:
             self._prefill_pool = graph.pool()
         self.prefill_graphs[(b, length)] = graph

@@ -101,7 +101,7 @@ class _TokenReader:
         if self.async_copy:
             self._host[start:stop].copy_(self.out[start:stop], non_blocking=True)  # contiguous rows: truly async
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.out.device))
         self._block = (start, stop, event)
         self.reads += 1
 

@@ -243,6 +243,35 @@ def test_prefill_graphs_equal_the_eager_prefill(model):
     assert len(runner.graphs) == len(runner.buckets)  # the decode graphs are untouched
 
 
+@torch.no_grad()
+def test_a_failed_prefill_capture_warns_and_runs_eagerly(model, monkeypatch):
+    """A capture that fails leaves the current stream as it was, warns once, and the bucket prefills eagerly
+    (same logits) without trying to capture again."""
+    import warnings
+
+    runner = GraphDecoder(model, max_batch=2, max_seq_len=64)
+    real = runner._prefill_forward
+
+    def broken(b, length):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("simulated capture failure")
+        real(b, length)
+
+    monkeypatch.setattr(runner, "_prefill_forward", broken)
+    stream = torch.cuda.current_stream()
+    prompts = prompt_ids(1, 12, seed=5).cuda()
+    ref = runner.prefill(prompts).clone()
+    with pytest.warns(UserWarning, match="not captured .*simulated capture failure"):
+        got = runner.prefill(prompts, bucketed=True).clone()
+    assert torch.cuda.current_stream() == stream and not runner.prefill_graphs
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second capture, no second warning
+        torch.testing.assert_close(runner.prefill(prompts, bucketed=True), ref, atol=1e-4, rtol=1e-4)
+    got = generate_fast(model, prompts.cpu(), max_new_tokens=16, runner=runner, prefill_graph=True)
+    assert_greedy_equal(model, prompts, got.token_ids, generate(model, prompts.cpu(), max_new_tokens=16).token_ids)
+
+
 @pytest.mark.parametrize("B,T", [(1, 12), (3, 30), (2, 64)])
 def test_decode_after_a_prefill_graph_equals_eager_64_steps(model, graphs64, B, T):
     prompts = prompt_ids(B, T, seed=300 + T)

@@ -434,6 +434,8 @@ def test_bucketed_prefill_lengths_and_the_eager_fallback():
     assert [r.prefill_length(1, T) for T in (1, 16, 17, 128, 129, 256, 257)] == [16, 16, 32, 128, 256, 256, None]
     assert r.prefill_length(64, 128) == 128 and r.prefill_length(64, 129) is None  # 64 x 256 > PREFILL_MAX_TOKENS
     assert r.prefill_length(33, 100) == 128  # rows count by their bucket (64): 64 x 128 = 8192
+    big = GraphDecoder(m, max_batch=128, max_seq_len=600, cuda_graphs=False)  # 128 rows x 600 slots > 65536
+    assert big.prefill_length(1, 12) == 16 and big.prefill_length(65, 12) is None
     # a prompt beyond the buckets prefills eagerly, unpadded, and decodes the same
     p = prompt_ids(1, 600, seed=2)[0].tolist()
     got = generate_fast(m, p, max_new_tokens=8, mode="static", prefill_graph=True)

@@ -17,7 +17,8 @@ bf16, S = 8K, 16K, 32K:
     ptr:<cfg>    the package's split kernel with one fixed config (no fused merge) + its merge kernel
     tma:<cfg>    this file's TMA split kernel with the same config + the same merge kernel
 The configs: BLOCK_N 32/64/128 keys x split length 256..2048 x warps 4/8 x stages 2/3/4 (a sweep: TMA changes
-which config wins). Every variant is checked against the reference first. Writes JSON to argv[1]. Without a CUDA
+which config wins). Every TMA config is checked against the reference first (the package's are checked by its
+tests). The JSON is rewritten after every row, so a run cut short keeps what it measured. Writes JSON to argv[1]. Without a CUDA
 GPU (TRITON_INTERPRET=1) it checks the kernel on small fp32 shapes and exits.
 """
 
@@ -127,6 +128,14 @@ peak = measure_peaks("cuda").copy_bw_gb_s  # cached per call in $LLMLAB_PEAKS_CA
 CONFIGS = [c for c in itertools.product((32, 64, 128), (256, 512, 1024, 2048), (4, 8), (2, 3, 4))
            if c[1] % c[0] == 0 and not (c[0] == 128 and c[2] == 4)]
 rows = []
+
+
+def save():
+    json.dump({"device": torch.cuda.get_device_name(), "commit": os.environ.get("LLMLAB_COMMIT"),
+               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "copy_GBps": peak,
+               "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+
 for S in (8192, 16384, 32768):
     nbytes = 2 * 8 * S * 128 * 2
     n_sets = _copies(nbytes, "cuda")
@@ -135,6 +144,7 @@ for S in (8192, 16384, 32768):
     def record(name, fns):
         ms = _graph_ms(fns)
         rows.append({"S": S, "variant": name, "us": ms * 1e3, "bw_fraction": nbytes / (ms * 1e-3) / 1e9 / peak})
+        save()
 
     record("package", [lambda s=s: decode_attention(s[0], s[1], s[2]) for s in sets])
     for cfg in CONFIGS:
@@ -145,11 +155,13 @@ for S in (8192, 16384, 32768):
             record("tma:" + tag, [lambda s=s, c=cfg: tma_attention(*s, *c) for s in sets])
         except Exception as e:  # a config the compiler or the TMA limits refuse
             rows.append({"S": S, "variant": "tma:" + tag, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            save()
         pc = triton.Config({"BLOCK_N": bn, "SPLIT_N": sn, "FUSED_MERGE": False}, num_warps=w, num_stages=st)
         try:
             record("ptr:" + tag, [lambda s=s, c=pc: decode_attention(s[0], s[1], s[2], config=c) for s in sets])
         except Exception as e:
             rows.append({"S": S, "variant": "ptr:" + tag, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            save()
     done = [r for r in rows if r["S"] == S and "us" in r]
     for kind in ("package", "ptr:", "tma:"):
         best = min((r for r in done if r["variant"].startswith(kind)), key=lambda r: r["us"], default=None)
@@ -158,6 +170,3 @@ for S in (8192, 16384, 32768):
                   flush=True)
     del sets
     torch.cuda.empty_cache()
-    json.dump({"device": torch.cuda.get_device_name(), "commit": os.environ.get("LLMLAB_COMMIT"),
-               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "copy_GBps": peak,
-               "rows": rows}, open(sys.argv[1], "w"), indent=1)  # after each S: a run cut short keeps its rows
