@@ -205,21 +205,28 @@ class GraphDecoder:
         workspaces, compilation) must not happen during capture. The warm-up writes dummy K/V at position 0 of
         rows the next prefill overwrites or the mask hides.
         """
-        dev = self.device
         pool = None
         for b in sorted(self.buckets, reverse=True):
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup_steps):
-                    self._forward(b)
-            torch.cuda.current_stream(dev).wait_stream(side)
+            self._warm_up(lambda b=b: self._forward(b), self.warmup_steps)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._forward(b)
             pool = graph.pool() if pool is None else pool
             self.graphs[b] = graph
-        torch.cuda.synchronize(dev)
+        torch.cuda.synchronize(self.device)
+
+    def _warm_up(self, run, times: int) -> None:
+        """run() `times` times on a side stream before a capture (lazy setup must not happen during capture); the
+        current stream waits for it, even if it raises."""
+        stream = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(stream)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(times):
+                    run()
+        finally:
+            stream.wait_stream(side)
 
     def bucket(self, batch: int) -> int:
         """The smallest bucket >= batch. Raises ValueError when batch > max_batch."""
@@ -255,11 +262,15 @@ class GraphDecoder:
         length = self.prefill_length(B, T) if bucketed and row == 0 else None
         if length is not None:
             return self._bucketed_prefill(input_ids, length)
-        cache = self.cache if (row, B) == (0, self.max_batch) else self.cache.rows(row, row + B)
+        positions = torch.arange(T, device=self.device)
+        return self.model(input_ids, positions, kv_cache=self._cleared_rows(row, B), last_only=True)[:, -1]
+
+    def _cleared_rows(self, row: int, n: int) -> StaticKVCache:
+        """Cache rows row..row+n-1 (the whole cache, or a view of them), zeroed (see `prefill`)."""
+        cache = self.cache if (row, n) == (0, self.max_batch) else self.cache.rows(row, row + n)
         for t in cache.k + cache.v:
             t.zero_()
-        positions = torch.arange(T, device=self.device)
-        return self.model(input_ids, positions, kv_cache=cache, last_only=True)[:, -1]
+        return cache
 
     def prefill_length(self, batch: int, length: int) -> int | None:
         """The padded prompt length a bucketed prefill of (batch, length) uses: the smallest of PREFILL_LENGTHS
@@ -272,6 +283,16 @@ class GraphDecoder:
             if n >= length:
                 return n if n <= self.max_seq_len and rows * n <= PREFILL_MAX_TOKENS else None
         return None
+
+    def capture_prefill(self, input_ids: torch.Tensor) -> None:
+        """Capture the prefill graph a bucketed prefill of `input_ids` (B, T) will replay, if it is not captured
+        (or failed) yet, e.g. before a timed run; the prefill it computes on the way is thrown away. Does nothing on
+        a runner without graphs or for a prompt that prefills eagerly."""
+        B, T = input_ids.shape
+        length = self.prefill_length(B, T)
+        key = (self.bucket(B), length)
+        if length is not None and self.graphs and key not in self.prefill_graphs and key not in self._prefill_failed:
+            self.prefill(input_ids, bucketed=True)
 
     def _bucketed_prefill(self, input_ids: torch.Tensor, length: int) -> torch.Tensor:
         B, T = input_ids.shape
@@ -299,11 +320,8 @@ class GraphDecoder:
 
     def _prefill_forward(self, b: int, length: int) -> None:
         """The bucketed prefill of rows 0..b-1 from the static inputs (eagerly, or while being captured)."""
-        cache = self.cache if b == self.max_batch else self.cache.rows(0, b)
-        for t in cache.k + cache.v:
-            t.zero_()
-        logits = self.model(self._prefill_ids[:b, :length], self._prefill_pos[:length], kv_cache=cache,
-                            last_only=True)[:, -1]  # (b, V)
+        logits = self.model(self._prefill_ids[:b, :length], self._prefill_pos[:length],
+                            kv_cache=self._cleared_rows(0, b), last_only=True)[:, -1]  # (b, V)
         self._prefill_outputs[(b, length)] = logits
 
     def _capture_prefill(self, b: int, length: int) -> torch.cuda.CUDAGraph | None:
@@ -313,16 +331,8 @@ class GraphDecoder:
         A capture that fails (out of memory, say: a captured prefill holds its memory for the runner's life) warns
         once, leaves the current stream as it was, and returns None: this bucket's prefill runs eagerly from then
         on. An error in the warm-up (the eager prefill itself) is raised."""
-        dev = self.device
-        stream = torch.cuda.current_stream(dev)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(stream)
-        try:
-            with torch.cuda.stream(side):
-                for _ in range(max(self.warmup_steps, 1)):
-                    self._prefill_forward(b, length)
-        finally:
-            stream.wait_stream(side)
+        stream = torch.cuda.current_stream(self.device)
+        self._warm_up(lambda: self._prefill_forward(b, length), max(self.warmup_steps, 1))
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._prefill_pool):

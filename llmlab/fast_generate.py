@@ -205,9 +205,8 @@ def generate_fast(
     collect = _Collector(B, eos, on_token)
     reader = _TokenReader(out, late=gpu_sampling)
     prefill_length = runner.prefill_length(B, T) if prefill_graph else None
-    first_of_bucket = (runner.bucket(B), prefill_length) not in runner.prefill_graphs
-    if prefill_length is not None and runner.graphs and first_of_bucket:
-        runner.prefill(ids, bucketed=True)  # capture this bucket's prefill graph now, untimed (as the decode graphs)
+    if prefill_graph:
+        runner.capture_prefill(ids)  # now, untimed, as the decode graphs were
 
     _sync(device)
     timer = StepTimer(device)

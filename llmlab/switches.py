@@ -145,10 +145,12 @@ register(Switch("gpu_sampling", "GPU sampling", False,
 
 
 def _prefill_graphs(llm: LLM, value: bool, kwargs: dict) -> LLM:
-    if value and not kwargs.get("cuda_graphs"):  # cuda_graphs is registered (so applied) first
-        raise ValueError("prefill CUDA graphs are captured beside the decode step's: turn the cuda_graphs switch on "
-                         "too")
-    return _kwarg_switch("prefill_graphs")(llm, value, kwargs)
+    if value:
+        if not kwargs.get("cuda_graphs"):  # cuda_graphs is registered (so applied) first
+            raise ValueError("prefill CUDA graphs are captured beside the decode step's: turn the cuda_graphs "
+                             "switch on too")
+        kwargs["prefill_graphs"] = True
+    return llm
 
 
 register(Switch("prefill_graphs", "prefill CUDA graphs", False,
