@@ -342,10 +342,19 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+# NVML's GPU-Util is the share of a past window (1/6 s to 1 s, depending on the GPU) in which a kernel ran, and the
+# GPM metrics average between two readings: a recording much shorter than that reads mostly the idle time around it
+# (the default model's fastest rungs, ~25 ms a run, read 0% GPU-Util). So sampled rows run until it has watched this
+# long — at most MAX_SAMPLED_RUNS runs.
+MIN_SAMPLED_S = 1.0
+MAX_SAMPLED_RUNS = 100
+
+
 def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: bool, backend=None,
-          interval_s: float = 0.1) -> tuple[list[Run], dict, float]:
+          interval_s: float = 0.1, min_sampled_s: float = MIN_SAMPLED_S) -> tuple[list[Run], dict, float]:
     """One untimed warm-up call of `fn` (the whole workload), then `repeats` timed calls of `fn` with the NVML
-    sampler running (when `sample`).
+    sampler running (when `sample`); while sampling, more timed calls until the timed calls have taken
+    `min_sampled_s` seconds in all (or MAX_SAMPLED_RUNS calls), so the sampler's window is full of them.
 
     Returns (runs, {"gpu_util", "sm_active", "peak_mem_GB"}, warm-up seconds): gpu_util and sm_active are the
     means (as fractions) of the sampler's gpu_util_pct and sm_active_pct over the timed calls, None when not
@@ -367,8 +376,13 @@ def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: boo
         except Exception:  # NVML present but not usable: the columns stay null
             sampler = None
     try:
+        t_runs = time.perf_counter()
         runs = [fn() for _ in range(repeats)]
         _sync(device)
+        while (sampler is not None and time.perf_counter() - t_runs < min_sampled_s
+               and len(runs) < MAX_SAMPLED_RUNS):
+            runs.append(fn())
+            _sync(device)
     finally:
         if sampler is not None:  # a run shorter than one interval still gets one reading
             sampler.stop(raise_error=False, final_reading=True)
@@ -689,7 +703,10 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     groups = group_by_length(prompts)
     notes = [f"{wl.name}: {wl.description}" + (f" (--quick: {new_tokens} new tokens)" if quick else ""),
              f"median of {repeats} timed run(s) after one untimed warm-up run of the whole workload (warmup_s: its "
-             f"time, compilation and CUDA-graph capture included)",
+             f"time, compilation and CUDA-graph capture included)"
+             + (f"; with the NVML sampler on, a row runs again until its timed runs have taken {MIN_SAMPLED_S:g} s "
+                f"(NVML's GPU-Util averages over a window of up to ~1 s): `repeats` in each row counts its runs"
+                if sample else ""),
              "greedy decoding; EOS ignored: every request generates exactly its new tokens",
              "prompts: random token ids (seed 0), the same for every row",
              "mbu/mfu count the bytes/FLOPs of a KV-cache decode step (weights once + each sequence's KV cache) "

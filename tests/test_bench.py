@@ -146,15 +146,54 @@ def test_timed_reads_the_sampler_as_fractions():
         time.sleep(0.03)
         return Run()
 
-    runs, hw, warm = bench.timed(fn, torch.device("cpu"), repeats=2, sample=True, backend=Fake(), interval_s=0.005)
+    runs, hw, warm = bench.timed(fn, torch.device("cpu"), repeats=2, sample=True, backend=Fake(), interval_s=0.005,
+                                 min_sampled_s=0.0)
     assert len(calls) == 3 and len(runs) == 2 and warm >= 0.03  # one warm-up + two timed
     assert hw["gpu_util"] == pytest.approx(0.40) and hw["sm_active"] == pytest.approx(0.12)
     assert hw["peak_mem_GB"] is None  # not a CUDA device
     _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=False)
     assert hw == {"gpu_util": None, "sm_active": None, "peak_mem_GB": None}
     # timed runs shorter than one sampling interval still get a reading (the flaky GPU test of call BO)
-    _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=True, backend=Fake(), interval_s=10.0)
+    _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=True, backend=Fake(), interval_s=10.0,
+                           min_sampled_s=0.0)
     assert hw["gpu_util"] == pytest.approx(0.40)
+
+
+def test_sampled_rows_run_until_the_sampler_has_watched_long_enough():
+    """With the sampler on, short runs repeat until they have taken min_sampled_s in all (NVML's GPU-Util window);
+    without it, exactly `repeats` runs."""
+    import time
+
+    class Fake:
+        def open(self):
+            pass
+
+        def read(self):
+            return {"gpu_util_pct": 90.0}
+
+        def close(self):
+            pass
+
+    def fn():
+        time.sleep(0.02)
+        return Run()
+
+    t = time.perf_counter()
+    runs, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=2, sample=True, backend=Fake(), interval_s=0.01,
+                              min_sampled_s=0.2)
+    assert len(runs) >= 6 and time.perf_counter() - t >= 0.2 + 0.02  # the warm-up, then >= 0.2 s of timed runs
+    assert len(runs) < bench.MAX_SAMPLED_RUNS and hw["gpu_util"] == pytest.approx(0.90)
+    runs, _, _ = bench.timed(fn, torch.device("cpu"), repeats=2, sample=False, min_sampled_s=0.2)
+    assert len(runs) == 2
+    calls = []
+
+    def instant():
+        calls.append(1)
+        return Run()
+
+    runs, _, _ = bench.timed(instant, torch.device("cpu"), repeats=1, sample=True, backend=Fake(), interval_s=0.01,
+                             min_sampled_s=60.0)
+    assert len(runs) == bench.MAX_SAMPLED_RUNS and len(calls) == bench.MAX_SAMPLED_RUNS + 1  # capped
 
 
 def test_decode_work_matches_the_roofline():
