@@ -702,11 +702,11 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         sample, why_not = nvml_available()
     groups = group_by_length(prompts)
     notes = [f"{wl.name}: {wl.description}" + (f" (--quick: {new_tokens} new tokens)" if quick else ""),
-             f"median of {repeats} timed run(s) after one untimed warm-up run of the whole workload (warmup_s: its "
-             f"time, compilation and CUDA-graph capture included)"
-             + (f"; with the NVML sampler on, a row runs again until its timed runs have taken {MIN_SAMPLED_S:g} s "
-                f"(NVML's GPU-Util averages over a window of up to ~1 s): `repeats` in each row counts its runs"
-                if sample else ""),
+             (f"median of {repeats} timed run(s)" if not sample else
+              f"median of a row's timed runs (its `repeats`): {repeats}, or more until they have taken "
+              f"{MIN_SAMPLED_S:g} s, since NVML's GPU-Util averages over a window of up to ~1 s")
+             + " after one untimed warm-up run of the whole workload (warmup_s: its time, compilation and CUDA-graph "
+               "capture included)",
              "greedy decoding; EOS ignored: every request generates exactly its new tokens",
              "prompts: random token ids (seed 0), the same for every row",
              "mbu/mfu count the bytes/FLOPs of a KV-cache decode step (weights once + each sequence's KV cache) "
