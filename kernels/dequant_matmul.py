@@ -54,18 +54,31 @@ def _int4_prune(configs, named_args, **kwargs):
 
 # -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
 
-def _check_weight(op: str, w: torch.Tensor) -> None:
+def _check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
+    """A weight that can be quantized: a 2-D float tensor of finite values (one NaN or inf makes its row's or
+    group's scale NaN or inf, and every output that reads it NaN)."""
+    what = "the weight" if name is None else f"the weight {name!r}"
     if w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"{op}: the weight must be a 2-D float (N, K) tensor (out_features x in_features, as "
+        raise ValueError(f"{op}: {what} must be a 2-D float (N, K) tensor (out_features x in_features, as "
                          f"nn.Linear.weight), got {w.dtype} of shape {tuple(w.shape)}")
+    bad = ~torch.isfinite(w)
+    if bad.any():
+        row, col = bad.nonzero()[0].tolist()
+        n = int(bad.sum())
+        raise ValueError(f"{op}: {what} is not finite: {n} of its {w.numel()} values {'is' if n == 1 else 'are'} "
+                         f"NaN or inf (the first, {w[row, col].item()}, at row {row}, column {col}), so its scales "
+                         f"would be too. Quantize finite weights: reload the checkpoint, or fix the layer that "
+                         f"produced them")
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8(w: torch.Tensor, *, name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float -> (w_q (N, K) int8, scales (N,) fp32), symmetric per output channel (row).
 
+    name: the weight's name (e.g. "layers.0.mlp.down_proj.weight"), for error messages.
+
     Raises:
-        ValueError: w is not a 2-D float tensor."""
-    _check_weight("quantize_int8", w)
+        ValueError: w is not a 2-D float tensor, or holds NaN or inf (the message names `name` and the first one)."""
+    _check_weight("quantize_int8", w, name)
     w32 = w.float()
     scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     w_q = torch.clamp(torch.round(w32 / scales[:, None]), -127, 127).to(torch.int8)
@@ -98,15 +111,19 @@ def _check_group(K: int, group_size: int) -> None:
                          f"({hint}) or pad K to a multiple of {group_size}")
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float -> (packed (N, K // 2) uint8, scales (N, K // group_size) fp32): symmetric, group-wise.
 
+    name: the weight's name (e.g. "layers.0.mlp.down_proj.weight"), for error messages.
+
     Raises:
-        ValueError: w is not a 2-D float tensor; group_size not a positive multiple of 32 (the kernels' smallest K
-            tile), larger than K, or not dividing K; K not a multiple of 32 (the messages name the fix).
+        ValueError: w is not a 2-D float tensor, or holds NaN or inf (the message names `name` and the first one);
+            group_size not a positive multiple of 32 (the kernels' smallest K tile), larger than K, or not dividing
+            K; K not a multiple of 32 (the messages name the fix).
         TypeError: group_size not an int.
     """
-    _check_weight("quantize_int4", w)
+    _check_weight("quantize_int4", w, name)
     N, K = w.shape
     _check_group(K, group_size)
     w32 = w.float().view(N, K // group_size, group_size)

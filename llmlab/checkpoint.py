@@ -45,8 +45,16 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
     """Turn 'default', a local folder, or a Hugging Face hub id into a local folder.
 
     Raises:
+        TypeError: name_or_path is not a string or a path (e.g. a number).
+        ValueError: name_or_path is an empty (or blank) string.
         FileNotFoundError: a local-looking path that does not exist, or a hub id while offline / not found.
     """
+    if name_or_path is not None and not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"the model is {name_or_path!r} ({type(name_or_path).__name__}); give its name or path as a "
+                        f"string: 'default' (the shipped model), a local model folder, or a hub id 'org/name'")
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise ValueError(f"the model name is empty ({name_or_path!r}); give 'default' (the shipped model), a local "
+                         f"model folder, or a hub id 'org/name'")
     if name_or_path is None or str(name_or_path) == "default":
         return default_model_dir()
     path = Path(name_or_path).expanduser()
@@ -135,7 +143,9 @@ def load_model(
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
             config.json is not valid JSON, lacks a required key or names an unsupported architecture; a weights
-            file is not valid safetensors (truncated, or a git-lfs pointer: the message says which and the fix).
+            file is not valid safetensors (truncated, or a git-lfs pointer: the message says which and the fix);
+            an empty model name (`resolve`).
+        TypeError: a model name or path that is not a string or path (`resolve`).
     """
     folder = resolve(name_or_path)
     config = load_config(folder)
@@ -209,7 +219,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     """The `tokenizers.Tokenizer` from the model folder's tokenizer.json.
 
     Raises:
-        FileNotFoundError: the folder has no tokenizer.json.
+        FileNotFoundError: the folder has no tokenizer.json. See `resolve` for the errors of a bad name or path.
     """
     from tokenizers import Tokenizer
 

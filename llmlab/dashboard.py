@@ -51,6 +51,7 @@ from plotly.subplots import make_subplots
 
 from . import envinfo
 from .engine import LLM
+from .generate import format_ms
 from .nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from .record import setting_label
 from .switches import SWITCHES, apply_switches
@@ -450,7 +451,8 @@ class Dashboard:
             # the status first, then the table: the page gets them as two messages, in this order, so whoever sees
             # the new row also sees how the run ended (a browser test read "Stopping ..." next to the new row)
             self._set_status(f"{run.label} {how}: {g.n_generated} tokens, {run.row['tokens_per_s']:.1f} tokens/s, "
-                             f"TTFT {g.ttft_ms:.1f} ms, TPOT {g.tpot_ms:.2f} ms. Change a switch and run again.")
+                             f"TTFT {g.ttft_ms:.1f} ms, TPOT {format_ms(g.tpot_ms, unit=' ms')}. Change a switch "
+                             f"and run again.")
             self.results.append(run.row)
             self._refresh_results()
         run.llm = None  # a converted model (another dtype) is freed with the run

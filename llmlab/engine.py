@@ -66,6 +66,35 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     return DTYPES[dtype]
 
 
+def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: bool = False,
+                     torch_compile: bool = False, gpu_sampling: bool = False, prefill_graphs: bool = False) -> None:
+    """Refuse `LLM.generate` switches that cannot run on `device` or together, before any work: shared by
+    `LLM.generate` and `llmlab.switches.apply_switches` (which checks before any switch changes the model).
+
+    Raises:
+        ValueError: cuda_graphs or prefill_graphs on a model not on a CUDA GPU (turn them off), prefill_graphs
+            without cuda_graphs on a CUDA model (turn cuda_graphs on too), cuda_graphs / torch_compile /
+            gpu_sampling without the KV cache (turn it on, or them off).
+    """
+    graphs = [name for name, on in (("cuda_graphs", cuda_graphs), ("prefill_graphs", prefill_graphs)) if on]
+    if graphs and device.type != "cuda":
+        if len(graphs) == 1:
+            raise ValueError(f"{graphs[0]}=True needs a model on a CUDA GPU (this one is on {device.type}); turn it "
+                             f"off")
+        raise ValueError(f"cuda_graphs=True and prefill_graphs=True need a model on a CUDA GPU (this one is on "
+                         f"{device.type}); turn them off")
+    if prefill_graphs and not cuda_graphs:
+        raise ValueError("prefill_graphs=True captures the prefill beside the decode step's CUDA graphs: turn "
+                         "cuda_graphs on too")
+    fast = [name for name, on in (("cuda_graphs", cuda_graphs), ("torch_compile", torch_compile),
+                                  ("gpu_sampling", gpu_sampling)) if on]
+    if fast and not use_cache:
+        raise ValueError(f"CUDA graphs, torch.compile and GPU sampling decode on a static KV cache (here: "
+                         f"{', '.join(f'{name}=True' for name in fast)}), but use_cache=False turns the cache off: "
+                         f"turn the KV cache on (use_cache=True, the kv_cache switch) or turn {' and '.join(fast)} "
+                         f"off")
+
+
 class LLM:
     """A decoder plus (optionally) its tokenizer, on one device in one dtype.
 
@@ -86,7 +115,8 @@ class LLM:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> "LLM":
         """Load a checkpoint: 'default' (the model shipped in data/models/), a local Hugging Face folder, or a
-        hub id (needs network once). See `llmlab.checkpoint.load_model` for the errors raised."""
+        hub id (needs network once). See `llmlab.checkpoint.resolve` (a name that is not a string or path, or an
+        empty one) and `llmlab.checkpoint.load_model` for the errors raised."""
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
         folder = resolve(name_or_path)
@@ -185,24 +215,22 @@ class LLM:
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
         prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
         a length bucket (`llmlab.cuda_graphs`).
+        top_k / top_p at temperature 0 (greedy) have no effect: a UserWarning says so (`warn_greedy_filters`).
         Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
-        generates from it), one longer than the context, or bad sampling settings (and for the fast switches
-        without the KV cache, cuda_graphs on a CPU model, prefill_graphs without cuda_graphs); TypeError for
-        arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or seed that is
-        not an int, a sampling setting that is not a number, an on/off argument that is not a bool); the model is
-        untouched by a failed call.
+        generates from it), one longer than the context, bad sampling settings, or a seed outside
+        -2**63 .. 2**64 - 1 (and for the switches `check_fast_paths` refuses: the fast switches without the KV
+        cache, cuda_graphs or prefill_graphs on a model not on a CUDA GPU, prefill_graphs without cuda_graphs);
+        TypeError for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or
+        seed that is not an int, a sampling setting that is not a number, an on/off argument that is not a bool,
+        an on_token that is not callable); the model is untouched by a failed call.
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache.
         """
         check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
                     prefill_graphs=prefill_graphs)
-        if cuda_graphs and self.device.type != "cuda":
-            raise ValueError(f"cuda_graphs=True needs a model on a CUDA GPU (this one is on {self.device.type}); "
-                             f"turn it off")
-        if prefill_graphs and not cuda_graphs:
-            raise ValueError("prefill_graphs=True captures the prefill beside the decode step's CUDA graphs: turn "
-                             "cuda_graphs on too")
+        check_fast_paths(self.device, use_cache=use_cache, cuda_graphs=cuda_graphs, torch_compile=torch_compile,
+                         gpu_sampling=gpu_sampling, prefill_graphs=prefill_graphs)
         # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
         # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
@@ -211,9 +239,6 @@ class LLM:
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
         if cuda_graphs or torch_compile or gpu_sampling:
-            if not use_cache:
-                raise ValueError("CUDA graphs, torch.compile and GPU sampling decode on a static KV cache: "
-                                 "turn the KV cache on (use_cache=True)")
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,
                               **common)

@@ -40,8 +40,9 @@ from typing import Callable
 import torch
 
 from .cuda_graphs import MODES, GraphDecoder, runner_for
-from .generate import Generation, _sync, check_flags, make_generator, prepare_prompt, to_device
-from .sampling import check_sampling_args, sample
+from .generate import (Generation, _sync, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
+                       to_device)
+from .sampling import check_sampling_args, sample, warn_greedy_filters
 from .timing import StepTimer
 
 
@@ -157,16 +158,22 @@ def generate_fast(
         first, and the first call that meets a prefill bucket captures its graph first; that time is not in
         `step_ms`.
 
+    Warns:
+        UserWarning: as `generate` (top_k or top_p given at temperature 0, where they have no effect).
+
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
-            sampling settings), an unknown mode, graphs on a CPU model, eos_check_every < 1, max_batch < 1, a
-            runner too small, prefill_graph in mode "compile" (its runner captures nothing).
-        TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type), gpu_sampling / pin_memory /
-            prefill_graph not a bool, eos_check_every not a whole number. All checked on the host before anything
-            is launched.
+            sampling settings, a seed out of range), an unknown mode, graphs on a CPU model, eos_check_every < 1,
+            max_batch < 1, a runner too small, prefill_graph in mode "compile" (its runner captures nothing).
+        TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type, an on_token that is not
+            callable), gpu_sampling / pin_memory / prefill_graph not a bool, eos_check_every not a whole number.
+            All checked on the host before anything is launched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graph)
+    check_seed(seed)
+    check_on_token(on_token)
+    warn_greedy_filters(temperature, top_k, top_p)
     if runner is not None:
         mode = runner.mode
     if mode not in MODES:

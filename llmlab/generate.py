@@ -13,6 +13,7 @@ sample), TPOT (mean time per output token after the first) and tokens/s.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ import torch
 from .kv_cache import KVCache
 from .model import Transformer
 from .roofline import RunMetrics
-from .sampling import check_sampling_args, sample
+from .sampling import check_sampling_args, sample, warn_greedy_filters
 from .timing import StepTimer
 
 
@@ -57,7 +58,9 @@ class Generation:
 
     @property
     def tpot_ms(self) -> float:
-        """Time per output token after the first (ms), the mean decode-step latency; NaN with one token."""
+        """Time per output token after the first (ms), the mean decode-step latency. NaN when one token was
+        generated (max_new_tokens=1, or EOS first): there is no decode step to time. Print it with `format_ms`,
+        which shows "-" for NaN."""
         return self.metrics().tpot_ms
 
     @property
@@ -74,6 +77,14 @@ class Generation:
         return {"use_cache": self.use_cache, "device": self.device, "dtype": self.dtype,
                 "prompt_tokens": self.prompt_len, "new_tokens": self.n_generated, "ttft_ms": self.ttft_ms,
                 "tpot_ms": self.tpot_ms, "tokens_per_s": self.tokens_per_s}
+
+
+def format_ms(ms: float | None, spec: str = ".2f", unit: str = "") -> str:
+    """A time for a table or a status line: `ms` formatted with `spec`, then `unit`; "-" (no unit) where there is no
+    time: None or NaN, e.g. the TPOT of a run that generated one token (`Generation.tpot_ms`)."""
+    if ms is None or math.isnan(ms):
+        return "-"
+    return f"{ms:{spec}}{unit}"
 
 
 def _sync(device: torch.device) -> None:
@@ -98,15 +109,37 @@ def check_flags(**flags) -> None:
             raise TypeError(f"{name}={value!r}: this argument is on or off; give True or False")
 
 
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes (a negative seed s is taken as 2**64 + s)
+
+
+def check_seed(seed) -> None:
+    """Raise TypeError for a seed that is not an int or None (torch would say "manual_seed expected a long"),
+    ValueError for one outside `SEED_RANGE` (torch would say "Overflow when unpacking long long")."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed={seed!r}: the seed must be an int (or None for an unseeded run)")
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"seed={seed} is outside the range a torch generator takes (-2**63 .. 2**64 - 1); use an "
+                         f"int in that range, e.g. 0 (or None for an unseeded run)")
+
+
 def make_generator(seed, device: torch.device) -> torch.Generator | None:
     """The sampler's generator on `device`, seeded with `seed`; None for seed=None.
 
-    Raises TypeError for a seed that is not an int (torch would say "manual_seed expected a long")."""
+    Raises TypeError / ValueError for a seed that is not an int, or out of range (`check_seed`)."""
+    check_seed(seed)
     if seed is None:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed={seed!r}: the seed must be an int (or None for an unseeded run)")
     return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def check_on_token(on_token) -> None:
+    """Raise TypeError for an on_token that is not None and not callable (it would fail only after the first token,
+    as "'int' object is not callable")."""
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token={on_token!r} is not callable: give a function on_token(step, tokens) (return True "
+                        f"to stop), or None")
 
 
 def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int) -> None:
@@ -208,14 +241,21 @@ def generate(
     Returns:
         A `Generation` with the new token ids and per-step timings.
 
+    Warns:
+        UserWarning: top_k or top_p given at temperature 0, where they have no effect (`warn_greedy_filters`).
+
     Raises:
         ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
-            vocabulary, max_new_tokens < 1, bad sampling settings, a cache_factory with use_cache=False. TypeError: prompt ids that are not ints (or
-            None), a max_new_tokens or seed that is not an int, use_cache / pin_memory not a bool. Checked before
-            any work, so the model is untouched.
+            vocabulary, max_new_tokens < 1, bad sampling settings, a seed outside `SEED_RANGE`, a cache_factory
+            with use_cache=False. TypeError: prompt ids that are not ints (or None), a max_new_tokens or seed that
+            is not an int, use_cache / pin_memory not a bool, an on_token that is not callable. Checked before any
+            work, so the model is untouched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(use_cache=use_cache, pin_memory=pin_memory)
+    check_seed(seed)
+    check_on_token(on_token)
+    warn_greedy_filters(temperature, top_k, top_p)
     if cache_factory is not None and not use_cache:
         raise ValueError("cache_factory builds the KV cache, but use_cache=False runs without one: turn the cache on "
                          "or drop cache_factory")

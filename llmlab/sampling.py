@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,29 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
         raise ValueError(f"top_k={top_k} is invalid: use a whole number >= 1, or None to keep every token")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} is outside (0, 1]: use e.g. 0.9, or None (= 1.0) to keep every token")
+
+
+_INTERNAL = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)  # llmlab's, torch's files
+
+
+def warn_greedy_filters(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Warn (UserWarning) when top_k or top_p is given at temperature 0: greedy decoding takes the most likely token,
+    which every top-k / top-p filter keeps, so they change nothing. Not an error: Hugging Face accepts it too.
+
+    Called once per generate call (not per token); the warning points at the first caller outside llmlab and torch
+    (the user's line), however deep inside llmlab it is raised."""
+    if temperature != 0:
+        return
+    given = [f"{name}={value!r}" for name, value in (("top_k", top_k), ("top_p", top_p)) if value is not None]
+    if not given:
+        return
+    level, frame = 1, sys._getframe(0)  # stacklevel 1 is this function
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(f"{' and '.join(given)} {'have' if len(given) > 1 else 'has'} no effect with greedy decoding "
+                  f"(temperature=0 always takes the most likely token): set temperature > 0 (e.g. 0.8) to sample "
+                  f"with {'them' if len(given) > 1 else 'it'}, or leave {'them' if len(given) > 1 else 'it'} unset",
+                  UserWarning, stacklevel=level)
 
 
 def sample(

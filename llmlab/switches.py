@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .engine import DTYPES, LLM
+from .engine import DTYPES, LLM, check_fast_paths
 
 
 @dataclass
@@ -49,8 +49,10 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
     """Return the LLM to run and the `generate` keyword arguments for `settings` (missing keys take defaults).
 
     Raises:
-        ValueError: an unknown switch name, a value outside a switch's choices, or a switch not available here
-            (the message says why).
+        ValueError: an unknown switch name, a value outside a switch's choices, a switch not available here (the
+            message says why, and to leave it off), or switches that `LLM.generate` would refuse together (e.g. GPU
+            sampling without the KV cache; `llmlab.engine.check_fast_paths`, same message). All checked before any
+            switch changes the model.
     """
     unknown = set(settings) - set(SWITCHES)
     if unknown:
@@ -64,7 +66,14 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
         if value != switch.default:
             ok, why = switch.available(llm)
             if not ok:
-                raise ValueError(f"switch {switch.label!r} cannot be set to {value!r} here: {why}")
+                fix = "leave it off" if switch.choices is None else f"leave it at {switch.default!r}"
+                if why == NEEDS_CUDA:
+                    fix += " or load the model on a CUDA GPU (device='cuda', --device cuda)"
+                raise ValueError(f"switch {switch.label!r} cannot be set to {value!r} here: {why}; {fix}")
+    values = {key: settings.get(key, switch.default) for key, switch in SWITCHES.items()}
+    check_fast_paths(llm.device, use_cache=values["kv_cache"], cuda_graphs=values["cuda_graphs"],  # as generate
+                     torch_compile=values["torch_compile"], gpu_sampling=values["gpu_sampling"],
+                     prefill_graphs=values["prefill_graphs"])
     kwargs: dict = {}
     for key, switch in SWITCHES.items():
         llm = switch.apply(llm, settings.get(key, switch.default), kwargs)
@@ -112,8 +121,11 @@ register(Switch("dtype", "dtype", None, "weights and activations in fp32, bf16 o
 # Each sets one `LLM.generate` keyword; any of cuda_graphs / torch_compile / gpu_sampling routes the call to
 # `generate_fast` (static KV cache). Turning several on combines them (graphs + compile = "compile+graphs").
 
+NEEDS_CUDA = "needs a CUDA GPU"  # `apply_switches` adds the fix: load the model on one
+
+
 def _needs_cuda(llm: LLM) -> tuple[bool, str]:
-    return (True, "") if llm.device.type == "cuda" else (False, "needs a CUDA GPU")
+    return (True, "") if llm.device.type == "cuda" else (False, NEEDS_CUDA)
 
 
 def _compile_available(llm: LLM) -> tuple[bool, str]:

@@ -16,6 +16,7 @@ import torch
 
 from .engine import LLM
 from .envinfo import device_name
+from .generate import format_ms
 from .ladder import LADDER, available_steps
 from .switches import apply_switches
 
@@ -47,7 +48,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     """Run every setting `repeats` times (after one warm-up) and print a table of medians.
 
     Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
-    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text.
+    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
+    max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
     """
     llm = LLM.load(model, device=device, dtype=dtype)
     print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
@@ -77,7 +79,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     base = rows[0]["tokens_per_s"]
     print_fn(f"{'setting':<16}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
     for r in rows:
-        print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{r['tpot_ms']:>10.2f}{r['tokens_per_s']:>11.1f}"
+        print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{format_ms(r['tpot_ms']):>10}{r['tokens_per_s']:>11.1f}"
                  f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
     if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows):
         print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "

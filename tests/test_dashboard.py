@@ -202,10 +202,25 @@ def test_bad_settings_start_nothing(llm):
         dash.run({"warp_drive": True})
     with pytest.raises(ValueError, match="not one of"):
         dash.run({"dtype": "int3"})
+    # what generate would refuse is refused here, not in the worker thread after the run started
+    with pytest.raises(ValueError, match="static KV cache .* turn the KV cache on"):
+        dash.run({"gpu_sampling": True, "kv_cache": False})
+    with pytest.raises(ValueError, match="needs a CUDA GPU; leave it off or load the model on a CUDA GPU"):
+        dash.run({"cuda_graphs": True})
     assert not dash.running and dash.results == []
+    assert dash.controls["kv_cache"].value is True and dash.controls["gpu_sampling"].value is False
     dash.controls["kv_cache"].value = True
     dash._show_settings({"dtype": "fp32"})
     assert dash.settings()["dtype"] == "fp32"
+
+
+def test_a_one_token_run_shows_no_tpot(llm):
+    """One token has no decode step: the status line says "TPOT -", not "TPOT nan ms"."""
+    dash = Dashboard(llm, traces=[])
+    row = dash.run(max_new_tokens=1, prompt_tokens=4)
+    assert row["tokens"] == 1
+    assert "TPOT -." in dash.status.value and "nan" not in dash.status.value
+    assert "nan" not in dash.table.value
 
 
 def test_close_stops_and_joins_a_running_run(fixture_trace):

@@ -544,3 +544,182 @@ def test_git_lfs_pointer_instead_of_weights_says_git_lfs_pull(good, tmp_path, ca
     assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
     assert "git lfs pull" in capsys.readouterr().err
     still_works(good)
+
+
+# --- found by a new user's report: GPU-only switches on a CPU, raw errors, greedy filters, one-token runs -------
+
+
+def test_prefill_graphs_on_a_cpu_model_says_it_needs_a_gpu(good):
+    """Not "turn cuda_graphs on too": that only led to "cuda_graphs=True needs a model on a CUDA GPU"."""
+    with pytest.raises(ValueError) as e:
+        good[1].generate(PROMPT, prefill_graphs=True)
+    assert str(e.value) == "prefill_graphs=True needs a model on a CUDA GPU (this one is on cpu); turn it off"
+    still_works(good)
+
+
+def test_switches_not_available_here_name_the_fix(good, monkeypatch):
+    from llmlab import switches
+
+    for key, label in (("cuda_graphs", "CUDA graphs"), ("prefill_graphs", "prefill CUDA graphs"),
+                       ("pinned_memory", "pinned memory")):
+        with pytest.raises(ValueError) as e:
+            switches.apply_switches(good[1], {key: True})
+        assert str(e.value) == (f"switch {label!r} cannot be set to True here: needs a CUDA GPU; leave it off or "
+                                f"load the model on a CUDA GPU (device='cuda', --device cuda)")
+    monkeypatch.setitem(switches.SWITCHES, "test_mode", switches.Switch(
+        "test_mode", "Test mode", "a", "a test choice", lambda m, v, kw: m, choices=("a", "b"),
+        available=lambda m: (False, "needs a test rig")))
+    with pytest.raises(ValueError, match=r"^switch 'Test mode' cannot be set to 'b' here: needs a test rig; leave it "
+                                         r"at 'a'$"):
+        switches.apply_switches(good[1], {"test_mode": "b"})
+    still_works(good)
+
+
+def test_apply_switches_refuses_what_generate_would_refuse_before_changing_anything(good, monkeypatch):
+    """GPU sampling with the KV cache off passed `apply_switches` and failed only later, in the dashboard's run."""
+    from llmlab import switches
+    from llmlab.engine import check_fast_paths
+
+    llm = good[1]
+    with pytest.raises(ValueError) as by_generate:
+        llm.generate(PROMPT, gpu_sampling=True, use_cache=False)
+    applied = []
+    for key, switch in switches.SWITCHES.items():  # record every switch that would change the model
+        monkeypatch.setattr(switch, "apply", lambda m, v, kw, key=key: applied.append(key) or m)
+    with pytest.raises(ValueError) as by_switches:
+        switches.apply_switches(llm, {"gpu_sampling": True, "kv_cache": False, "dtype": "bf16"})
+    assert str(by_switches.value) == str(by_generate.value)
+    assert "turn the KV cache on (use_cache=True, the kv_cache switch) or turn gpu_sampling off" in str(
+        by_generate.value)
+    assert applied == []
+    # the other fast paths too (on a CUDA model: on a CPU the graphs are refused for the device first)
+    cuda = torch.device("cuda")
+    with pytest.raises(ValueError, match=r"\(here: cuda_graphs=True, torch_compile=True\).* turn cuda_graphs and "
+                                         r"torch_compile off"):
+        check_fast_paths(cuda, use_cache=False, cuda_graphs=True, torch_compile=True)
+    with pytest.raises(ValueError, match="turn cuda_graphs on too"):
+        check_fast_paths(cuda, prefill_graphs=True)
+    check_fast_paths(cuda, cuda_graphs=True, prefill_graphs=True, gpu_sampling=True)
+    check_fast_paths(torch.device("cpu"), use_cache=False)
+    monkeypatch.undo()
+    run_llm, kwargs = switches.apply_switches(llm, {"gpu_sampling": True})
+    assert kwargs == {"use_cache": True, "gpu_sampling": True} and run_llm is llm
+    still_works(good)
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**64, -2**63 - 1])
+def test_seed_outside_the_generators_range(good, seed):
+    from llmlab.fast_generate import generate_fast
+
+    llm = good[1]
+    for call in (lambda: llm.generate(PROMPT, temperature=1.0, seed=seed),
+                 lambda: llm.generate(PROMPT, temperature=1.0, seed=seed, gpu_sampling=True),
+                 lambda: generate(llm.model, [1, 2, 3], seed=seed),
+                 lambda: generate_fast(llm.model, [1, 2, 3], seed=seed, mode="static")):
+        with pytest.raises(ValueError, match=rf"^seed={seed} is outside the range a torch generator takes "
+                                             rf"\(-2\*\*63 \.\. 2\*\*64 - 1\); use an int in that range"):
+            call()
+    for edge in (2**64 - 1, -2**63):  # the ends of the range are fine
+        assert llm.generate(PROMPT, max_new_tokens=2, temperature=1.0, seed=edge).n_generated == 2
+    still_works(good)
+
+
+@pytest.mark.parametrize("bad", [123, 1.5, ["default"], b"default"])
+def test_load_with_a_model_that_is_not_a_name_or_path(good, bad):
+    import llmlab
+    from llmlab.checkpoint import resolve
+
+    for call in (lambda: llmlab.load(bad), lambda: LLM.load(bad, device="cpu"), lambda: resolve(bad),
+                 lambda: load_model(bad)):
+        with pytest.raises(TypeError, match=rf"^the model is .* \({type(bad).__name__}\); give its name or path as "
+                                            rf"a string: 'default' \(the shipped model\), a local model folder, or a "
+                                            rf"hub id 'org/name'$"):
+            call()
+    still_works(good)
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_load_with_an_empty_model_name(good, empty, capsys):
+    import llmlab
+
+    for call in (lambda: llmlab.load(empty), lambda: load_model(empty), lambda: load_tokenizer(empty)):
+        with pytest.raises(ValueError, match=r"^the model name is empty \('.*'\); give 'default' \(the shipped "
+                                             r"model\), a local model folder, or a hub id 'org/name'$"):
+            call()
+    assert main(["generate", "x", "--model", empty, "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("llmlab: error: the model name is empty") and out == ""
+    still_works(good)
+
+
+@pytest.mark.parametrize("on_token", [5, "stop", [print]])
+def test_on_token_that_is_not_callable(good, on_token):
+    """Refused up front, not with "'int' object is not callable" after the first token."""
+    from llmlab.fast_generate import generate_fast
+
+    llm = good[1]
+    for call in (lambda: llm.generate(PROMPT, on_token=on_token),
+                 lambda: llm.generate(PROMPT, on_token=on_token, gpu_sampling=True),
+                 lambda: generate(llm.model, [1, 2, 3], on_token=on_token),
+                 lambda: generate_fast(llm.model, [1, 2, 3], on_token=on_token, mode="static")):
+        with pytest.raises(TypeError, match=r"^on_token=.* is not callable: give a function on_token\(step, "
+                                            r"tokens\) \(return True to stop\), or None$"):
+            call()
+    seen = []
+    llm.generate(PROMPT, max_new_tokens=3, stop_at_eos=False, on_token=lambda step, tokens: seen.append(step))
+    assert seen == [0, 1, 2]
+    still_works(good)
+
+
+@pytest.mark.parametrize("kwargs, named", [({"top_k": 5}, "top_k=5 has"), ({"top_p": 0.9}, "top_p=0.9 has"),
+                                           ({"top_k": 5, "top_p": 0.9}, "top_k=5 and top_p=0.9 have")])
+def test_top_k_and_top_p_at_temperature_0_warn_once_per_call(good, kwargs, named):
+    """Greedy decoding takes the argmax: top_k / top_p are legal (as in Hugging Face) but change nothing."""
+    import warnings
+
+    from llmlab.fast_generate import generate_fast
+
+    _, llm, before = good
+    calls = [lambda: llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, **kwargs),
+             lambda: llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, gpu_sampling=True, **kwargs),
+             lambda: generate(llm.model, [1, 2, 3], max_new_tokens=4, **kwargs),
+             lambda: generate_fast(llm.model, [1, 2, 3], max_new_tokens=4, mode="static", **kwargs)]
+    for i, call in enumerate(calls):
+        with pytest.warns(UserWarning, match=rf"^{named} no effect with greedy decoding \(temperature=0 .*\): set "
+                                             rf"temperature > 0") as record:
+            g = call()
+        assert len(record) == 1 and record[0].filename == __file__  # one per call, pointing at the caller's line
+        if i < 2:
+            assert g.token_ids == before  # greedy: the same tokens as without them
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning when they are used, or not given
+        llm.generate(PROMPT, max_new_tokens=4, temperature=0.8, seed=0, **kwargs)
+        llm.generate(PROMPT, max_new_tokens=4)
+    still_works(good)
+
+
+def test_cli_top_k_at_temperature_0_warns(good, capsys):
+    with pytest.warns(UserWarning, match="top_k=5 has no effect with greedy decoding"):
+        code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--top-k", "5",
+                     "--max-new-tokens", "4"])
+    assert code == 0
+    still_works(good)
+
+
+def test_one_token_runs_print_no_tpot(good):
+    """max_new_tokens=1 has no decode step: TPOT is NaN (as in `RunMetrics`), and tables print "-", not "nan"."""
+    import math
+
+    from llmlab.generate import format_ms
+    from llmlab.tour import run_tour
+
+    g = good[1].generate(PROMPT, max_new_tokens=1)
+    assert g.n_generated == 1 and math.isnan(g.tpot_ms) and g.ttft_ms > 0
+    assert format_ms(g.tpot_ms) == "-" and format_ms(None, unit=" ms") == "-"
+    assert format_ms(1.234) == "1.23" and format_ms(1.234, ".1f", " ms") == "1.2 ms"
+    lines = []
+    rows = run_tour(str(good[0]), device="cpu", max_new_tokens=1, repeats=1, print_fn=lines.append)
+    table = [line for line in lines if any(line.startswith(r["setting"]) for r in rows)]
+    assert len(table) == len(rows) and all(math.isnan(r["tpot_ms"]) for r in rows)
+    assert all(line.split()[-4] == "-" for line in table) and not any("nan" in line for line in lines)
+    still_works(good)

@@ -51,6 +51,25 @@ def test_quantizers_round_trip_and_pack_two_per_byte():
     assert torch.equal(packed[:, 0].long(), u[:, 0] | (u[:, 1] << 4))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_quantizers_refuse_weights_that_are_not_finite(bad):
+    """One NaN or inf made its row's (int8) or group's (int4) scale NaN and every output reading it NaN, silently."""
+    w = _w(4, 128)
+    w[1, 3] = bad
+    kept = w.clone()
+    for quantize in (lambda **kw: quantize_int8(w, **kw), lambda **kw: quantize_int4(w, 32, **kw)):
+        with pytest.raises(ValueError) as e:
+            quantize(name="layers.0.mlp.down_proj.weight")
+        msg = str(e.value)
+        assert "the weight 'layers.0.mlp.down_proj.weight' is not finite: 1 of its 512 values is NaN or inf" in msg
+        assert f"the first, {bad}, at row 1, column 3" in msg and "reload the checkpoint" in msg
+        with pytest.raises(ValueError, match=r"^quantize_int[48]: the weight is not finite"):  # no name given
+            quantize()
+    assert torch.equal(w.isnan(), kept.isnan()) and torch.equal(w.nan_to_num(), kept.nan_to_num())  # untouched
+    w[1, 3] = 0.0  # the same tensor, made finite, quantizes
+    assert quantize_int8(w)[1].isfinite().all() and quantize_int4(w, 32)[1].isfinite().all()
+
+
 @pytest.mark.parametrize("M", [1, 3])  # 1: the CUDA-core GEMV; 3: the tensor-core tile
 @pytest.mark.parametrize("N", [1, 7, 17, 999, 1001, 4095])
 def test_int8_over_output_sizes(N, M):

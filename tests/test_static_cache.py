@@ -455,10 +455,19 @@ def test_bucketed_prefill_decodes_like_generate(model, T, B):
     assert len(set(got.token_ids[0])) >= 10
 
 
-def test_prefill_graph_errors(model):
+def test_prefill_graph_errors(model, monkeypatch):
     llm = LLM(model)
-    with pytest.raises(ValueError, match="turn cuda_graphs on too"):
+    # on a CPU model the fix is to turn it off: turning cuda_graphs on too would only fail next, for the same reason
+    with pytest.raises(ValueError) as e:
         llm.generate(PROMPT, max_new_tokens=4, gpu_sampling=True, prefill_graphs=True)
+    assert str(e.value) == "prefill_graphs=True needs a model on a CUDA GPU (this one is on cpu); turn it off"
+    with pytest.raises(ValueError, match="cuda_graphs=True and prefill_graphs=True need a model on a CUDA GPU .*"
+                                         "turn them off"):
+        llm.generate(PROMPT, max_new_tokens=4, cuda_graphs=True, prefill_graphs=True)
+    with monkeypatch.context() as m:  # a CUDA model (refused on the host, before anything touches the device)
+        m.setattr(LLM, "device", property(lambda self: torch.device("cuda")))
+        with pytest.raises(ValueError, match="turn cuda_graphs on too"):
+            llm.generate(PROMPT, max_new_tokens=4, gpu_sampling=True, prefill_graphs=True)
     with pytest.raises(TypeError, match="prefill_graph='yes'"):
         generate_fast(model, PROMPT, max_new_tokens=4, mode="static", prefill_graph="yes")
     assert llm.generate(PROMPT, max_new_tokens=4).n_generated == 4  # still usable
