@@ -54,6 +54,21 @@ def test_refresh_and_corrupt_cache(tmp_path, monkeypatch):
     assert "NVIDIA H200 | torch 2.11.0+cu130" in json.loads(path.read_text())
 
 
+def test_the_test_session_keeps_out_of_the_users_cache():
+    """The repository's conftest.py points LLMLAB_PEAKS_CACHE at a temporary file for the whole session, and the
+    subprocesses it starts (the labs' notebook kernels under nbval) inherit it: no test writes ~/.cache."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    path = peaks.default_cache_path()
+    assert Path(tempfile.gettempdir()) in path.parents and Path.home() / ".cache" not in path.parents
+    child = subprocess.run([sys.executable, "-c", "from llmlab.peaks import default_cache_path as d; print(d())"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(path)
+
+
 def test_cache_path_from_env(tmp_path, monkeypatch):
     target = tmp_path / "env-peaks.json"
     monkeypatch.setenv("LLMLAB_PEAKS_CACHE", str(target))
