@@ -31,6 +31,7 @@ above it. Checking costs nothing: no model is converted or compiled.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -120,11 +121,22 @@ def step_names() -> list[str]:
 
 
 def get_step(name: str) -> LadderStep:
-    """The rung called `name`. Raises ValueError (listing the names) if there is none."""
+    """The rung called `name`.
+
+    Raises:
+        ValueError: no rung has that name; the message lists the names and suggests one where it can: the name
+            with its leading "+" ('cuda_graphs' -> '+cuda_graphs': the rungs above "eager" add to those below), the
+            rung that turns on a switch of that name ('kv_cache' -> 'eager'), or a close spelling ('eagre').
+    """
     for s in LADDER:
         if s.name == name:
             return s
-    raise ValueError(f"unknown ladder step {name!r}; steps: {', '.join(step_names())}")
+    names = step_names()
+    guess = next((s.name for s in LADDER if s.name == "+" + name), None)
+    guess = guess or next((s.name for s in LADDER if s.settings.get(name) is True), None)
+    guess = guess or next(iter(difflib.get_close_matches(name, names, n=1)), None)
+    hint = f" (did you mean {guess!r}?)" if guess else ""
+    raise ValueError(f"unknown ladder step {name!r}{hint}; steps: {', '.join(names)}")
 
 
 def weights_label(step: LadderStep, dtype) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llmlab import ladder, switches
@@ -114,6 +116,19 @@ def test_unknown_step_names_are_an_error(llm):
     with pytest.raises(ValueError, match="unknown ladder step 'fast'"):
         available_steps(llm, ["eager", "fast"])
     assert [r.name for r in available_steps(llm, ["all"])[0]] == ["no_kv_cache", "eager"]
+
+
+@pytest.mark.parametrize("name, guess", [("cuda_graphs", "+cuda_graphs"), ("prefill_graphs", "+prefill_graphs"),
+                                         ("kv_cache", "eager"), ("eagre", "eager"), ("+eager", "eager")])
+def test_an_unknown_step_name_gets_a_suggestion(name, guess):
+    """The rungs above "eager" are named with a leading "+"; a name without it, a switch's name or a typo is
+    answered with the rung meant."""
+    with pytest.raises(ValueError, match=re.escape(f"unknown ladder step {name!r} (did you mean {guess!r}?); steps: "
+                                                   f"no_kv_cache, eager")):
+        get_step(name)
+    with pytest.raises(ValueError) as e:
+        get_step("warp")
+    assert "did you mean" not in str(e.value) and str(e.value).startswith("unknown ladder step 'warp'; steps: ")
 
 
 def test_weights_label_and_bytes():
