@@ -56,7 +56,7 @@ from . import roofline
 from .config import PRESETS
 from .engine import LLM
 from .envinfo import device_name, git_commit, versions
-from .ladder import LadderStep, available_steps, weight_bytes_per_param, weights_label
+from .ladder import LadderStep, ResolvedStep, available_steps, weight_bytes_per_param, weights_label
 from .switches import apply_switches, describe
 
 FORMAT = "llmlab-bench"
@@ -407,21 +407,27 @@ def result_row(**fields) -> dict:
     return row
 
 
-def peaks_dict(device: torch.device, cache_path=None) -> dict:
-    """The measured peaks (`llmlab.peaks.measure_peaks`, cached) in the bench file's shape.
+def peaks_dict(device: torch.device, cache_path=None, refresh: bool = False) -> dict:
+    """The measured peaks (`llmlab.peaks.measure_peaks`, cached; `refresh` measures again) in the bench file's
+    shape (`peaks_record`). Raises ValueError for an unsupported device."""
+    from .peaks import measure_peaks
+
+    return peaks_record(measure_peaks(device, cache_path=cache_path, refresh=refresh))
+
+
+def peaks_record(p) -> dict:
+    """A `llmlab.peaks.Peaks` in the bench file's shape: copy_GBps, bf16_TFLOPs, matmul_dtype, the datasheet's,
+    measured_at, cached (read from the cache file rather than measured for this run) and a note.
 
     On a CPU `bf16_TFLOPs` holds the fp32 matmul rate (`matmul_dtype` says which); `note` says so.
     """
-    from .peaks import measure_peaks
-
-    p = measure_peaks(device, cache_path=cache_path)
     note = ("measured: copy_GBps = device-to-device copy (bytes read + written), bf16_TFLOPs = dense matmul in "
             f"{p.matmul_dtype}")
     if p.matmul_dtype != "bfloat16":
         note += f" (the key keeps its name for comparability; this device's rate is {p.matmul_dtype})"
     return {"copy_GBps": p.copy_bw_gb_s, "bf16_TFLOPs": p.matmul_tflops, "matmul_dtype": p.matmul_dtype,
             "datasheet_GBps": p.datasheet_bw_gb_s, "datasheet_TFLOPs": p.datasheet_tflops,
-            "measured_at": p.measured_at, "note": note}
+            "measured_at": p.measured_at, "cached": p.cached, "note": note}
 
 
 def bench_document(results: list[dict], *, device: str, peaks: dict, notes: list[str] | None = None,
@@ -653,10 +659,34 @@ def describe_doc(doc: dict) -> str:
 # -- one bench run ------------------------------------------------------------------------------------------------
 
 
+class NothingToRun(ValueError):
+    """None of the requested ladder steps can run here and no peer was asked for: a run would measure nothing."""
+
+
+def plan_steps(llm: LLM, steps: list[str] | None, peers: bool
+               ) -> tuple[list[ResolvedStep], list[tuple[LadderStep, str]]]:
+    """`available_steps(llm, steps)`: (runnable rungs, [(skipped rung, reason)]), checked before anything is measured.
+
+    Raises:
+        ValueError: an unknown step name (the message lists the steps).
+        NothingToRun: none of the steps can run here and `peers` is False; the message gives each step's reason,
+            the steps that can run here, and the fix.
+    """
+    runnable, skipped = available_steps(llm, steps)
+    if runnable or peers:
+        return runnable, skipped
+    here = [r.name for r in available_steps(llm)[0]]
+    raise NothingToRun("none of the requested ladder steps can run here, so there is nothing to measure: "
+                       + "; ".join(f"{s.name}: {why}" for s, why in skipped)
+                       + f". Run them where they can (a CUDA GPU for the GPU-only steps), or choose steps that run "
+                         f"here ({', '.join(here) or 'none'}; 'all' runs every one that can), or add the Hugging "
+                         f"Face peers (--peers)")
+
+
 def run_bench(workload: str = "chat", model: str = "default", steps: list[str] | None = None, peers: bool = True,
               out: str | os.PathLike | None = DEFAULT_OUT, quick: bool = False, repeats: int | None = None,
               device=None, dtype=None, time_budget_s: float | None = None, llm: LLM | None = None,
-              peaks_cache=None, print_fn=print) -> dict:
+              peaks_cache=None, measured_peaks=None, print_fn=print) -> dict:
     """Benchmark one workload on one model: the ladder steps, the peers, the roofline. Returns the document.
 
     Args:
@@ -672,10 +702,15 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         time_budget_s: rows that would start after this many seconds are skipped (reason recorded).
         llm: an already loaded LLM to use instead of loading `model`; `model` is then only its id in the file
             ('default' -> the LLM's name).
+        peaks_cache: the measured peaks' cache file (default `llmlab.peaks.default_cache_path()`).
+        measured_peaks: a `llmlab.peaks.Peaks` to use instead of reading or measuring them (e.g.
+            `measure_peaks(device, refresh=True)`: measured again, the cache rewritten); `peaks_cache` is then unused.
+            The printed "peaks:" line says where they come from (measured now, or the cache file and its date).
 
     Raises:
         ValueError: unknown workload, model or step; a workload longer than the model's context (the message
             gives both lengths).
+        NothingToRun (a ValueError): none of the `steps` can run here and `peers` is False; nothing is written.
     """
     t_start = time.perf_counter()
     wl = get_workload(workload)
@@ -688,11 +723,15 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     if need > cfg.max_seq_len:
         raise ValueError(f"workload {workload!r} needs a context of {need} tokens but {model_id} has "
                          f"{cfg.max_seq_len}: it does not fit")
-    runnable, skipped = available_steps(llm, steps)
+    runnable, skipped = plan_steps(llm, steps, peers)
     new_tokens = wl.quick_new_tokens if quick else wl.new_tokens
     repeats = repeats or (1 if quick else 3)
     prompts = make_prompts(wl, cfg.vocab_size)
-    peaks = peaks_dict(dev, peaks_cache)
+    if measured_peaks is None:
+        from .peaks import measure_peaks
+
+        measured_peaks = measure_peaks(dev, cache_path=peaks_cache)
+    peaks = peaks_record(measured_peaks)
     kv_bytes = torch.empty((), dtype=llm.dtype).element_size()
     dev_name = device_name(dev)
     sample = False
@@ -753,10 +792,12 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             return True
         return False
 
-    print_fn(f"llmlab bench — {wl.name} ({wl.description}{f'; --quick: {new_tokens} new tokens' if quick else ''}) on {model_id} "
+    quick_note = f"; --quick: {new_tokens} new tokens" if quick else ""
+    print_fn(f"llmlab bench — {wl.name} ({wl.description}{quick_note}) on {model_id} "
              f"[{cfg.num_params() / 1e6:.1f}M params, {str(llm.dtype).removeprefix('torch.')}] | {dev_name}")
     print_fn(f"peaks: copy {peaks['copy_GBps']:.0f} GB/s, matmul {peaks['bf16_TFLOPs']:.2f} TFLOP/s "
-             f"({peaks['matmul_dtype']})")
+             f"({peaks['matmul_dtype']}), {measured_peaks.source()}"
+             + ("; --refresh-peaks measures them again" if measured_peaks.cached else ""))
     for s, why in skipped:
         print_fn(f"  {s.name}: skipped — {why}")
 
@@ -855,16 +896,15 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
              "at the measured copy bandwidth"
              + ("; mfu > 1: the arithmetic, not the bandwidth, is the tighter limit here (see "
                 "compute_ceiling_tokens_per_s)" if mfu_at_ceiling > 1 else "")))
-    above = mbu_above_roofline_note(doc["results"])
-    if above:
-        doc["notes"].append(above)
+    table_notes = [n for n in (mbu_above_roofline_note(doc["results"]), roofline_mfu_note(doc["results"])) if n]
+    doc["notes"] += table_notes
     doc["complete"] = True
     doc["elapsed_s"] = time.perf_counter() - t_start
     save()
     print_fn("")
     print_fn(format_table(doc["results"]))
-    if above:
-        print_fn(above)
+    for note in table_notes:
+        print_fn(note)
     printed = {s.name for s, _ in skipped}  # the ladder's skips were listed before the first row
     for s in doc["skipped"]:
         if s["step"] not in printed:
@@ -884,6 +924,20 @@ def mbu_above_roofline_note(results: list[dict]) -> str | None:
     return (f"MBU above 100% ({', '.join(above)}): the bytes were read faster than the measured copy bandwidth — "
             f"on a CPU a small model's weights stay in the caches between steps, so the DRAM roofline does not "
             f"bound it")
+
+
+def roofline_mfu_note(results: list[dict]) -> str | None:
+    """A note for a roofline row with MFU above 100% (None otherwise): the row is a bandwidth-only ceiling, and
+    doing this workload's arithmetic at its speed would take more than the measured matmul rate, so the compute
+    ceiling (`compute_ceiling_tokens_per_s`) is the tighter one."""
+    row = next((r for r in results if r["step"] == "roofline"), None)
+    if row is None or (row.get("mfu") or 0) <= 1:
+        return None
+    compute = row.get("compute_ceiling_tokens_per_s")
+    return (f"MFU above 100% (roofline): the roofline row is a bandwidth-only ceiling (every decode step at the "
+            f"measured copy bandwidth); doing this workload's arithmetic that fast would take {100 * row['mfu']:.0f}% "
+            f"of the measured matmul rate, so here compute, not bandwidth, is the tighter limit"
+            + (f": at most {compute:.1f} tokens/s (compute_ceiling_tokens_per_s)" if compute else ""))
 
 
 def _tf_version() -> str:

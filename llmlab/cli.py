@@ -93,19 +93,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chat, batch, long, a comma-separated list, or 'all' (default chat)")
     b.add_argument("--model", default="default",
                    help="'default' (shipped), a preset with random weights (e.g. llama-3.2-1b), or a model folder")
-    b.add_argument("--steps", default="all", help="ladder steps, comma-separated (default all: every rung that can "
-                                                  "run here; the others are listed with the reason)")
+    b.add_argument("--steps", default="all", help="ladder steps, comma-separated, e.g. eager,+cuda_graphs (default "
+                                                  "all: every rung that can run here; the others are listed with the "
+                                                  "reason)")
     b.add_argument("--peers", action="store_true", help="also run Hugging Face generate: eager and static cache")
     b.add_argument("--out", default=None, help="folder for the JSON files (default data/bench/)")
     b.add_argument("--no-save", action="store_true", help="print the table only")
     b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
-    b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs per row, median reported (default 3)")
+    b.add_argument("--repeats", type=_positive_int, default=None,
+                   help="timed runs per row, median reported (default 3)")
     b.add_argument("--time-budget", type=_seconds, default=None, metavar="S",
                    help="skip rows that would start after S seconds (per workload; S >= 0); the first row "
                         "always runs, however long it takes")
     b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
     b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
                    help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")
+    b.add_argument("--refresh-peaks", action="store_true",
+                   help="measure the device's peak copy bandwidth and matmul rate again and rewrite their cache "
+                        "file (~/.cache/llmlab/peaks.json, or $LLMLAB_PEAKS_CACHE), e.g. when they were measured "
+                        "while the machine was busy; by default they are read from it (the 'peaks:' line says "
+                        "which, with the file and the date measured)")
 
     pr = sub.add_parser("profile", help="torch.profiler over a few decode steps: kernels and launches per token, "
                                         "GPU idle gaps, and a Chrome trace for https://ui.perfetto.dev")
@@ -122,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench(args) -> int:
-    from .bench import DEFAULT_OUT, WORKLOADS, load_bench_model, run_bench
+    from .bench import DEFAULT_OUT, WORKLOADS, NothingToRun, load_bench_model, plan_steps, run_bench
+    from .peaks import measure_peaks
 
     names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
     if not names:
@@ -139,11 +147,17 @@ def _bench(args) -> int:
         raise ValueError(f"--steps {args.steps!r} names no ladder step; give 'all' or comma-separated rungs "
                          f"(see llmlab/ladder.py, e.g. eager,+cuda_graphs)")
     llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
+    try:
+        plan_steps(llm, steps, args.peers)  # before the peaks are measured and any file is written
+    except NothingToRun as e:
+        print(f"llmlab bench: {e}", file=sys.stderr)
+        return 2
+    peaks = measure_peaks(llm.device, refresh=args.refresh_peaks)  # once: every workload divides by the same
     ran = 0
     for name in names:
         try:
             run_bench(name, model_id, steps=steps, peers=args.peers, out=out, quick=args.quick,
-                      repeats=args.repeats, time_budget_s=args.time_budget, llm=llm)
+                      repeats=args.repeats, time_budget_s=args.time_budget, llm=llm, measured_peaks=peaks)
             ran += 1
         except ValueError as e:
             if "does not fit" not in str(e):

@@ -12,7 +12,9 @@ MBU and MFU (`llmlab.roofline`) divide by a peak. Two peaks are worth knowing:
 `measure_peaks()` measures once per (device name, torch version) and caches the result in a JSON file
 (`~/.cache/llmlab/peaks.json`, or `$XDG_CACHE_HOME/llmlab/peaks.json`; override with the `cache_path` argument
 or the `LLMLAB_PEAKS_CACHE` environment variable). On a CPU it measures the same two things, sized down to run
-in well under 2 s (fp32 matmul; bf16 matmul on CPUs is slow and unrepresentative).
+in well under 2 s (fp32 matmul; bf16 matmul on CPUs is slow and unrepresentative). The cached numbers are
+kept until asked to measure again (`refresh=True`, `llmlab bench --refresh-peaks`): peaks measured while the
+machine was busy read low, and make every MBU/MFU computed against them read high.
 
 Sources: NVIDIA datasheets (URLs in `DATASHEET`); the STREAM "copy" convention of counting bytes read + bytes
 written (J. McCalpin, https://www.cs.virginia.edu/stream/); gpt-fast's measured-bandwidth reporting.
@@ -27,7 +29,7 @@ import re
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -200,7 +202,9 @@ class Peaks:
     Fields: device_name; torch_version; copy_bw_gb_s (measured, read + written, GB/s); matmul_tflops (measured,
     TFLOP/s, in matmul_dtype); matmul_dtype ("bfloat16", "float32", ...); measured_at (ISO time, UTC);
     datasheet_bw_gb_s and datasheet_tflops (dense bf16, or fp16 if no bf16; None if the device is not in
-    DATASHEET or is a CPU); cached (True if read from the cache file rather than measured now).
+    DATASHEET or is a CPU); cached (True if read from the cache file rather than measured now); cache_path (the
+    file they were read from or saved to; None if measured but not saved, the file could not be written).
+    `source()` says which, in words.
     """
 
     device_name: str
@@ -212,6 +216,16 @@ class Peaks:
     datasheet_bw_gb_s: float | None = None
     datasheet_tflops: float | None = None
     cached: bool = False
+    cache_path: str | None = None
+
+    def source(self) -> str:
+        """Where the numbers come from, for a printed line: "read from <file> (measured <measured_at>)",
+        "measured now, saved to <file>", or "measured now (not saved: the cache file could not be written)"."""
+        if self.cached:
+            return f"read from {self.cache_path} (measured {self.measured_at})"
+        if self.cache_path is None:
+            return "measured now (not saved: the cache file could not be written)"
+        return f"measured now, saved to {self.cache_path}"
 
 
 def default_cache_path() -> Path:
@@ -274,8 +288,9 @@ def measure_peaks(device: str | torch.device | None = None, cache_path: str | os
         cache_path: the JSON cache file; default `default_cache_path()`. Several devices share one file.
         refresh: measure again even if cached, and overwrite the entry.
 
-    Returns a `Peaks` (cached=True when read from the file). The first call on an H200 takes ~2 s; on a CPU
-    well under 2 s. A missing or corrupt cache file is (re)written; an unwritable one only loses the caching.
+    Returns a `Peaks` (cached=True when read from the file; cache_path names the file, see `Peaks.source`). The
+    first call on an H200 takes ~2 s; on a CPU well under 2 s. A missing or corrupt cache file is (re)written; an
+    unwritable one only loses the caching.
     Raises ValueError for an unsupported device.
     """
     device = _device(device)
@@ -285,7 +300,7 @@ def measure_peaks(device: str | torch.device | None = None, cache_path: str | os
     cache = _read_cache(path)
     if not refresh and isinstance(cache.get(key), dict):
         try:
-            return Peaks(**{**cache[key], "cached": True})
+            return Peaks(**{**cache[key], "cached": True, "cache_path": str(path)})
         except TypeError:  # an entry written by another llmlab version: measure again
             pass
     sheet = datasheet_for(name) if device.type == "cuda" else None
@@ -305,10 +320,11 @@ def measure_peaks(device: str | torch.device | None = None, cache_path: str | os
     )
     record = asdict(peaks)
     record.pop("cached")
+    record.pop("cache_path")
     cache = _read_cache(path)  # re-read: another process may have added a device meanwhile
     cache[key] = record
     try:
         _write_cache(path, cache)
     except OSError:
-        pass
-    return peaks
+        return peaks
+    return replace(peaks, cache_path=str(path))

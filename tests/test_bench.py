@@ -335,12 +335,94 @@ def test_cli_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
     assert new.is_dir() and not list(new.iterdir())
 
 
-def test_cli_bench_prints_the_table(tmp_path, capsys):
+def test_cli_bench_prints_the_table(tmp_path, capsys, monkeypatch):
+    """... and --refresh-peaks measures the peaks again, rewriting a cache that holds (low) ones measured earlier."""
+    from llmlab import peaks
+
+    cache = tmp_path / "peaks.json"
+    monkeypatch.setenv("LLMLAB_PEAKS_CACHE", str(cache))
+    monkeypatch.setattr(peaks, "measure_copy_bandwidth", lambda *a, **k: 1.5)  # measured on a busy machine
+    monkeypatch.setattr(peaks, "measure_matmul_tflops", lambda *a, **k: 0.0025)
+    peaks.measure_peaks("cpu")
+    monkeypatch.setattr(peaks, "measure_copy_bandwidth", lambda *a, **k: 12.5)
+    monkeypatch.setattr(peaks, "measure_matmul_tflops", lambda *a, **k: 0.25)
+    out_dir = tmp_path / "out"
     assert main(["bench", "--workload", "chat", "--quick", "--steps", "eager", "--device", "cpu",
-                 "--out", str(tmp_path)]) == 0
+                 "--out", str(out_dir), "--refresh-peaks"]) == 0
     out = capsys.readouterr().out
     assert "tokens/s" in out and "roofline" in out and "eager" in out
-    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert f"peaks: copy 12 GB/s, matmul 0.25 TFLOP/s (float32), measured now, saved to {cache}\n" in out
+    files = list(out_dir.glob("*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    assert doc["peaks"]["copy_GBps"] == 12.5 and doc["peaks"]["cached"] is False
+    assert peaks.measure_peaks("cpu").copy_bw_gb_s == 12.5  # the cache was rewritten
+
+
+def _fake_peaks(**fields):
+    from llmlab.peaks import Peaks
+
+    return Peaks(**{"device_name": "CPU: test", "torch_version": torch.__version__, "copy_bw_gb_s": 10.0,
+                    "matmul_tflops": 0.1, "matmul_dtype": "float32", "measured_at": "2026-01-02T03:04:05Z",
+                    "cached": True, "cache_path": "/cache/peaks.json", **fields})
+
+
+def test_the_peaks_line_says_where_the_peaks_come_from(tmp_path):
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    lines = []
+    run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm, print_fn=lines.append,
+              measured_peaks=_fake_peaks())
+    assert lines[1] == ("peaks: copy 10 GB/s, matmul 0.10 TFLOP/s (float32), read from /cache/peaks.json (measured "
+                        "2026-01-02T03:04:05Z); --refresh-peaks measures them again")
+    lines.clear()
+    doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lines.append, peaks_cache=tmp_path / "peaks.json")
+    assert lines[1].endswith(f"(float32), measured now, saved to {tmp_path / 'peaks.json'}")
+    assert doc["peaks"]["cached"] is False
+
+
+def test_a_roofline_mfu_above_100_percent_is_explained_below_the_table():
+    """The roofline row is a bandwidth-only ceiling: where doing the arithmetic at its speed would need more than
+    the measured matmul rate (MFU > 100%), a note below the table says so and gives the compute ceiling."""
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    lines = []
+    doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lines.append, measured_peaks=_fake_peaks(matmul_tflops=1e-6))
+    roof = next(r for r in doc["results"] if r["step"] == "roofline")
+    assert roof["mfu"] > 1
+    note = bench.roofline_mfu_note(doc["results"])
+    assert note.startswith("MFU above 100% (roofline): the roofline row is a bandwidth-only ceiling")
+    assert f"at most {roof['compute_ceiling_tokens_per_s']:.1f} tokens/s" in note
+    table = lines.index(bench.format_table(doc["results"]))
+    assert note in lines[table + 1:] and note in doc["notes"]
+    lines.clear()
+    doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lines.append, measured_peaks=_fake_peaks(matmul_tflops=1e3))
+    assert bench.roofline_mfu_note(doc["results"]) is None and not any("MFU above" in line for line in lines)
+
+
+def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, monkeypatch):
+    """--steps +prefill_graphs on a CPU: every requested rung is skipped; exit 2 with the reasons and the fix, no
+    file written, no peaks measured."""
+    from llmlab import peaks
+
+    def no_peaks(*a, **k):
+        raise AssertionError("the peaks were measured for a run that measures nothing")
+
+    monkeypatch.setattr(peaks, "measure_peaks", no_peaks)
+    assert main(["bench", "--quick", "--steps", "+prefill_graphs", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
+    assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
+    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager;" in err and "--peers" in err
+    assert not list(tmp_path.iterdir())
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    with pytest.raises(bench.NothingToRun, match="nothing to measure"):
+        run_bench("chat", "tiny", steps=["+cuda_graphs"], peers=False, out=tmp_path, quick=True, llm=llm)
+    assert not list(tmp_path.iterdir())
+    assert bench.plan_steps(llm, ["+cuda_graphs"], peers=True)[0] == []  # the peers still run
+    assert main(["bench", "--steps", "cuda_graphs", "--no-save", "--device", "cpu"]) == 2
+    assert "unknown ladder step 'cuda_graphs' (did you mean '+cuda_graphs'?)" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

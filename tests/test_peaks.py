@@ -54,6 +54,24 @@ def test_refresh_and_corrupt_cache(tmp_path, monkeypatch):
     assert "NVIDIA H200 | torch 2.11.0+cu130" in json.loads(path.read_text())
 
 
+def test_peaks_say_where_they_come_from(tmp_path, monkeypatch):
+    """`Peaks.source()`: measured now and saved, read from the file (with the date measured), or not saved."""
+    path = tmp_path / "peaks.json"
+    monkeypatch.setattr(peaks, "measure_copy_bandwidth", lambda *a, **k: 12.5)
+    monkeypatch.setattr(peaks, "measure_matmul_tflops", lambda *a, **k: 0.25)
+    p = peaks.measure_peaks("cpu", cache_path=path)
+    assert p.cache_path == str(path) and p.source() == f"measured now, saved to {path}"
+    assert "cache_path" not in json.loads(path.read_text())[f"{p.device_name} | torch {p.torch_version}"]
+    again = peaks.measure_peaks("cpu", cache_path=path)
+    assert again.cached and again.source() == f"read from {path} (measured {p.measured_at})"
+    assert peaks.measure_peaks("cpu", cache_path=path, refresh=True).source().startswith("measured now")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    unsaved = peaks.measure_peaks("cpu", cache_path=blocker / "peaks.json")  # its folder is a file: not saved
+    assert unsaved.cache_path is None and unsaved.source() == ("measured now (not saved: the cache file could not "
+                                                               "be written)")
+
+
 def test_the_test_session_keeps_out_of_the_users_cache():
     """The repository's conftest.py points LLMLAB_PEAKS_CACHE at a temporary file for the whole session, and the
     subprocesses it starts (the labs' notebook kernels under nbval) inherit it: no test writes ~/.cache."""
