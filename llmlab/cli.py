@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             from .engine import LLM
+            from .generate import format_ms
             from .tour import device_line
 
             llm = LLM.load(args.model, device=args.device, dtype=args.dtype)
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
             print(args.prompt + (g.text or " ".join(map(str, g.token_ids[0]))))
             print(f"\n[{llm.name} | {device_line(llm)} | {g.n_generated} tokens | TTFT {g.ttft_ms:.1f} ms | "
-                  f"TPOT {g.tpot_ms:.2f} ms | {g.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+                  f"TPOT {format_ms(g.tpot_ms, unit=' ms')} | {g.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
         elif args.command == "tour":
             from .tour import run_tour
 

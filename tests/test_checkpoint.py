@@ -192,6 +192,9 @@ def test_cli_generate_and_tour(folder, capsys):
     expected = LLM.load(folder, device="cpu").generate("def ", max_new_tokens=8).text
     assert out.startswith("def " + expected)
     assert "TTFT" in err and "TPOT" in err and "tokens/s" in err
+    assert main(["generate", "def ", "--model", str(folder), "--device", "cpu", "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err  # one token: no decode step, so no TPOT (not "nan")
+    assert "TPOT - |" in err and "nan" not in err
     assert main(["tour", "--model", str(folder), "--device", "cpu", "--max-new-tokens", "6", "--repeats", "1"]) == 0
     out, _ = capsys.readouterr()
     assert "KV cache" in out and "no KV cache" in out
