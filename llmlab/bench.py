@@ -407,12 +407,12 @@ def result_row(**fields) -> dict:
     return row
 
 
-def peaks_dict(device: torch.device, cache_path=None, refresh: bool = False) -> dict:
-    """The measured peaks (`llmlab.peaks.measure_peaks`, cached; `refresh` measures again) in the bench file's
-    shape (`peaks_record`). Raises ValueError for an unsupported device."""
+def peaks_dict(device: torch.device, cache_path=None) -> dict:
+    """The measured peaks (`llmlab.peaks.measure_peaks`, cached) in the bench file's shape (`peaks_record`).
+    Raises ValueError for an unsupported device."""
     from .peaks import measure_peaks
 
-    return peaks_record(measure_peaks(device, cache_path=cache_path, refresh=refresh))
+    return peaks_record(measure_peaks(device, cache_path=cache_path))
 
 
 def peaks_record(p) -> dict:

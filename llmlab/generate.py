@@ -127,8 +127,7 @@ def check_seed(seed) -> None:
 def make_generator(seed, device: torch.device) -> torch.Generator | None:
     """The sampler's generator on `device`, seeded with `seed`; None for seed=None.
 
-    Raises TypeError / ValueError for a seed that is not an int, or out of range (`check_seed`)."""
-    check_seed(seed)
+    The callers (`generate`, `generate_fast`) check the seed first, before any work (`check_seed`)."""
     if seed is None:
         return None
     return torch.Generator(device=device).manual_seed(int(seed))
