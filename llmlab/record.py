@@ -3,7 +3,8 @@
 For each setting (a dict of switch values from `llmlab.switches`; default: the eager bf16 KV-cache decode at
 batch 1, and the same without the KV cache) the recording is:
 
-    warm-up call (not recorded)
+    warm-up: one whole call of the workload (not recorded; the eager decode's first run at new KV lengths is several
+    times slower than the next, so a short warm-up would leave that one-off cost in the trace)
     sampler on (10 Hz) -> 1 s idle -> repeated generate calls (128-token random prompt, 256 new tokens, no EOS stop)
     until ~12 s of decoding -> 1 s idle -> sampler off
     a few decode steps under torch.profiler: the GPU kernels and the gaps between them (CUDA only)
@@ -226,7 +227,7 @@ def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, durat
     prompt_ids = torch.randint(0, run_llm.config.vocab_size, (prompt_tokens,), generator=gen).tolist()
     kwargs = {"stop_at_eos": False, **kwargs}  # every call generates new_tokens tokens, EOS or not
 
-    run_llm.generate(prompt_ids, max_new_tokens=min(8, new_tokens), **kwargs)  # warm-up: first-call costs
+    run_llm.generate(prompt_ids, max_new_tokens=new_tokens, **kwargs)  # warm-up: the whole workload once
     time.sleep(idle_s)  # NVML averages GPU-Util over up to 1 s: let it forget the warm-up before sampling "idle"
 
     cost = sampler_cost(run_llm, prompt_ids, kwargs, interval_s=interval_s) if backend is None else {}

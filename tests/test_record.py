@@ -90,8 +90,10 @@ def test_record_setting_on_cpu_with_fake_sampler(tmp_path):
     backend = FakeBackend()
     llm = _llm()
     real_generate = llm.generate
+    asked = []  # max_new_tokens of every generate call, the warm-up first
 
     def generate(*args, **kwargs):  # the fake GPU is "busy" exactly while a generate call runs
+        asked.append(kwargs.get("max_new_tokens"))
         backend.busy.set()
         try:
             return real_generate(*args, **kwargs)
@@ -103,6 +105,9 @@ def test_record_setting_on_cpu_with_fake_sampler(tmp_path):
                        prompt_tokens=16, new_tokens=24, idle_s=0.3, interval_s=0.05, backend=backend,
                        device_name="Fake GPU", peaks={"copy_bw_gb_s": 100.0})
     assert backend.opened == backend.closed == 1 and _llmlab_threads() == []
+    # the warm-up (not recorded) runs the whole workload once: the eager decode's first run at new KV lengths is
+    # several times slower than the next on a GPU (call BM), and a short warm-up left that in the trace
+    assert asked[0] == 24 and len(asked) == len(t.calls) + 1
     m = t.meta
     assert m["device"] == "Fake GPU" and m["model"] == "tiny" and m["setting_slug"] == "kv-cache_fp32"
     assert m["prompt_tokens"] == 16 and m["new_tokens"] == 24 and m["batch"] == 1 and m["dtype"] == "float32"
