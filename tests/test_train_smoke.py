@@ -113,3 +113,31 @@ def test_refuses_to_overwrite_a_model_before_training(tmp_path, monkeypatch):
     (sharded / "config.json").unlink()
     with pytest.raises(AssertionError, match="training started"):  # an empty folder is free to use
         cli.main(["--out", str(sharded), "--smoke", "--device", "cpu"])
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--steps", "-3"], ["--batch-size", "0"], ["--seq-len", "0"],
+                                  ["--lr", "-1"], ["--lr", "nan"], ["--epochs", "0"], ["--time-budget-s", "0"],
+                                  ["--eval-every", "0"], ["--patience", "0"]])
+def test_bad_counts_are_refused_before_training(argv, tmp_path, monkeypatch, capsys):
+    """--steps 0 used to mean the default (2611 steps, the whole time budget) and --steps -3 trained nothing and
+    saved the untrained model; each bad count or rate is refused by argparse, naming the flag, before any work."""
+    import llmlab.train.__main__ as cli
+
+    def no_training(*a, **k):
+        raise AssertionError("training started with a bad argument")
+
+    monkeypatch.setattr(cli, "prepare_data", no_training)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--out", str(tmp_path / "m"), "--smoke", "--device", "cpu", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert argv[0] in err and argv[1] in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_seq_len_beyond_the_context_names_the_fix(tmp_path):
+    import llmlab.train.__main__ as cli
+
+    with pytest.raises(SystemExit, match=r"--seq-len 5000 exceeds the model's context length 1024; use --seq-len "
+                                         r"1024 or less"):
+        cli.main(["--out", str(tmp_path / "m"), "--device", "cpu", "--seq-len", "5000"])

@@ -22,6 +22,22 @@ from .export import export
 from .trainer import TrainConfig, prepare_data, resolve_device, train
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (0 or a negative count would train nothing, or silently the default)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = float(text)
+    if not (0 < value < float("inf")):  # also catches NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number > 0")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m llmlab.train", description=__doc__,
@@ -32,16 +48,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="allow replacing a model already in --out (needed to re-create the shipped default model)")
     p.add_argument("--smoke", action="store_true", help="tiny model, corpus slice, 30 CPU steps: a plumbing test")
     p.add_argument("--device", default=None, help="auto (default: cuda if available), cuda, cuda:1, cpu")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
-    p.add_argument("--epochs", type=float, default=None, help=f"passes over the train tokens (default {d.epochs})")
-    p.add_argument("--time-budget-s", type=float, default=None,
+    p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: from --epochs)")
+    p.add_argument("--epochs", type=_positive_float, default=None, help=f"passes over the train tokens (default {d.epochs})")
+    p.add_argument("--time-budget-s", type=_positive_float, default=None,
                    help=f"stop the training loop after this many seconds (default {d.time_budget_s})")
-    p.add_argument("--batch-size", type=int, default=None, help=f"windows per step (default {d.batch_size})")
-    p.add_argument("--seq-len", type=int, default=None, help=f"tokens per window (default {d.seq_len})")
-    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {d.lr})")
-    p.add_argument("--eval-every", type=int, default=None, help=f"steps between held-out evaluations "
+    p.add_argument("--batch-size", type=_positive_int, default=None, help=f"windows per step (default {d.batch_size})")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help=f"tokens per window (default {d.seq_len})")
+    p.add_argument("--lr", type=_positive_float, default=None, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--eval-every", type=_positive_int, default=None, help=f"steps between held-out evaluations "
                                                                  f"(default {d.eval_every})")
-    p.add_argument("--patience", type=int, default=None, help=f"early-stopping patience in evaluations "
+    p.add_argument("--patience", type=_positive_int, default=None, help=f"early-stopping patience in evaluations "
                                                                f"(default {d.patience})")
     p.add_argument("--seed", type=int, default=None, help=f"seed for init and batches (default {d.seed})")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
@@ -84,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
         overrides["compile"] = True
     cfg = TrainConfig.smoke(**overrides) if args.smoke else TrainConfig(**overrides)
     if cfg.seq_len > cfg.max_seq_len:
-        raise SystemExit(f"--seq-len {cfg.seq_len} exceeds the model's context length {cfg.max_seq_len}")
+        raise SystemExit(f"python -m llmlab.train: error: --seq-len {cfg.seq_len} exceeds the model's context length "
+                         f"{cfg.max_seq_len}; use --seq-len {cfg.max_seq_len} or less")
     out = args.out
     if out is None:
         import tempfile
