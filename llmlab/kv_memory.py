@@ -202,16 +202,27 @@ class Waste:
         return self.wasted_tokens / self.reserved_tokens if self.reserved_tokens else 0.0
 
 
+def _check_lengths(lengths: list[int], max_seq_len: int, block_size: int) -> None:
+    """ValueError for a bad count, or a sequence longer than the max_seq_len every slot of the layout holds."""
+    _check_counts(max_seq_len=max_seq_len, block_size=block_size)
+    for n in lengths:
+        _check_counts(length=n)
+    too_long = [n for n in lengths if n > max_seq_len]
+    if too_long:
+        raise ValueError(f"{len(too_long)} of the {len(lengths)} lengths exceed max_seq_len={max_seq_len} (the "
+                         f"longest: {max(too_long)}); raise max_seq_len to at least {max(too_long)} or drop the "
+                         f"longer sequences")
+
+
 def waste(lengths: list[int], max_seq_len: int, block_size: int = 16) -> list[Waste]:
     """Reserved vs used slots for contiguous max-length preallocation and for a paged cache.
 
     Contiguous: every sequence reserves max_seq_len slots (it may grow that long; the server cannot know). Paged:
     ceil(length / block_size) blocks each, so at most block_size - 1 slots wasted per sequence. Raises ValueError
-    for a block_size < 1 or a negative length.
+    for a block_size < 1, a negative length, or a length beyond max_seq_len (a preallocated sequence cannot grow
+    past it: its waste would come out negative).
     """
-    _check_counts(max_seq_len=max_seq_len, block_size=block_size)
-    for n in lengths:
-        _check_counts(length=n)
+    _check_lengths(lengths, max_seq_len, block_size)
     used = sum(lengths)
     return [Waste("max-length preallocation", len(lengths) * max_seq_len, used),
             Waste(f"paged (block_size={block_size})", sum(-(-n // block_size) * block_size for n in lengths), used)]
@@ -225,6 +236,7 @@ def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, bl
     from .kv_cache import KVCache
     from .paged_cache import PagedKVCache
 
+    _check_lengths(lengths, max_seq_len, block_size)
     per_tok = bytes_per_token(config, dtype)
     used = sum(lengths) * per_tok
     contiguous = KVCache(config, len(lengths), max_seq_len, dtype, device)

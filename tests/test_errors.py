@@ -463,6 +463,12 @@ def test_counts_and_kinds_of_the_memory_helpers():
         kv_memory.calculator(["llama-3.2-1b"], context=-1)
     with pytest.raises(ValueError, match="block_size=0: must be a whole number >= 1"):
         kv_memory.waste([5, 9], 16, block_size=0)
+    # a sequence longer than max_seq_len used to give the max-length layout a negative waste (-5%)
+    with pytest.raises(ValueError, match=r"1 of the 2 lengths exceed max_seq_len=100 \(the longest: 200\); raise "
+                                         r"max_seq_len to at least 200"):
+        kv_memory.waste([10, 200], 100)
+    with pytest.raises(ValueError, match="exceed max_seq_len=100"):
+        kv_memory.measured_waste(cfg, [10, 200], 100)
     assert kv_memory.cache_bytes(cfg, 0) == 0
     with pytest.raises(ValueError, match="unknown KV quantization 'int4'"):
         kv_quant.quantize(torch.randn(2, 8), "int4")
