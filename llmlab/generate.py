@@ -247,14 +247,18 @@ def generate(
         ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
             vocabulary, max_new_tokens < 1, bad sampling settings, a seed outside `SEED_RANGE`, a cache_factory
             with use_cache=False. TypeError: prompt ids that are not ints (or None), a max_new_tokens or seed that
-            is not an int, use_cache / pin_memory not a bool, an on_token that is not callable. Checked before any
-            work, so the model is untouched.
+            is not an int, use_cache / pin_memory not a bool, an on_token or cache_factory that is not callable.
+            Checked before any work, so the model is untouched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(use_cache=use_cache, pin_memory=pin_memory)
     check_seed(seed)
     check_on_token(on_token)
     warn_greedy_filters(temperature, top_k, top_p)
+    if cache_factory is not None and not callable(cache_factory):
+        raise TypeError(f"cache_factory={cache_factory!r} is not callable: give a KV cache class such as "
+                        f"llmlab.paged_cache.PagedKVCache, a factory such as llmlab.kv_quant.quantized_cache(), or "
+                        f"None for the contiguous cache")
     if cache_factory is not None and not use_cache:
         raise ValueError("cache_factory builds the KV cache, but use_cache=False runs without one: turn the cache on "
                          "or drop cache_factory")

@@ -446,6 +446,8 @@ def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_o
     _, llm, before = good
     with pytest.raises(ValueError, match="cache_factory builds the KV cache, but use_cache=False"):
         llm.generate(PROMPT, use_cache=False, cache_factory=PagedKVCache)
+    with pytest.raises(TypeError, match="cache_factory='paged' is not callable: give a KV cache class"):
+        llm.generate(PROMPT, cache_factory="paged")  # used to fail inside generate as "'str' object is not callable"
     run_llm, kwargs = apply_switches(llm, {"kv_cache": False, "paged_kv": True})  # a dashboard can ask for both
     assert "cache_factory" not in kwargs
     assert run_llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, **kwargs).token_ids == before
