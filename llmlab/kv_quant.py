@@ -156,8 +156,19 @@ class QuantizedKVCache:
         self.v_tail = [t[:, :, :0] for t in self.v_tail]
 
 
+def _check_residual(residual) -> None:
+    if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+        raise ValueError(f"residual={residual!r}: the full-precision window must be a whole number of tokens >= 0 "
+                         f"(0 = quantize everything), e.g. 32")
+
+
 def quantized_cache(residual: int = 32, kind: str = "int8"):
-    """A `cache_factory` for `generate`: QuantizedKVCache with this residual window and format."""
+    """A `cache_factory` for `generate`: QuantizedKVCache with this residual window and format.
+
+    Raises ValueError for an unknown kind or a residual that is not a whole number >= 0, here rather than at the
+    first generate call."""
+    storage_dtype(kind)  # the unknown-kind message
+    _check_residual(residual)
     return functools.partial(QuantizedKVCache, residual=residual, kind=kind)
 
 
@@ -204,7 +215,9 @@ def heldout_text() -> str:
 def quality_report(llm, prompt: str = "def fibonacci(n):", new_tokens: int = 64, residual: int = 32,
                    kinds=("int8", "fp8"), eval_tokens: int = 512) -> list[dict]:
     """Greedy agreement over `new_tokens` and perplexity on held-out text (first `eval_tokens` tokens) for each
-    format vs the full-precision cache. One row per format (plus the full-precision baseline)."""
+    format vs the full-precision cache. One row per format (plus the full-precision baseline); a format this
+    PyTorch cannot store is left out. Raises ValueError for a bad residual (before any work)."""
+    _check_residual(residual)  # checked here: below, a ValueError of quantized_cache only means "format unavailable"
     ref = llm.generate(prompt, max_new_tokens=new_tokens, stop_at_eos=False)
     ids = llm.encode(heldout_text())[:eval_tokens]
     ppl_ref = perplexity(llm.model, ids)

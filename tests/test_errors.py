@@ -474,6 +474,12 @@ def test_counts_and_kinds_of_the_memory_helpers():
     assert kv_memory.cache_bytes(cfg, 0) == 0
     with pytest.raises(ValueError, match="unknown KV quantization 'int4'"):
         kv_quant.quantize(torch.randn(2, 8), "int4")
+    with pytest.raises(ValueError, match="unknown KV quantization 'fp4'"):  # up front, not at the first generate
+        kv_quant.quantized_cache(kind="fp4")
+    with pytest.raises(ValueError, match="residual=-1: the full-precision window must be a whole number"):
+        kv_quant.quantized_cache(residual=-1)
+    with pytest.raises(ValueError, match="residual=-1"):  # not every format skipped as "unavailable"
+        kv_quant.quality_report(None, residual=-1)
     with pytest.raises(TypeError, match="group_size must be an int"):
         quantize_int4(torch.randn(4, 128), 64.0)
 
