@@ -71,7 +71,13 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
                                 f"`llmlab bench --model {text}`")
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id 'org/name')")
+        import difflib
+
+        near = difflib.get_close_matches(text.lower(), list(PRESETS), n=1, cutoff=0.8)
+        hint = (f"; {near[0]!r} is a preset (random weights, no tokenizer): llmlab.LLM.from_preset({near[0]!r}) or "
+                f"`llmlab bench --model {near[0]}`" if near else "")
+        raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id "
+                                f"'org/name'){hint}")
     from huggingface_hub import snapshot_download
 
     try:

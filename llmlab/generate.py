@@ -198,6 +198,9 @@ def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch
                         f"{ids.flatten()[0].item()!r}), not token ids; give {what}")
     if ids.dim() == 1:
         ids = ids[None]
+    if ids.dim() == 0:
+        raise ValueError(f"the prompt is {prompt_ids!r}, a single number (shape ()); give {what} (LLM.generate also "
+                         f"takes text)")
     if ids.dim() != 2:
         raise ValueError(f"the prompt has shape {tuple(ids.shape)}; give {what}")
     ids = ids.to(torch.long)

@@ -216,8 +216,13 @@ def quality_report(llm, prompt: str = "def fibonacci(n):", new_tokens: int = 64,
                    kinds=("int8", "fp8"), eval_tokens: int = 512) -> list[dict]:
     """Greedy agreement over `new_tokens` and perplexity on held-out text (first `eval_tokens` tokens) for each
     format vs the full-precision cache. One row per format (plus the full-precision baseline); a format this
-    PyTorch cannot store is left out. Raises ValueError for a bad residual (before any work)."""
+    PyTorch cannot store is left out. Raises ValueError for a bad residual or a kind other than 'int8' / 'fp8'
+    (before any work)."""
     _check_residual(residual)  # checked here: below, a ValueError of quantized_cache only means "format unavailable"
+    unknown = [k for k in kinds if k not in QMAX]
+    if isinstance(kinds, str) or unknown:
+        raise ValueError(f"kinds={kinds!r}: give a tuple of KV quantization formats from {tuple(QMAX)}"
+                         + (f" ({unknown} unknown)" if unknown and not isinstance(kinds, str) else ""))
     ref = llm.generate(prompt, max_new_tokens=new_tokens, stop_at_eos=False)
     ids = llm.encode(heldout_text())[:eval_tokens]
     ppl_ref = perplexity(llm.model, ids)

@@ -339,10 +339,21 @@ def test_tensor_prompts(good):
     got = llm.generate(torch.tensor(rows), max_new_tokens=4, stop_at_eos=False).token_ids
     assert len(got) == 2 and got == llm.generate(rows, max_new_tokens=4, stop_at_eos=False).token_ids
     assert llm.generate(torch.tensor(rows[0]), max_new_tokens=4, stop_at_eos=False).token_ids == [got[0]]
-    for bad in (torch.ones(1, 1, 3, dtype=torch.long), torch.tensor(5)):
-        with pytest.raises(ValueError, match=r"the prompt has shape \("):
-            llm.generate(bad)
+    with pytest.raises(ValueError, match=r"the prompt has shape \(1, 1, 3\)"):
+        llm.generate(torch.ones(1, 1, 3, dtype=torch.long))
+    for scalar in (torch.tensor(5), 123):
+        with pytest.raises(ValueError, match=r"a single number .*also takes text"):
+            llm.generate(scalar)
     still_works(good)
+
+
+def test_preset_typo_as_model_names_the_preset(tmp_path):
+    from llmlab.checkpoint import resolve
+
+    with pytest.raises(FileNotFoundError, match=r"does not exist.*'llama-3.2-1b' is a preset"):
+        resolve("lama-3.2-1b")
+    with pytest.raises(FileNotFoundError, match=r"does not exist; check the path \(or pass a hub id 'org/name'\)$"):
+        resolve(str(tmp_path / "nothing-here"))
 
 
 @pytest.mark.parametrize("flag", ["use_cache", "stop_at_eos", "cuda_graphs", "torch_compile", "gpu_sampling",
@@ -480,6 +491,10 @@ def test_counts_and_kinds_of_the_memory_helpers():
         kv_quant.quantized_cache(residual=-1)
     with pytest.raises(ValueError, match="residual=-1"):  # not every format skipped as "unavailable"
         kv_quant.quality_report(None, residual=-1)
+    with pytest.raises(ValueError, match=r"\['int9'\] unknown"):  # not silently left out like an unstorable format
+        kv_quant.quality_report(None, kinds=("int8", "int9"))
+    with pytest.raises(ValueError, match="give a tuple of KV quantization formats"):
+        kv_quant.quality_report(None, kinds="int8")
     with pytest.raises(TypeError, match="group_size must be an int"):
         quantize_int4(torch.randn(4, 128), 64.0)
 
