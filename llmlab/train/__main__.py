@@ -18,16 +18,9 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import DEFAULT_MODEL_DIR
+from ..cli import _positive_int  # a whole number >= 1: 0 or a negative count would train nothing
 from .export import export
 from .trainer import TrainConfig, prepare_data, resolve_device, train
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1 (0 or a negative count would train nothing, or silently the default)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
-    return value
 
 
 def _positive_float(text: str) -> float:
