@@ -17,6 +17,29 @@ from .config import ModelConfig
 from .kv_memory import check_fits
 
 
+def check_cache_args(config: ModelConfig, dtype, **counts) -> None:
+    """The checks every KV cache layout makes before allocating: each count (batch_size, max_seq_len, block_size,
+    ...) a whole number >= 1, max_seq_len within the model's context, dtype a floating torch.dtype.
+
+    Raises:
+        TypeError: a count that is not an int, or a dtype that is not a floating torch.dtype (the message names
+            torch.bfloat16 / torch.float16 / torch.float32).
+        ValueError: a count below 1, or max_seq_len beyond config.max_seq_len.
+    """
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give a whole number, e.g. {name}=1")
+    bad = [f"{name}={value}" for name, value in counts.items() if value <= 0]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: must be positive")
+    if counts.get("max_seq_len", 0) > config.max_seq_len:
+        raise ValueError(f"a KV cache of {counts['max_seq_len']} tokens exceeds the model's context length "
+                         f"{config.max_seq_len}; generate fewer tokens or use a shorter prompt")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype={dtype!r}: give a floating torch.dtype for the cache, e.g. torch.bfloat16, "
+                        f"torch.float16 or torch.float32 (normally the model's)")
+
+
 class KVCache:
     """Per-layer key/value buffers of shape (batch, n_kv_heads, max_seq_len, head_dim).
 
@@ -27,19 +50,14 @@ class KVCache:
         dtype, device: of the buffers (normally the model's).
 
     Raises:
-        ValueError: max_seq_len beyond the model's context length, or not positive.
+        ValueError: max_seq_len beyond the model's context length, or a count not positive.
+        TypeError: a count that is not an int, a dtype that is not a floating torch.dtype (`check_cache_args`).
         MemoryError: the buffers would not fit in the free memory (GPU memory on CUDA, MemAvailable on a CPU);
             the message gives needed and available bytes. Nothing is allocated in that case.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
-        if max_seq_len <= 0 or batch_size <= 0:
-            raise ValueError(f"batch_size={batch_size} and max_seq_len={max_seq_len} must be positive")
-        if max_seq_len > config.max_seq_len:
-            raise ValueError(
-                f"a KV cache of {max_seq_len} tokens exceeds the model's context length {config.max_seq_len}; "
-                f"generate fewer tokens or use a shorter prompt"
-            )
+        check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len)
         device = torch.device(device)
         shape = (batch_size, config.n_kv_heads, max_seq_len, config.head_dim)
         per_layer = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .kv_cache import check_cache_args
 from .kv_memory import check_fits
 
 QMAX = {"int8": 127.0, "fp8": 448.0}  # largest magnitude of each format (fp8 = float8_e4m3fn)
@@ -82,12 +83,8 @@ class QuantizedKVCache:
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device,
                  residual: int = 32, kind: str = "int8"):
-        if batch_size <= 0 or max_seq_len <= 0 or residual < 0:
-            raise ValueError(f"batch_size={batch_size}, max_seq_len={max_seq_len} must be positive and "
-                             f"residual={residual} >= 0")
-        if max_seq_len > config.max_seq_len:
-            raise ValueError(f"a KV cache of {max_seq_len} tokens exceeds the model's context length "
-                             f"{config.max_seq_len}; generate fewer tokens or use a shorter prompt")
+        check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len)
+        _check_residual(residual)
         qdtype = storage_dtype(kind)
         device = torch.device(device)
         shape = (batch_size, config.n_kv_heads, max_seq_len, config.head_dim)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .block_manager import BlockManager
 from .config import ModelConfig
+from .kv_cache import check_cache_args
 from .kv_memory import check_fits
 
 
@@ -55,12 +56,8 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device,
                  block_size: int = 16, num_blocks: int | None = None):
-        if batch_size <= 0 or max_seq_len <= 0 or block_size <= 0:
-            raise ValueError(f"batch_size={batch_size}, max_seq_len={max_seq_len}, block_size={block_size} "
-                             f"must be positive")
-        if max_seq_len > config.max_seq_len:
-            raise ValueError(f"a KV cache of {max_seq_len} tokens exceeds the model's context length "
-                             f"{config.max_seq_len}; generate fewer tokens or use a shorter prompt")
+        check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len, block_size=block_size,
+                         **({} if num_blocks is None else {"num_blocks": num_blocks}))
         if num_blocks is None:
             num_blocks = batch_size * math.ceil(max_seq_len / block_size)
         device = torch.device(device)

@@ -388,8 +388,25 @@ def test_kv_cache_limits(good):
     config = good[1].config
     with pytest.raises(ValueError, match="exceeds the model's context length 256"):
         KVCache(config, 1, 257, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match="batch_size=0: must be positive"):
         KVCache(config, 0, 8, torch.float32, "cpu")
+    with pytest.raises(TypeError, match=r"batch_size='2' \(str\): give a whole number"):
+        KVCache(config, "2", 8, torch.float32, "cpu")
+    with pytest.raises(TypeError, match=r"max_seq_len=1.5 \(float\)"):
+        KVCache(config, 1, 1.5, torch.float32, "cpu")
+    with pytest.raises(TypeError, match=r"dtype='bf16': give a floating torch.dtype .*torch.bfloat16"):
+        KVCache(config, 1, 8, "bf16", "cpu")
+    from llmlab.kv_quant import QuantizedKVCache
+    from llmlab.paged_cache import PagedKVCache
+
+    with pytest.raises(ValueError, match="block_size=0: must be positive"):
+        PagedKVCache(config, 1, 8, torch.float32, "cpu", block_size=0)
+    with pytest.raises(TypeError, match=r"dtype=torch.int8: give a floating torch.dtype"):
+        PagedKVCache(config, 1, 8, torch.int8, "cpu")
+    with pytest.raises(ValueError, match="exceeds the model's context length 256"):
+        QuantizedKVCache(config, 1, 257, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="residual=-1"):
+        QuantizedKVCache(config, 1, 8, torch.float32, "cpu", residual=-1)
     cache = KVCache(config, 1, 8, torch.float32, "cpu")
     with pytest.raises(ValueError, match="holds 8 tokens but position 9"):
         good[1].model(torch.ones(1, 10, dtype=torch.long), torch.arange(10), kv_cache=cache)
