@@ -14,6 +14,7 @@ saves. Field names follow gpt-fast / nanoGPT; the Hugging Face names are in the 
 from __future__ import annotations
 
 import difflib
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -104,12 +105,18 @@ class ModelConfig:
 
         Raises:
             ValueError: unknown preset (the message lists the known ones and the nearest match).
+            TypeError: an override that is not a field of ModelConfig (the message lists the fields).
         """
         key = name.lower()
         if key not in PRESETS:
             close = difflib.get_close_matches(key, PRESETS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown preset {name!r}.{hint} Known presets: {', '.join(sorted(PRESETS))}")
+        fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise TypeError(f"unknown ModelConfig field(s) {unknown} for preset {name!r}; the fields are "
+                            f"{', '.join(sorted(fields))} (e.g. n_layers=2)")
         params = dict(PRESETS[key])
         params.update(overrides)
         return cls(name=key, **params)

@@ -19,7 +19,7 @@ import torch
 from .checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from .config import ModelConfig
 from .fast_generate import decode_mode, generate_fast
-from .generate import Generation, check_flags, generate
+from .generate import Generation, check_flags, check_seed, generate
 from .kv_memory import element_size
 from .model import Transformer
 
@@ -132,10 +132,12 @@ class LLM:
         """A real model's shape with RANDOM weights (normal, std 0.02): right for timing, useless for text.
 
         Raises:
-            ValueError: unknown preset name (the message lists the presets).
+            ValueError: unknown preset name (the message lists the presets); a seed outside torch's range.
+            TypeError: an override that is not a ModelConfig field; a seed that is not an int.
             MemoryError: the weights would not fit in the free memory of the device (checked before building;
                 the weights are initialised in torch's default dtype, fp32, then cast to `dtype`).
         """
+        check_seed(seed)
         config = ModelConfig.from_preset(preset, **overrides)
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)

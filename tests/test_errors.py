@@ -484,7 +484,7 @@ def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_o
 
 def test_counts_and_kinds_of_the_memory_helpers():
     from llmlab import kv_memory, kv_quant
-    from llmlab.kernels.dequant_matmul import quantize_int4
+    from llmlab.kernels.dequant_matmul import quantize_int4, quantize_int8
 
     cfg = ModelConfig.from_preset("llama-3.2-1b")
     with pytest.raises(ValueError, match="tokens=-5: must be a whole number >= 0"):
@@ -514,6 +514,17 @@ def test_counts_and_kinds_of_the_memory_helpers():
         kv_quant.quality_report(None, kinds="int8")
     with pytest.raises(TypeError, match="group_size must be an int"):
         quantize_int4(torch.randn(4, 128), 64.0)
+    with pytest.raises(TypeError, match="quantize_int8: the weight is a list, not a tensor"):
+        quantize_int8([[1.0]])
+
+
+def test_preset_overrides_and_seed_are_checked_before_building():
+    from llmlab import LLM
+
+    with pytest.raises(TypeError, match=r"unknown ModelConfig field\(s\) \['layers'\].*n_layers"):
+        LLM.from_preset("llama-3.2-1b", layers=2)
+    with pytest.raises(TypeError, match="seed='x': the seed must be an int"):
+        LLM.from_preset("llama-3.2-1b", seed="x")
 
 
 def test_cli_counts_below_one_are_refused_before_any_work(capsys):
