@@ -21,6 +21,19 @@ from typing import Any
 
 @dataclass
 class ModelConfig:
+    """The shape of a Llama-family decoder (field names follow Hugging Face's `LlamaConfig`, noted per field:
+    <https://huggingface.co/docs/transformers/model_doc/llama#transformers.LlamaConfig>).
+
+    Sizes are counts (tokens, channels, heads, layers); `norm_eps` is added to mean(x^2) in RMSNorm;
+    `rope_theta` is RoPE's base (RoFormer, <https://arxiv.org/abs/2104.09864>). `n_kv_heads` < `n_heads` is
+    grouped-query attention (<https://arxiv.org/abs/2305.13245>). `PRESETS` holds real models' shapes;
+    `ModelConfig.from_preset(name, **overrides)` builds one.
+
+    Raises:
+        ValueError: a size that is not an int >= 1; dim not divisible by n_heads (without head_dim);
+            n_heads not a multiple of n_kv_heads; an odd head_dim; a rope_scaling type other than 'llama3'.
+    """
+
     vocab_size: int = 32000
     dim: int = 4096  # hidden_size: width of the residual stream
     n_layers: int = 32  # num_hidden_layers

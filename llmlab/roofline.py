@@ -211,8 +211,9 @@ def roofline_step_time_s(config: ModelConfig, batch: int, context_len: float, pe
                          kv_bytes_per_elem: float = 2) -> float:
     """Lower bound on one decode step's time (s): max(bytes / bandwidth, FLOPs / compute).
 
-    peak_tflops=None gives the bandwidth bound alone. Ignores kernel-launch overhead, which the course shows to
-    dominate small models.
+    peak_bw_gb_s in GB/s (1e9 bytes/s), peak_tflops in TFLOP/s. peak_tflops=None gives the bandwidth bound alone.
+    Ignores kernel-launch overhead, which the course shows to dominate small models.
+    Raises ValueError for non-positive peaks or peaks given in base units, batch < 1, context_len < 0.
     """
     _check_peak(peak_bw_gb_s, "peak_bw_gb_s", "GB/s", 1e6)
     moved = decode_step_bytes(config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem)
@@ -257,6 +258,8 @@ def mbu(step_time_s: float, config: ModelConfig, batch: int, context_len: float,
     (`llmlab.peaks`) as the peak for what is attainable, the datasheet value for the marketing number.
     For a whole run pass the mean decode step time (TPOT) and `decode_mean_context_len(...)`.
     Example: Llama-3.2-1B bf16, 1.89 ms per step on an H200 (4280 GB/s): 2.47e9 / 1.89e-3 = 1308 GB/s = 31%.
+    Raises ValueError if step_time_s <= 0, the peak is not positive or is given in bytes/s, or for batch < 1,
+    context_len < 0.
     """
     _check_peak(peak_bw_gb_s, "peak_bw_gb_s", "GB/s", 1e6)
     moved = decode_step_bytes(config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem)
