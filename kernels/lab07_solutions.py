@@ -25,7 +25,8 @@ def rmsnorm_row(x_ptr, w_ptr, y_ptr, D, eps, stride_x, stride_y, row, cols, mask
 
 
 def check_rmsnorm(fn, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-    """Check `fn(x, weight, eps) -> y` against the PyTorch reference on awkward sizes, with a poisoned neighbour.
+    """Check `fn(x, weight, eps) -> y` against the PyTorch reference on awkward sizes, with a poisoned neighbour,
+    and on fp16 rows around +-1000 (whose squares overflow fp16 unless summed in fp32).
 
     Raises AssertionError saying which size failed and how.
     """
@@ -40,6 +41,15 @@ def check_rmsnorm(fn, device: str = "cpu", dtype: torch.dtype = torch.float32) -
         assert y.shape == x.shape and y.dtype == x.dtype, f"D={D}: got {tuple(y.shape)} {y.dtype}"
         assert torch.isfinite(y).all(), f"D={D}: non-finite outputs (did a masked lane leak into the sum?)"
         torch.testing.assert_close(y, rmsnorm_reference(x, w, 1e-5), **tol, msg=lambda m: f"D={D}: {m}")
+    # fp16 rows around +-1000: their squares (~1e6) overflow fp16 (max 65504) unless summed in fp32
+    g = torch.Generator().manual_seed(0)
+    x = (1000 * torch.randn(2, 17, generator=g).sign()).to(device, torch.float16)
+    w = torch.ones(17, device=device, dtype=torch.float16)
+    y = fn(x, w, 1e-5)
+    want = rmsnorm_reference(x.float(), w.float(), 1e-5).to(torch.float16)
+    assert torch.isfinite(y).all() and torch.allclose(y.float(), want.float(), atol=2e-2, rtol=2e-2), (
+        f"fp16 rows of +-1000: got {y[0, :4].tolist()}..., expected {want[0, :4].tolist()}... (sum the squares "
+        f"in fp32: x.to(tl.float32) before squaring)")
     print("Exercise 1: correct")
 
 
