@@ -89,7 +89,12 @@ def quantize_int8(w: torch.Tensor, *, name: str | None = None) -> tuple[torch.Te
 
 
 def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8, (N,) -> (N, K) fp32."""
+    """w_q (N, K) int8, scales (N,) fp32 (one per output row, from `quantize_int8`) -> W (N, K) fp32: w_q * scale.
+
+    Raises ValueError when scales does not hold one value per row of w_q."""
+    if w_q.dim() != 2 or scales.shape != (w_q.shape[0],):
+        raise ValueError(f"dequantize_int8: w_q {tuple(w_q.shape)} and scales {tuple(scales.shape)} do not match: "
+                         f"give the (N, K) int8 weight and its (N,) scales from quantize_int8")
     return w_q.float() * scales.float()[:, None]
 
 
@@ -137,10 +142,19 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = 
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """(N, K // 2) uint8, (N, K // G) -> (N, K) fp32."""
+    """packed (N, K // 2) uint8 (two 4-bit values per byte, low nibble first, stored as value + 8) and scales
+    (N, K // G) fp32 (one per group of G consecutive inputs, from `quantize_int4`) -> W (N, K) fp32:
+    (nibble - 8) * its group's scale.
+
+    Raises ValueError when scales does not hold one row per row of packed and a whole number of groups per row."""
+    if packed.dim() != 2 or scales.dim() != 2 or scales.shape[0] != packed.shape[0] or not scales.shape[1] \
+            or (2 * packed.shape[1]) % scales.shape[1]:
+        raise ValueError(f"dequantize_int4: packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not "
+                         f"match: give the (N, K // 2) uint8 weight and its (N, K // group_size) scales from "
+                         f"quantize_int4")
     N, half = packed.shape
     u = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(N, 2 * half)  # (N, K): low nibble first
-    G = 2 * half // scales.shape[1]
+    G = 2 * half // scales.shape[1]  # the group size
     return (u.float() - 8) * scales.float().repeat_interleave(G, dim=1)
 
 

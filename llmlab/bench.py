@@ -14,13 +14,14 @@ bandwidth ceiling. It prints a table and writes one JSON file per run into `data
 Kernel micro-benchmarks write the same shape (`result_row`, `bench_document`, `save_bench`) with `workload`
 naming the op and a `bw_fraction` or `speedup_vs_bf16` column. `validate_bench` checks a document.
 
-Definitions (Databricks 2023, see `llmlab.roofline`): tokens/s = generated tokens / wall time of the whole
-workload (prefill included); TTFT = from the start of the workload to a request's first token (a request that
-waits for an earlier group counts its wait); TPOT = one decode step (all sequences of a batch advance by one
-token); MBU / MFU = the bytes / FLOPs a KV-cache decode step must move / do (weights once per step + each
-sequence's KV cache) divided by the measured step time and the measured peak (`llmlab.peaks`). The same model
-bytes and FLOPs are used for every row, so a row that does more work than needed (no KV cache recomputes the
-sequence) shows a lower MBU/MFU, as "model" utilisation should (PaLM, App. B).
+Definitions (Databricks 2023, https://www.databricks.com/blog/llm-inference-performance-engineering-best-practices;
+see `llmlab.roofline`): tokens/s = generated tokens / wall time of the whole workload (prefill included); TTFT = from
+the start of the workload to a request's first token (a request that waits for an earlier group counts its wait); TPOT
+= one decode step (all sequences of a batch advance by one token); MBU / MFU = the bytes / FLOPs a KV-cache decode
+step must move / do (weights once per step + each sequence's KV cache) divided by the measured step time and the
+measured peak (`llmlab.peaks`). The same model bytes and FLOPs are used for every row, so a row that does more work
+than needed (no KV cache recomputes the sequence) shows a lower MBU/MFU, as "model" utilisation should (PaLM, App. B,
+https://arxiv.org/abs/2204.02311).
 
 Workloads:
 

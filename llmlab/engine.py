@@ -260,5 +260,20 @@ class LLM:
 
 
 def load(name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> LLM:
-    """Shortcut for `LLM.load`: the shipped default model unless a folder or hub id is given."""
+    """Load a model and its tokenizer into an `LLM` (the same as `LLM.load`): the course's first call.
+
+    Args:
+        name_or_path: 'default' or None (the 7.7M-parameter model shipped in data/models/pydoc-llama), a local
+            Hugging Face folder (config.json + *.safetensors, Llama / Mistral / Qwen2), or a hub id 'org/name'
+            (downloaded once; needs network).
+        device: 'auto' / None (CUDA when there is one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.
+        dtype: None (bf16 on CUDA, fp32 on a CPU), 'fp32', 'bf16', 'fp16' or the matching torch dtype.
+
+    Raises:
+        FileNotFoundError: no such folder, a preset name (presets are shapes: `LLM.from_preset`), a hub id while
+            offline, or a folder without config.json / weight files.
+        ValueError: an unknown device or dtype, 'cuda' on a machine without one, a checkpoint whose config or
+            tensor shapes do not match (see `llmlab.checkpoint.load_model`).
+        MemoryError: the weights would not fit in the free memory of the device (checked before reading them).
+    """
     return LLM.load(name_or_path, device=device, dtype=dtype)

@@ -516,6 +516,14 @@ def test_counts_and_kinds_of_the_memory_helpers():
         quantize_int4(torch.randn(4, 128), 64.0)
     with pytest.raises(TypeError, match="quantize_int8: the weight is a list, not a tensor"):
         quantize_int8([[1.0]])
+    from llmlab.kernels.dequant_matmul import dequantize_int4, dequantize_int8
+
+    w_q, scales = quantize_int8(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"dequantize_int8: w_q \(4, 64\) and scales \(3,\) do not match"):
+        dequantize_int8(w_q, scales[:3])
+    packed, scales4 = quantize_int4(torch.randn(4, 128), 32)
+    with pytest.raises(ValueError, match=r"dequantize_int4: packed \(4, 64\) and scales \(4, 3\) do not match"):
+        dequantize_int4(packed, scales4[:, :3])
 
 
 def test_preset_overrides_and_seed_are_checked_before_building():
