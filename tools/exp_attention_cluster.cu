@@ -77,7 +77,9 @@ template <int NS>
 __global__ void __launch_bounds__(THREADS, 1)
     cluster_decode_attention(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                              const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, int S,
-                             float scale_log2, int pdl) {
+                             float scale_log2, int pdl, int mode) {
+  // mode (a diagnosis: time with a stage left out): 0 the kernel; 1 no cluster merge (each CTA writes its own
+  // partial's share, wrong output); 2 stream only (the tiles are waited for, not used; no merge)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;                                                        // NS stages of (K tile, V tile)
   float* cta_acc = reinterpret_cast<float*>(smem + NS * STAGE_BYTES);          // (G, HD) unnormalized output
@@ -138,6 +140,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int t = 0; t < n_tiles; ++t) {
     const int s = t % NS;
     mbar_wait(&bars[s], (t / NS) & 1);
+    if (mode == 2) {
+      __syncthreads();
+      if (tid == 0 && t + NS < n_tiles) issue(t + NS);
+      continue;
+    }
     const __nv_bfloat16* Ks = reinterpret_cast<const __nv_bfloat16*>(ring + s * STAGE_BYTES);
     const __nv_bfloat16* Vs = Ks + TN * HD;
     float sc[U][G];
@@ -230,8 +237,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // merge across the cluster: CTA `split` writes outputs [split * per, (split + 1) * per) of the G * HD
-  cluster.sync();  // every CTA's partial is written (release / acquire at cluster scope)
   const int per = G * HD / n_split;
+  if (mode != 0) {
+    __syncthreads();
+    if (tid < per) {
+      const int o = split * per + tid, g = o / HD;
+      out[(static_cast<size_t>(b) * Hkv * G + kvh * G) * HD + o] = __float2bfloat16(cta_acc[o] / cta_l[g]);
+    }
+    return;
+  }
+  cluster.sync();  // every CTA's partial is written (release / acquire at cluster scope)
   if (tid < per) {
     const int o = split * per + tid, g = o / HD;
     float ms[16], as[16], lsum[16];
@@ -267,7 +282,7 @@ static size_t smem_bytes() {
 
 template <int NS>
 static int launch_t(const void* q, const void* k, const void* v, void* out, int B, int Hkv, int S, int n_split,
-                    float scale_log2, int pdl, void* stream, int query_only, int* max_clusters) {
+                    float scale_log2, int pdl, int mode, void* stream, int query_only, int* max_clusters) {
   auto kernel = cluster_decode_attention<NS>;
   const size_t sm = smem_bytes<NS>();
   static bool configured = false;  // once, before any graph capture (the first call is never captured)
@@ -295,18 +310,18 @@ static int launch_t(const void* q, const void* k, const void* v, void* out, int 
   if (query_only) return cudaOccupancyMaxActiveClusters(max_clusters, kernel, &cfg);
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
                             static_cast<const __nv_bfloat16*>(v), static_cast<__nv_bfloat16*>(out), S, scale_log2,
-                            pdl);
+                            pdl, mode);
 }
 
 // Returns a cudaError_t (0 = success); with query_only, writes cudaOccupancyMaxActiveClusters to *max_clusters.
 extern "C" int cluster_attention(const void* q, const void* k, const void* v, void* out, int B, int Hkv, int S,
-                                 int n_split, int stages, float scale_log2, int pdl, void* stream, int query_only,
-                                 int* max_clusters) {
+                                 int n_split, int stages, float scale_log2, int pdl, int mode, void* stream,
+                                 int query_only, int* max_clusters) {
   if (n_split < 1 || n_split > 16 || (G * HD) % n_split || S % n_split || (S / n_split) % TN) return 1;
   switch (stages) {
-    case 2: return launch_t<2>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, stream, query_only, max_clusters);
-    case 4: return launch_t<4>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, stream, query_only, max_clusters);
-    case 6: return launch_t<6>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, stream, query_only, max_clusters);
+    case 2: return launch_t<2>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, mode, stream, query_only, max_clusters);
+    case 4: return launch_t<4>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, mode, stream, query_only, max_clusters);
+    case 6: return launch_t<6>(q, k, v, out, B, Hkv, S, n_split, scale_log2, pdl, mode, stream, query_only, max_clusters);
     default: return 1;
   }
 }

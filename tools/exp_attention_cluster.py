@@ -45,7 +45,7 @@ def main() -> None:
         build(so)
     lib = ctypes.CDLL(so)
     lib.cluster_attention.restype = ctypes.c_int
-    lib.cluster_attention.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int,
+    lib.cluster_attention.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                                                                   ctypes.c_void_p, ctypes.c_int,
                                                                                   ctypes.POINTER(ctypes.c_int)]
     dev = "cuda"
@@ -57,10 +57,10 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy_gbps,
            "commit": os.environ.get("LLMLAB_COMMIT", ""), "rows": []}
 
-    def cluster(q, k, v, o, n_split, stages, pdl, query_only=False):
+    def cluster(q, k, v, o, n_split, stages, pdl, mode=0, query_only=False):
         n = ctypes.c_int(-1)
         err = lib.cluster_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), B, Hkv, k.shape[2],
-                                    n_split, stages, scale_log2, pdl, torch.cuda.current_stream().cuda_stream,
+                                    n_split, stages, scale_log2, pdl, mode, torch.cuda.current_stream().cuda_stream,
                                     int(query_only), ctypes.byref(n))
         if err:
             raise RuntimeError(f"cluster_attention returned CUDA error {err}")
@@ -99,17 +99,18 @@ def main() -> None:
         best = min((r for r in floor.out["floor"] if r["bytes"] == nbytes), key=lambda r: r["time_us"])
         res["rows"].append(dict(S=S, variant="read", bw_fraction=best["GBps"] / copy_gbps, **best))
         for n_split in (8, 16):
-            for stages in (2, 4, 6):
+            for stages in (4, 6):
                 try:
                     mc = cluster(q, k, v, sets[0][3], n_split, stages, 1, query_only=True)
                 except RuntimeError as e:
                     print(f"S={S} cluster {n_split} x {stages}: {e}", flush=True)
                     continue
-                for pdl in (1, 0):
-                    def call(q, k, v, o, n_split=n_split, stages=stages, pdl=pdl):
-                        cluster(q, k, v, o, n_split, stages, pdl)
+                for mode in (0, 1, 2):  # the kernel; without the cluster merge; streaming only (see the .cu)
+                    def call(q, k, v, o, n_split=n_split, stages=stages, mode=mode):
+                        cluster(q, k, v, o, n_split, stages, 1, mode)
                         return o
-                    record("cluster", call, n_split=n_split, stages=stages, pdl=pdl, max_active_clusters=mc)
+                    record(("cluster", "no merge", "stream only")[mode], call, check=mode == 0, n_split=n_split,
+                           stages=stages, pdl=1, max_active_clusters=mc)
         del sets
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
