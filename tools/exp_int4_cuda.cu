@@ -144,3 +144,132 @@ extern "C" int int4_gemv_cuda(const void* w, const void* s, const void* x, void*
     default: return 1;
   }
 }
+
+// The same math with a persistent grid (as many CTAs as fit at once): warp w takes row groups w, w + W, ... and
+// its loads run D steps ahead across row-group boundaries, so no warp waits for a first load after the first.
+template <int R, bool F32, int D>
+__global__ void __launch_bounds__(256) int4_gemv_persistent(const uint8_t* __restrict__ w,
+                                                            const float* __restrict__ scales,
+                                                            const __nv_bfloat16* __restrict__ x,
+                                                            __nv_bfloat16* __restrict__ y, int N, int K, int G,
+                                                            int pdl) {
+  if (pdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  const int lane = threadIdx.x % 32, gw = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int W = gridDim.x * blockDim.x / 32, steps = K / 1024, n_groups = K / G, row_groups = N / R;
+  if (gw >= row_groups) return;
+  const int total = ((row_groups - gw + W - 1) / W) * steps;  // (row group, step) pairs of this warp
+  auto ptr = [&](int i, int r) {
+    const int rg = gw + (i / steps) * W, st = i % steps;
+    return w + static_cast<size_t>(rg * R + r) * (K / 2) + st * 512 + lane * 16;
+  };
+  uint4 buf[D + 1][R];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (d < total) buf[d][r] = ld_stream(ptr(d, r));
+  float sum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) sum[r] = 0.f;
+  for (int i = 0; i < total; ++i) {
+    if (i + D < total) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) buf[D][r] = ld_stream(ptr(i + D, r));
+    }
+    const int rg = gw + (i / steps) * W, st = i % steps, row0 = rg * R;
+    const int k0 = st * 1024 + lane * 32;
+    __half2 xh[4][4];
+    float2 xf[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + k0 + 8 * j));
+      const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&xv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        xf[j][q] = make_float2(__bfloat162float(e[q]), __bfloat162float(e[4 + q]));
+        if (!F32) xh[j][q] = __float22half2_rn(xf[j][q]);
+      }
+    }
+    const int grp = k0 / G;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t words[4] = {buf[0][r].x, buf[0][r].y, buf[0][r].z, buf[0][r].w};
+      float part;
+      if (F32) {
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float2 c = __half22float2(pair(words[j], 4 * q));
+            a0 = fmaf(c.x, xf[j][q].x, a0);
+            a1 = fmaf(c.y, xf[j][q].y, a1);
+          }
+        part = a0 + a1;
+      } else {
+        __half2 acc0 = __float2half2_rn(0.f), acc1 = __float2half2_rn(0.f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc0 = __hfma2(pair(words[j], 0), xh[j][0], acc0);
+          acc1 = __hfma2(pair(words[j], 4), xh[j][1], acc1);
+          acc0 = __hfma2(pair(words[j], 8), xh[j][2], acc0);
+          acc1 = __hfma2(pair(words[j], 12), xh[j][3], acc1);
+        }
+        const float2 a = __half22float2(__hadd2(acc0, acc1));
+        part = a.x + a.y;
+      }
+      sum[r] = fmaf(part, __ldg(scales + static_cast<size_t>(row0 + r) * n_groups + grp), sum[r]);
+    }
+    if (st == steps - 1) {  // this row group is done
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], off);
+        if (lane == 0) y[row0 + r] = __float2bfloat16(sum[r]);
+        sum[r] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+#pragma unroll
+      for (int r = 0; r < R; ++r) buf[d][r] = buf[d + 1][r];
+  }
+}
+
+template <int R, bool F32, int D>
+static int launch_p(const void* w, const void* s, const void* x, void* y, int N, int K, int G, int pdl, void* stream) {
+  auto kernel = int4_gemv_persistent<R, F32, D>;
+  int per_sm = 0, sms = 0, dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+  if (e != cudaSuccess) return e;
+  const int need = (N / R * 32 + 255) / 256;
+  const int blocks = need < per_sm * sms ? need : per_sm * sms;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks, 1, 1);
+  cfg.blockDim = dim3(256, 1, 1);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(w), static_cast<const float*>(s),
+                            static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), N, K, G, pdl);
+}
+
+// The persistent kernel: rows per warp 1, 2 or 4; depth: loads in flight ahead of the math, 1-3 steps.
+extern "C" int int4_gemv_cuda_persistent(const void* w, const void* s, const void* x, void* y, int N, int K, int G,
+                                         int rows, int f32, int depth, int pdl, void* stream) {
+  if (K % 1024 || G % 32 || K % G || N % rows) return 1;
+#define LLMLAB_P(R, D) \
+  if (rows == R && depth == D) \
+    return f32 ? launch_p<R, true, D>(w, s, x, y, N, K, G, pdl, stream) : launch_p<R, false, D>(w, s, x, y, N, K, G, pdl, stream);
+  LLMLAB_P(1, 1) LLMLAB_P(1, 2) LLMLAB_P(1, 3) LLMLAB_P(2, 1) LLMLAB_P(2, 2) LLMLAB_P(2, 3) LLMLAB_P(4, 1) LLMLAB_P(4, 2)
+#undef LLMLAB_P
+  return 1;
+}
