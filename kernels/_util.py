@@ -124,6 +124,18 @@ def pdl_supported(device: torch.device) -> bool:
     return _sm90(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 4 elsewhere (the interpreter, where it only sizes grids and steers config choices)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def pdl_enabled(device: torch.device) -> bool:
     """True where the kernels launch with PDL: `pdl_supported` and LLMLAB_PDL is not "0" (read at each call)."""
     return os.environ.get(PDL_ENV, "1") != "0" and pdl_supported(device)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, pdl_supported,
+from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, num_sms, pdl_kwargs, pdl_supported,
                     tune_bench, zero_on_error)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -402,7 +402,7 @@ def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool,
 def _prune(configs, nargs, **kwargs) -> list:
     """The autotuner's early_config_prune: `_candidate_configs` for this call's key."""
     return _candidate_configs(configs, nargs["S_BUCKET"], nargs["BHKV_BUCKET"], kwargs["HAS_LENS"],
-                              _num_sms(nargs["q_ptr"].device), _key_bytes(nargs["k_ptr"], nargs["HD"]))
+                              num_sms(nargs["q_ptr"].device), _key_bytes(nargs["k_ptr"], nargs["HD"]))
 
 
 def _key_bytes(k: torch.Tensor, hd: int) -> int:
@@ -436,18 +436,6 @@ def autotuned_split_kernel(configs: list, **autotune_kwargs):
 # replay than the sweep's best (calls AH, AI): its gap between the two launches counted against every unfused one
 _decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG),
                                              do_bench=tune_bench)
-
-
-def _num_sms(device: torch.device) -> int:
-    """SMs of a CUDA device; 4 elsewhere (the interpreter, where it only steers `_candidate_configs`)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _pdl_kwargs(device: torch.device) -> dict:
@@ -501,7 +489,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     if tuned:
         kernel, meta = _decode_split_tuned, {}
         # scratch for the most splits any candidate config makes; the grid follows the config the tuner picks
-        max_splits = triton.cdiv(S, _shortest_split(kernel, s_bucket, bhkv_bucket, has_lens, _num_sms(q.device),
+        max_splits = triton.cdiv(S, _shortest_split(kernel, s_bucket, bhkv_bucket, has_lens, num_sms(q.device),
                                                     _key_bytes(k, hd)))
         grid = lambda META: (B * Hkv, triton.cdiv(S, META["SPLIT_N"]))  # noqa: E731
     else:
@@ -676,7 +664,7 @@ def candidate_configs(q: torch.Tensor, k: torch.Tensor, has_lens: bool = True) -
     (the interpreter, LLMLAB_TRITON_AUTOTUNE=0). `step_tuning` times each of them inside the decode step."""
     B, Hkv, S, hd = k.shape
     return _candidate_configs(_decode_split_tuned.configs, triton.next_power_of_2(S), triton.next_power_of_2(B * Hkv),
-                              has_lens, _num_sms(q.device), _key_bytes(k, hd))
+                              has_lens, num_sms(q.device), _key_bytes(k, hd))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_tensors, demo_needs_cuda, tune_bench, zero_on_error
+from ._util import autotune_configs, check_tensors, demo_needs_cuda, num_sms, pdl_kwargs, tune_bench, zero_on_error
 from .split_k import scratch as _scratch
 from .split_k import split_k_range as _split_k_range
 from .split_k import split_k_store as _split_k_store
@@ -479,6 +479,137 @@ def _int8_gemv_kernel(
     _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
+# M = 1, int4, the default since session 17: an INPUT-STATIONARY GEMV (the dataflow names of SCALE-Sim,
+# https://arxiv.org/abs/1811.02883: what stays put in a processing element — here x in a thread's registers). The
+# GEMV above walks a few rows along K, so every K step reloads and re-lifts x and each row is read in short pieces
+# at different times. This one turns it around: a program spans whole rows, thread-slot q owns k in
+# [32q, 32q + 32) (one 16-byte word quad of each packed row) for its whole life, so its 32 x values are loaded and
+# lifted ONCE, and rows stream past R at a time — a program's load is R whole rows, contiguous. Per row a thread
+# does 32 masks, 32 FMAs in one chain (words split in registers: no multiply to start a word, no sum over words),
+# one scale; then the program sums each row across its threads. Programs are persistent (a few per SM, walking
+# chunks p, p + P, ...): the next chunk's weights are requested before this chunk's math, the first chunk's before
+# the PDL wait. Measured in call CF (tools/exp_int4_xstat.cu, the same design in CUDA C++; Llama-3.1-8B shapes,
+# H200): 10.5 us at 14336 x 4096 (3.09x cuBLAS bf16; the K-walking GEMV 14.8 us) and 4.4 us at 4096 x 4096.
+# Q (threads per row) is the power of two >= K / 32; the configs keep num_warps = Q / 32 (one slot per thread).
+_IS_SHAPES = [(r, p, w) for w in (1, 2, 4, 8, 16) for r in (2, 4, 8) for p in (0, 2, 3, 4, 5)]  # (R, PPS, warps)
+IS_CONFIGS = autotune_configs([triton.Config({"R": r, "PPS": p}, num_warps=w) for r, p, w in _IS_SHAPES],
+                              # the interpreter's config walks several chunks per program (PPS 1 of 2 "SMs")
+                              default=triton.Config({"R": 4, "PPS": 1}, num_warps=4))
+IS_MAX_K = 16384  # Q <= 512 slots (16 warps); longer rows take the K-walking GEMV
+
+
+def _is_prune(configs, named_args, **kwargs):
+    """One thread-slot per thread: keep the configs with num_warps = Q / 32 (1 for Q <= 32)."""
+    warps = max(1, min(16, kwargs.get("Q", named_args.get("Q")) // 32))
+    return [c for c in configs if c.num_warps == warps] or configs[:1]
+
+
+def _is_grid(N: int, device: torch.device):
+    sms = num_sms(device)
+    return lambda meta: (triton.cdiv(N, meta["R"]) if meta["PPS"] == 0 else
+                         min(triton.cdiv(N, meta["R"]), meta["PPS"] * sms),)
+
+
+@triton.jit
+def _x_lifts(x_ptr, stride_xk, rq, q_mask, J: tl.constexpr):
+    """Word J of every thread-slot's quad: the eight lifted partners x[32q + 8J + i] * 2^(149 - shift_i - X_EXP)
+    (each (Q,) fp32; shift_i where `_field` finds code i, codes 5..7 in w >> 12, see `_int4_codes`) and their x sum."""
+    base = x_ptr + (32 * rq + 8 * J) * stride_xk
+    x0 = tl.load(base, mask=q_mask, other=0.0).to(tl.float32)
+    x1 = tl.load(base + stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + 2 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x3 = tl.load(base + 3 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x4 = tl.load(base + 4 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x5 = tl.load(base + 5 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x6 = tl.load(base + 6 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    x7 = tl.load(base + 7 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
+    return (_lift(x0, 0), _lift(x1, 4), _lift(x2, 8), _lift(x3, 12), _lift(x4, 16), _lift(x5, 8), _lift(x6, 12),
+            _lift(x7, 16), x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7)
+
+
+@triton.jit
+def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
+    """acc (R, Q) + sum_i code_i(w) * a_i * 2^-X_EXP for (R, Q) int32 words and (Q,) lifted partners: 8 FMAs."""
+    top = w >> 12
+    acc += _field(w, 0, 4) * a0[None, :]
+    acc += _field(w, 4, 4) * a1[None, :]
+    acc += _field(w, 8, 4) * a2[None, :]
+    acc += _field(w, 12, 4) * a3[None, :]
+    acc += _field(w, 16, 4) * a4[None, :]
+    acc += _field(top, 8, 4) * a5[None, :]
+    acc += _field(top, 12, 4) * a6[None, :]
+    acc += _field(top, 16, 4) * a7[None, :]
+    return acc
+
+
+@triton.jit
+def _quad_words(w):
+    """(R, Q, 4) -> its words 0, 1, 2, 3 as four (R, Q) tensors (all four in one thread: no data moves)."""
+    a, b = tl.split(tl.reshape(w, (w.shape[0], w.shape[1], 2, 2)))  # a: words 0, 2; b: words 1, 3
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.autotune(configs=IS_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _is_prune},
+                 do_bench=tune_bench)
+@triton.jit
+def _int4_gemv_is_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    N, K,
+    # strides (elements; stride_wn in 32-bit words)
+    stride_xk, stride_wn, stride_sn, stride_sg, stride_yn,
+    # meta-parameters: Q thread-slots (power of 2 >= K / 32), R rows per chunk, PPS programs per SM (grid only)
+    GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PPS: tl.constexpr, PDL: tl.constexpr,
+):
+    rq = tl.arange(0, Q)
+    rr = tl.arange(0, R)
+    q_mask = rq < K // 32  # slots past the row (Q rounded up to a power of two) load nothing
+    grp = (32 * rq) // GROUP  # a slot's 32 k lie in one group (32 divides GROUP)
+    w_words = w_ptr.to(tl.pointer_type(tl.int32))
+    w_quad = (4 * rq)[:, None] + tl.arange(0, 4)[None, :]  # (Q, 4): the words of slot q
+    n_chunks = tl.cdiv(N, R)
+    c = tl.program_id(0)
+    step = tl.num_programs(0)
+    if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
+        tl.extra.cuda.gdc_launch_dependents()
+    # the first chunk's weights and scales depend on no earlier kernel: request them before waiting for x
+    rn = c * R + rr
+    n_mask = rn < N  # also all false for a program with no chunk (c >= n_chunks)
+    w = tl.load(w_words + rn[:, None, None] * stride_wn + w_quad[None, :, :],
+                mask=n_mask[:, None, None] & q_mask[None, :, None], other=0)  # (R, Q, 4)
+    s = tl.load(s_ptr + rn[:, None] * stride_sn + grp[None, :] * stride_sg,
+                mask=n_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)  # (R, Q)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    a00, a01, a02, a03, a04, a05, a06, a07, sx0 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 0)
+    a10, a11, a12, a13, a14, a15, a16, a17, sx1 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 1)
+    a20, a21, a22, a23, a24, a25, a26, a27, sx2 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 2)
+    a30, a31, a32, a33, a34, a35, a36, a37, sx3 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 3)
+    off = (sx0 + sx1 + sx2 + sx3) * (8.0 * 2.0 ** -X_EXP)  # (Q,): the codes' offset of 8, taken off once per row
+    for c in tl.range(c, n_chunks, step, num_stages=1):
+        rn_next = (c + step) * R + rr
+        next_mask = rn_next < N
+        w_next = tl.load(w_words + rn_next[:, None, None] * stride_wn + w_quad[None, :, :],
+                         mask=next_mask[:, None, None] & q_mask[None, :, None], other=0)
+        s_next = tl.load(s_ptr + rn_next[:, None] * stride_sn + grp[None, :] * stride_sg,
+                         mask=next_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)
+        w0, w1, w2, w3 = _quad_words(w)
+        acc = tl.zeros([R, Q], tl.float32) - off[None, :]
+        acc = _word_fma(w0, a00, a01, a02, a03, a04, a05, a06, a07, acc)
+        acc = _word_fma(w1, a10, a11, a12, a13, a14, a15, a16, a17, acc)
+        acc = _word_fma(w2, a20, a21, a22, a23, a24, a25, a26, a27, acc)
+        acc = _word_fma(w3, a30, a31, a32, a33, a34, a35, a36, a37, acc)
+        # lifted by half of 2^X_EXP before the sum so that small parts times small scales do not underflow
+        y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # (R,)
+        rn = c * R + rr
+        tl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        w = w_next
+        s = s_next
+
+
 # M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
 # tile. The weights are read as the GEMV reads them (32-bit words; each field made its exact value by `_code`, as
 # the dot needs the codes themselves), put back in K order by joins that stay
@@ -639,8 +770,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     Returns:
         (M, N) in x's dtype, accumulated in fp32.
 
-    Contiguous packed rows (4-byte aligned): M = 1 runs the CUDA-core GEMV, M > 1 the word-reading tensor-core
-    tile kernel; other layouts the byte-wise tl.dot kernel, which reads any strides.
+    Contiguous packed rows (4-byte aligned): M = 1 runs the input-stationary GEMV (`_int4_gemv_is_kernel`; the
+    K-walking `_int4_gemv_kernel` for K > IS_MAX_K), M > 1 the word-reading tensor-core tile kernel; other layouts
+    the byte-wise tl.dot kernel, which reads any strides.
 
     Numerics of the M = 1 GEMV: as `int8_matmul`'s (exact for 2^-62 <= |x| < 2^43; inf/NaN above, lost below).
 
@@ -675,7 +807,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
-    if M == 1 and words:  # batch-1 decode: the CUDA-core GEMV
+    if M == 1 and words and K <= IS_MAX_K:  # batch-1 decode: the input-stationary GEMV
+        _int4_gemv_is_kernel[_is_grid(N, x.device)](
+            x, packed, scales, y,
+            N, K,
+            x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
+            GROUP=G, Q=triton.next_power_of_2(K // 32), **pdl_kwargs(x.device),
+        )
+        return y
+    if M == 1 and words:  # batch-1 decode, rows longer than IS_MAX_K: the K-walking GEMV
         ws, cnt = _scratch(x.device, N)
         with zero_on_error(cnt):
             _int4_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](

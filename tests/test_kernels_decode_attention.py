@@ -210,7 +210,7 @@ def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
         return [t, t, t]
     tuner = da.autotuned_split_kernel([a, b], do_bench=fake_bench)
     monkeypatch.setattr(da, "_decode_split_tuned", tuner)
-    monkeypatch.setattr(da, "_num_sms", lambda device: 4)  # the same pruning on a GPU: both configs timed per key
+    monkeypatch.setattr(da, "num_sms", lambda device: 4)  # the same pruning on a GPU: both configs timed per key
     merges = _count_merges(monkeypatch)
     short, long = _qkv(1, 4, 2, 300, 16, seed=4), _qkv(1, 4, 2, 600, 16, seed=5)
     lens = torch.tensor([450], device=DEV)
@@ -358,7 +358,7 @@ def test_tuned_fused_merge_config_launches_no_merge(monkeypatch):
         t = timings.pop(0)
         return [t, t, t]
     monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel([a, b], do_bench=fake_bench))
-    monkeypatch.setattr(da, "_num_sms", lambda device: 4)
+    monkeypatch.setattr(da, "num_sms", lambda device: 4)
     merges = _count_merges(monkeypatch)
     q, k, v = _qkv(1, 4, 2, 300, 16, seed=6)  # 5 splits
     torch.testing.assert_close(decode_attention(q, k, v), decode_attention_reference(q, k, v), **TOL[torch.float32])

@@ -333,7 +333,7 @@ def test_word_aligned_rows_take_the_word_kernels_and_other_layouts_the_byte_kern
     else:
         wq, s = quantize_int4(w, 64)
         matmul, ref = int4_matmul, dequant_matmul_reference(x, dequantize_int4(wq, s))
-        gemv, tile = "_int4_gemv_kernel" if M == 1 else "_int4_tile_kernel", "_int4_matmul_kernel"
+        gemv, tile = "_int4_gemv_is_kernel" if M == 1 else "_int4_tile_kernel", "_int4_matmul_kernel"
     with monkeypatch.context() as m:  # contiguous rows: the GEMV, never the tile kernel
         m.setattr(dq, tile, _Refuse())
         torch.testing.assert_close(matmul(x, wq, s), ref, **TOL[torch.float32])
@@ -342,7 +342,52 @@ def test_word_aligned_rows_take_the_word_kernels_and_other_layouts_the_byte_kern
     buf[:, 1:] = wq
     with monkeypatch.context() as m:
         m.setattr(dq, gemv, _Refuse())
+        m.setattr(dq, "_int4_gemv_kernel", _Refuse())  # int4 M = 1 has two GEMVs (see the next tests)
         torch.testing.assert_close(matmul(x, buf[:, 1:], s), ref, **TOL[torch.float32])
+
+
+# -- int4 at M = 1: the input-stationary GEMV (whole rows streamed past x held in registers) -------------------------
+
+def _is_raw(N, K, x, packed, s4, R, programs, num_warps=4):
+    """Launch `_int4_gemv_is_kernel` with an explicit config and grid (the autotuner keeps one config on a CPU)."""
+    import triton
+    y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
+    dq._int4_gemv_is_kernel.fn[(programs,)](
+        x, packed, s4, y, N, K, x.stride(1), packed.stride(0) // 4, s4.stride(0), s4.stride(1), y.stride(1),
+        GROUP=K // s4.shape[1], Q=triton.next_power_of_2(K // 32), R=R, PPS=1, PDL=False, num_warps=num_warps)
+    return y
+
+
+@pytest.mark.parametrize("R", [1, 2, 4, 8])
+@pytest.mark.parametrize("N, programs", [(1, 1), (7, 2), (17, 3), (33, 40)])  # 40 programs: most have no chunk
+def test_int4_input_stationary_gemv_every_chunking_equals_reference(R, N, programs):
+    """Programs walk chunks p, p + P, ... of R rows: uneven last chunks, programs with several chunks or none."""
+    K = 96  # three 32-k slots, rounded up to Q = 4: the fourth slot is masked
+    packed, s4 = quantize_int4(_w(N, K, seed=N + R), 32)
+    x = torch.randn(1, K, device=DEV)
+    y = _is_raw(N, K, x, packed, s4, R, programs)
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
+
+
+def test_int4_input_stationary_gemv_masked_slots_and_strided_x_do_not_leak():
+    """x past K is NaN (the padded slot must not read it), and x may be a strided view."""
+    N, K = 9, 160  # five slots, Q = 8: three masked
+    packed, s4 = quantize_int4(_w(N, K, seed=11), 32)
+    buf = torch.full((1, 2 * 256), float("nan"), device=DEV)
+    x = buf[:, : 2 * K : 2]  # stride 2, NaN between and after
+    x.copy_(torch.randn(1, K))
+    y = _is_raw(N, K, x, packed, s4, R=4, programs=2)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
+
+
+def test_int4_rows_longer_than_the_input_stationary_limit_take_the_k_walking_gemv(monkeypatch):
+    K = dq.IS_MAX_K + 32
+    packed, s4 = quantize_int4(_w(3, K, seed=2), 32)
+    x = torch.randn(1, K, device=DEV)
+    monkeypatch.setattr(dq, "_int4_gemv_is_kernel", _Refuse())
+    torch.testing.assert_close(int4_matmul(x, packed, s4), dequant_matmul_reference(x, dequantize_int4(packed, s4)),
+                               **TOL[torch.float32])
 
 
 def test_weights_that_are_not_a_matrix_or_hold_no_k_say_so():

@@ -13,9 +13,16 @@ one lands at 9.5-11 us at 14336 x 4096 (2.9-3.3x against cuBLAS's ~31.7 us); if 
 not the limit, it ties them (~14.6 us).
 
 Timed as `kernels/bench_kernels.py` times (CUDA-graph replay of a chain of calls on distinct buffers >= 4x L2),
-next to `x @ W.T` in bf16 and the package's `int4_matmul`, in one process. Both a CUDA C++ build of the idea (to
-learn whether the idea holds) and a Triton one (what the package could use). Errors: max |y - ref| / max |ref|
+next to `x @ W.T` in bf16 and the package's `int4_matmul`, in one process. Errors: max |y - ref| / max |ref|
 against x @ dequant(W)^T in fp32.
+
+Call CF (commit 0c5d657): the CUDA C++ build held the prediction — 10.46 us at 14336 x 4096 (3.09x), 4.38 us at
+4096 x 4096 (3.05x), 5.55 at 6144 x 4096 (2.95x), 11.78 at 4096 x 14336 (2.82x) — while a first Triton form of it
+(a (R, Q, 4) tile summed over its last axis, this file at 0c5d657) took 18.4 us: its loads were consumed as soon as
+issued, each word's sum started with a multiply, and the four words were summed by a reduction. Call CG times the
+package's Triton kernel that followed (`_int4_gemv_is_kernel` in kernels/dequant_matmul.py: the words split in
+registers into one FMA chain, the next chunk requested before this one's math, the first before the PDL wait)
+over explicit configs, beside call CF's best CUDA configs and the autotuned `int4_matmul`.
 
     python3 tools/exp_int4_xstat.py OUT.json [path/to/libxstat.so]   # builds the .so with nvcc if absent
     TRITON_INTERPRET=1 python3 tools/exp_int4_xstat.py --check          # the Triton kernel against the reference, CPU
@@ -29,89 +36,37 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 
-from llmlab.kernels.dequant_matmul import X_EXP, _field, _lift, _split8
+from llmlab.kernels import dequant_matmul as dq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@triton.jit
-def _xstat_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_wn, stride_sn, n_chunks,
-                  GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
-    """Program p takes chunks p, p + P, ... of R rows; thread-slot q owns k in [32q, 32q + 32) (words 4q .. 4q + 3,
-    code i of word j at bits 4i: k = 32q + 8j + i). Q: the power of two >= K / 32."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    rq = tl.arange(0, Q)
-    rj = tl.arange(0, 4)
-    ri = tl.arange(0, 8)
-    rr = tl.arange(0, R)
-    q_mask = rq < K // 32
-    # x once per program: (Q, 4, 8) -> eight (Q, 4) lifted partners, one per code position
-    xk = 32 * rq[:, None, None] + 8 * rj[None, :, None] + ri[None, None, :]
-    x = tl.load(x_ptr + xk, mask=q_mask[:, None, None], other=0.0).to(tl.float32)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(tl.reshape(x, (Q * 4, 8)))
-    off = tl.sum(tl.reshape(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, (Q, 4)), axis=1) * (8.0 * 2.0 ** -X_EXP)  # (Q,)
-    l0 = tl.reshape(_lift(x0, 0), (Q, 4))
-    l1 = tl.reshape(_lift(x1, 4), (Q, 4))
-    l2 = tl.reshape(_lift(x2, 8), (Q, 4))
-    l3 = tl.reshape(_lift(x3, 12), (Q, 4))
-    l4 = tl.reshape(_lift(x4, 16), (Q, 4))
-    l5 = tl.reshape(_lift(x5, 8), (Q, 4))
-    l6 = tl.reshape(_lift(x6, 12), (Q, 4))
-    l7 = tl.reshape(_lift(x7, 16), (Q, 4))
-    grp = (32 * rq) // GROUP
-    w_words = w_ptr.to(tl.pointer_type(tl.int32))
-    w_off = (4 * rq)[:, None] + rj[None, :]  # (Q, 4)
-    for c in tl.range(tl.program_id(0), n_chunks, tl.num_programs(0), num_stages=STAGES):
-        rn = c * R + rr
-        n_mask = rn < N
-        w = tl.load(w_words + rn[:, None, None] * stride_wn + w_off[None, :, :],
-                    mask=n_mask[:, None, None] & q_mask[None, :, None], other=0)  # (R, Q, 4)
-        top = w >> 12
-        part = _field(w, 0, 4) * l0[None]  # one chain: a multiply, then seven FMAs per word
-        part += _field(w, 4, 4) * l1[None]
-        part += _field(w, 8, 4) * l2[None]
-        part += _field(w, 12, 4) * l3[None]
-        part += _field(w, 16, 4) * l4[None]
-        part += _field(top, 8, 4) * l5[None]
-        part += _field(top, 12, 4) * l6[None]
-        part += _field(top, 16, 4) * l7[None]
-        pq = tl.sum(part, axis=2) - off[None, :]  # (R, Q): a thread's 32 k, all in one group
-        s = tl.load(s_ptr + rn[:, None] * stride_sn + grp[None, :], mask=n_mask[:, None] & q_mask[None, :],
-                    other=0.0)
-        y = tl.sum(pq * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-
-
-def xstat_gemv(x, packed, scales, R=8, programs=0, stages=1, pdl=False):
-    """y (1, N) = x (1, K) @ dequant(packed, scales)^T; K a multiple of 32, groups of a multiple of 32."""
+def package_gemv(x, packed, scales, R, pps, num_warps, pdl, sms):
+    """The package's `_int4_gemv_is_kernel` (the Triton form of this idea) with one explicit config, no autotuning."""
     N, K = packed.shape[0], 2 * packed.shape[1]
-    G = K // scales.shape[1]
-    assert K % 32 == 0 and G % 32 == 0 and x.shape == (1, K) and x.is_contiguous() and packed.is_contiguous()
-    Q = triton.next_power_of_2(K // 32)
-    n_chunks = triton.cdiv(N, R)
-    grid = (n_chunks if programs <= 0 else min(programs, n_chunks),)
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    chunks = triton.cdiv(N, R)
+    grid = (chunks if pps == 0 else min(chunks, pps * sms),)
     kw = {"launch_pdl": True} if pdl else {}
-    _xstat_kernel[grid](x, packed, scales, y, N, K, packed.stride(0) // 4, scales.stride(0), n_chunks,
-                        GROUP=G, Q=Q, R=R, PDL=pdl, STAGES=stages, num_warps=max(1, min(16, Q // 32)), **kw)
+    dq._int4_gemv_is_kernel.fn[grid](x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4,
+                                     scales.stride(0), scales.stride(1), y.stride(1), GROUP=K // scales.shape[1],
+                                     Q=triton.next_power_of_2(K // 32), R=R, PPS=pps, PDL=pdl, num_warps=num_warps,
+                                     **kw)
     return y
 
 
 def check_cpu() -> None:
-    """The Triton kernel against x @ dequant(W)^T in the interpreter (fp32)."""
+    """The package kernel with this harness's explicit configs against x @ dequant(W)^T in the interpreter (fp32)."""
     from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, quantize_int4
     torch.manual_seed(0)
-    for N, K, G, R, programs in ((17, 64, 32, 4, 0), (16, 256, 128, 8, 3), (33, 96, 32, 2, 5), (8, 1024, 256, 8, 1)):
+    for N, K, G, R, pps in ((17, 64, 32, 4, 0), (16, 256, 128, 8, 1), (33, 96, 32, 2, 1), (8, 1024, 256, 8, 0)):
         w4, s4 = quantize_int4(torch.randn(N, K), G)
         x = torch.randn(1, K) * 3
         ref = dequant_matmul_reference(x, dequantize_int4(w4, s4))
-        y = xstat_gemv(x, w4, s4, R=R, programs=programs)
+        y = package_gemv(x, w4, s4, R, pps, 4, False, sms=2)
         err = float((y - ref).abs().max() / ref.abs().max())
-        print(f"N={N} K={K} G={G} R={R} programs={programs}: max rel err {err:.1e}")
+        print(f"N={N} K={K} G={G} R={R} pps={pps}: max rel err {err:.1e}")
         assert err < 1e-5, err
 
 
@@ -179,22 +134,23 @@ def main() -> None:
 
         if (N, K) == (14336, 4096):
             floor.read_floor(w4.numel())
-        record("package", lambda x, w, s, y: int4_matmul(x, w, s))
-        for rows in (4, 8, 16):
-            for prefetch in (0, 1):
-                occ = lib.int4_gemv_xstat_occupancy(K, rows, prefetch)
-                for blocks in (0, occ * sms):
-                    for pdl in (0, 1):
-                        record("cuda_xstat", lambda x, w, s, y, rows=rows, prefetch=prefetch, blocks=blocks, pdl=pdl:
-                               cuda_gemv(x, w, s, y, rows, prefetch, blocks, pdl),
-                               rows=rows, prefetch=prefetch, blocks=blocks, occupancy=occ, pdl=pdl)
-        for rows in (4, 8, 16):
-            for programs in (0, 2 * sms, 4 * sms):
-                for stages in (1, 2):
+        record("package_tuned", lambda x, w, s, y: int4_matmul(x, w, s))  # autotuned: the input-stationary GEMV
+        for rows, prefetch in ((4, 1), (8, 1), (8, 0)):  # call CF's best CUDA configs (persistent grids)
+            occ = lib.int4_gemv_xstat_occupancy(K, rows, prefetch)
+            for pdl in (0, 1):
+                record("cuda_xstat", lambda x, w, s, y, rows=rows, prefetch=prefetch, blocks=occ * sms, pdl=pdl:
+                       cuda_gemv(x, w, s, y, rows, prefetch, blocks, pdl),
+                       rows=rows, prefetch=prefetch, blocks=occ * sms, occupancy=occ, pdl=pdl)
+        warps = max(1, min(16, triton.next_power_of_2(K // 32) // 32))
+        for rows in (2, 4, 8):
+            for pps in (0, 2, 3, 4, 5, 6):
+                for nw in (warps, warps // 2) if warps > 1 else (warps,):
                     for pdl in (False, True):
-                        record("triton_xstat", lambda x, w, s, y, rows=rows, programs=programs, stages=stages, pdl=pdl:
-                               xstat_gemv(x, w, s, R=rows, programs=programs, stages=stages, pdl=pdl),
-                               rows=rows, programs=programs, stages=stages, pdl=pdl)
+                        if (nw != warps or pps == 6) and not pdl:
+                            continue  # the side configs: with PDL only
+                        record("triton_is", lambda x, w, s, y, rows=rows, pps=pps, nw=nw, pdl=pdl:
+                               package_gemv(x, w, s, rows, pps, nw, pdl, sms),
+                               rows=rows, pps=pps, num_warps=nw, pdl=pdl)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
         print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x"
                                                 for r in best), flush=True)
