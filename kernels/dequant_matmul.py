@@ -511,23 +511,6 @@ def _is_grid(N: int, device: torch.device):
 
 
 @triton.jit
-def _x_lifts(x_ptr, stride_xk, rq, q_mask, J: tl.constexpr):
-    """Word J of every thread-slot's quad: the eight lifted partners x[32q + 8J + i] * 2^(149 - shift_i - X_EXP)
-    (each (Q,) fp32; shift_i where `_field` finds code i, codes 5..7 in w >> 12, see `_int4_codes`) and their x sum."""
-    base = x_ptr + (32 * rq + 8 * J) * stride_xk
-    x0 = tl.load(base, mask=q_mask, other=0.0).to(tl.float32)
-    x1 = tl.load(base + stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + 2 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x3 = tl.load(base + 3 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x4 = tl.load(base + 4 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x5 = tl.load(base + 5 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x6 = tl.load(base + 6 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    x7 = tl.load(base + 7 * stride_xk, mask=q_mask, other=0.0).to(tl.float32)
-    return (_lift(x0, 0), _lift(x1, 4), _lift(x2, 8), _lift(x3, 12), _lift(x4, 16), _lift(x5, 8), _lift(x6, 12),
-            _lift(x7, 16), x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7)
-
-
-@triton.jit
 def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
     """acc (R, Q) + sum_i code_i(w) * a_i * 2^-X_EXP for (R, Q) int32 words and (Q,) lifted partners: 8 FMAs."""
     top = w >> 12
@@ -584,11 +567,21 @@ def _int4_gemv_is_kernel(
                 mask=n_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)  # (R, Q)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    a00, a01, a02, a03, a04, a05, a06, a07, sx0 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 0)
-    a10, a11, a12, a13, a14, a15, a16, a17, sx1 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 1)
-    a20, a21, a22, a23, a24, a25, a26, a27, sx2 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 2)
-    a30, a31, a32, a33, a34, a35, a36, a37, sx3 = _x_lifts(x_ptr, stride_xk, rq, q_mask, 3)
-    off = (sx0 + sx1 + sx2 + sx3) * (8.0 * 2.0 ** -X_EXP)  # (Q,): the codes' offset of 8, taken off once per row
+    # x once per program: each slot's 32 values in one (Q, 32) load (call CG: 32 two-byte loads per thread made a
+    # program's start cost more than its rows at 4+ programs per SM), then split in registers into the 32 lifted
+    # partners aJi of code i of word J: x[32q + 8J + i] * 2^(149 - shift_i - X_EXP) (see `_field`, `_int4_codes`)
+    xt = tl.load(x_ptr + (32 * rq[:, None] + tl.arange(0, 32)[None, :]) * stride_xk, mask=q_mask[:, None],
+                 other=0.0).to(tl.float32)  # (Q, 32)
+    off = tl.sum(xt, axis=1) * (8.0 * 2.0 ** -X_EXP)  # (Q,): the codes' offset of 8, taken off once per row
+    c0, c1, c2, c3, c4, c5, c6, c7 = _split8(tl.reshape(xt, (Q * 4, 8)))  # c_i[4q + J] = x[32q + 8J + i]
+    a00, a10, a20, a30 = _split4(tl.reshape(_lift(c0, 0), (Q, 4)))
+    a01, a11, a21, a31 = _split4(tl.reshape(_lift(c1, 4), (Q, 4)))
+    a02, a12, a22, a32 = _split4(tl.reshape(_lift(c2, 8), (Q, 4)))
+    a03, a13, a23, a33 = _split4(tl.reshape(_lift(c3, 12), (Q, 4)))
+    a04, a14, a24, a34 = _split4(tl.reshape(_lift(c4, 16), (Q, 4)))
+    a05, a15, a25, a35 = _split4(tl.reshape(_lift(c5, 8), (Q, 4)))  # codes 5..7 are read from w >> 12
+    a06, a16, a26, a36 = _split4(tl.reshape(_lift(c6, 12), (Q, 4)))
+    a07, a17, a27, a37 = _split4(tl.reshape(_lift(c7, 16), (Q, 4)))
     for c in tl.range(c, n_chunks, step, num_stages=1):
         rn_next = (c + step) * R + rr
         next_mask = rn_next < N
