@@ -495,7 +495,7 @@ _IS_SHAPES = [(r, p, w) for w in (1, 2, 4, 8, 16) for r in (2, 4, 8) for p in (0
 IS_CONFIGS = autotune_configs([triton.Config({"R": r, "PPS": p}, num_warps=w) for r, p, w in _IS_SHAPES],
                               # the interpreter's config walks several chunks per program (PPS 1 of 2 "SMs")
                               default=triton.Config({"R": 4, "PPS": 1}, num_warps=4))
-IS_MAX_K = 16384  # Q <= 512 slots (16 warps); longer rows take the K-walking GEMV
+IS_MAX_K = 8192  # Q <= 256 slots (8 warps); longer rows take the K-walking GEMV (see the measurements above)
 
 
 def _is_prune(configs, named_args, **kwargs):
@@ -596,9 +596,13 @@ def _int4_gemv_is_kernel(
         acc = _word_fma(w2, a20, a21, a22, a23, a24, a25, a26, a27, acc)
         acc = _word_fma(w3, a30, a31, a32, a33, a34, a35, a36, a37, acc)
         # lifted by half of 2^X_EXP before the sum so that small parts times small scales do not underflow
-        y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # (R,)
+        y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1, keep_dims=True) * 2.0 ** (X_EXP - X_EXP // 2)  # (R, 1)
         rn = c * R + rr
-        tl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        # every thread holds all R sums; slot 0 stores them from the (R, Q) layout the sums came in, as an (R, 1)
+        # or (R,) store would first be moved to a store layout through shared memory (two barriers per chunk)
+        y_all = tl.broadcast_to(y, (R, Q))
+        tl.store(y_ptr + rn[:, None] * stride_yn + 0 * rq[None, :], y_all.to(y_ptr.dtype.element_ty),
+                 mask=(rn < N)[:, None] & (rq == 0)[None, :])
         w = w_next
         s = s_next
 

@@ -24,6 +24,14 @@ package's Triton kernel that followed (`_int4_gemv_is_kernel` in kernels/dequant
 registers into one FMA chain, the next chunk requested before this one's math, the first before the PDL wait)
 over explicit configs, beside call CF's best CUDA configs and the autotuned `int4_matmul`.
 
+Call CH (after the x prologue became one load): 13.77 us at 14336 x 4096 (2.30x), 18.44 at 4096 x 14336 (1.75x;
+the K-walking GEMV 13.98), the CUDA build 10.50. Its PTX (compiled for sm_90a on a CPU machine) showed why: per
+chunk of R rows, one barrier for the cross-warp row sums and two more for moving the R sums into a store layout
+through shared memory; at K = 14336 (Q = 512, 16 warps, ~105 registers) one program fits an SM. Call CI (session
+18) times the kernel after the sums are stored straight from their layout by slot 0 (one barrier fewer per chunk
+in the loop; `ptxas -v`: 96 registers at R = 4), beside the autotuned K-walking GEMV (`package_kwalk`), to set
+where int4_matmul switches from one to the other (IS_MAX_K).
+
     python3 tools/exp_int4_xstat.py OUT.json [path/to/libxstat.so]   # builds the .so with nvcc if absent
     TRITON_INTERPRET=1 python3 tools/exp_int4_xstat.py --check          # the Triton kernel against the reference, CPU
 """
@@ -100,7 +108,15 @@ def main() -> None:
             raise RuntimeError(f"int4_gemv_xstat_cuda returned {err}")
         return y
 
-    for N, K in ((14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096)):
+    def k_walking(x, w, s, y):
+        """int4_matmul with the input-stationary GEMV switched off: the K-walking `_int4_gemv_kernel`."""
+        limit, dq.IS_MAX_K = dq.IS_MAX_K, 0
+        try:
+            return int4_matmul(x, w, s)
+        finally:
+            dq.IS_MAX_K = limit
+
+    for N, K in ((14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096), (2048, 8192)):
         W = torch.randn(N, K, device=dev)
         w4, s4 = quantize_int4(W, G)
         del W
@@ -135,22 +151,22 @@ def main() -> None:
         if (N, K) == (14336, 4096):
             floor.read_floor(w4.numel())
         record("package_tuned", lambda x, w, s, y: int4_matmul(x, w, s))  # autotuned: the input-stationary GEMV
-        for rows, prefetch in ((4, 1), (8, 1), (8, 0)):  # call CF's best CUDA configs (persistent grids)
+        for rows, prefetch in ((4, 1), (8, 1)):  # call CF's best CUDA configs (persistent grids)
             occ = lib.int4_gemv_xstat_occupancy(K, rows, prefetch)
             for pdl in (0, 1):
                 record("cuda_xstat", lambda x, w, s, y, rows=rows, prefetch=prefetch, blocks=occ * sms, pdl=pdl:
                        cuda_gemv(x, w, s, y, rows, prefetch, blocks, pdl),
                        rows=rows, prefetch=prefetch, blocks=occ * sms, occupancy=occ, pdl=pdl)
+        record("package_kwalk", k_walking)  # autotuned: the K-walking GEMV (int4_matmul's path for K > IS_MAX_K)
         warps = max(1, min(16, triton.next_power_of_2(K // 32) // 32))
         for rows in (2, 4, 8):
-            for pps in (0, 2, 3, 4, 5, 6):
-                for nw in (warps, warps // 2) if warps > 1 else (warps,):
-                    for pdl in (False, True):
-                        if (nw != warps or pps == 6) and not pdl:
-                            continue  # the side configs: with PDL only
-                        record("triton_is", lambda x, w, s, y, rows=rows, pps=pps, nw=nw, pdl=pdl:
-                               package_gemv(x, w, s, rows, pps, nw, pdl, sms),
-                               rows=rows, pps=pps, num_warps=nw, pdl=pdl)
+            for pps in (0, 2, 3, 4, 5):
+                for pdl in (False, True):
+                    if not pdl and (rows, pps) not in ((4, 2), (4, 3)):
+                        continue  # the side configs: with PDL only (call CH: PDL won everywhere)
+                    record("triton_is", lambda x, w, s, y, rows=rows, pps=pps, pdl=pdl:
+                           package_gemv(x, w, s, rows, pps, warps, pdl, sms),
+                           rows=rows, pps=pps, num_warps=warps, pdl=pdl)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
         print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x"
                                                 for r in best), flush=True)
