@@ -511,6 +511,19 @@ def _is_grid(N: int, device: torch.device):
 
 
 @triton.jit
+def _is_chunk(w_ptr, s_ptr, c, N, K, stride_wn, stride_sn, stride_sg, rw, w_mask, rf_row, rf_q, grp,
+              R: tl.constexpr, Q: tl.constexpr):
+    """Chunk c's weights, (R, 4Q) int32 words, and scales, (R, Q) fp32 (scale of slot q's group in row r), both
+    zero past N rows (a program past the last chunk loads nothing)."""
+    rn = c * R + tl.arange(0, R)
+    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * stride_wn + rw[None, :],
+                mask=(rn < N)[:, None] & w_mask[None, :], other=0)
+    sn = c * R + rf_row
+    s = tl.load(s_ptr + sn * stride_sn + grp * stride_sg, mask=(sn < N) & (rf_q < K // 32), other=0.0)
+    return w, tl.reshape(s.to(tl.float32), (R, Q))
+
+
+@triton.jit
 def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
     """acc (R, Q) + sum_i code_i(w) * a_i * 2^-X_EXP for (R, Q) int32 words and (Q,) lifted partners: 8 FMAs."""
     top = w >> 12
@@ -527,8 +540,8 @@ def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
 
 @triton.jit
 def _quad_words(w):
-    """(R, Q, 4) -> its words 0, 1, 2, 3 as four (R, Q) tensors (all four in one thread: no data moves)."""
-    a, b = tl.split(tl.reshape(w, (w.shape[0], w.shape[1], 2, 2)))  # a: words 0, 2; b: words 1, 3
+    """(R, 4Q) -> words 4q + 0, 1, 2, 3 as four (R, Q) tensors (all four in one thread: no data moves)."""
+    a, b = tl.split(tl.reshape(w, (w.shape[0], w.shape[1] // 4, 2, 2)))  # a: words 0, 2; b: words 1, 3
     w0, w2 = tl.split(a)
     w1, w3 = tl.split(b)
     return w0, w1, w2, w3
@@ -548,23 +561,26 @@ def _int4_gemv_is_kernel(
     GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PPS: tl.constexpr, PDL: tl.constexpr,
 ):
     rq = tl.arange(0, Q)
-    rr = tl.arange(0, R)
     q_mask = rq < K // 32  # slots past the row (Q rounded up to a power of two) load nothing
-    grp = (32 * rq) // GROUP  # a slot's 32 k lie in one group (32 divides GROUP)
-    w_words = w_ptr.to(tl.pointer_type(tl.int32))
-    w_quad = (4 * rq)[:, None] + tl.arange(0, 4)[None, :]  # (Q, 4): the words of slot q
+    # Layouts. Triton picks how a load's elements map to threads from the address pattern; every tile here must map
+    # slot q of every row to the same thread, or the compiler moves data through shared memory to line them up.
+    # The weights: ONE (R, 4Q) tile of 32-bit words, contiguous along its rows, so each thread gets 4 consecutive
+    # words (16 bytes) of a row, the quad of slot q = its thread. (An (R, Q, 4) tile left the order of its first
+    # two axes to the compiler: Triton 3.6 put rows along the lanes, 4 slots per thread, 4x the x registers.)
+    # The scales and the output: addressed by a FLAT index f = r * Q + q (`_flat_rows`) and reshaped, as an (R, Q)
+    # scale tile is contiguous along neither axis and Triton 3.6 then puts rows along the lanes too.
+    rw = tl.arange(0, 4 * Q)
+    rf = tl.arange(0, R * Q)
+    rf_row, rf_q = rf // Q, rf % Q
+    grp = (32 * rf_q) // GROUP  # a slot's 32 k lie in one group (32 divides GROUP)
+    w_mask = rw < K // 8  # words per row
     n_chunks = tl.cdiv(N, R)
     c = tl.program_id(0)
     step = tl.num_programs(0)
     if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
         tl.extra.cuda.gdc_launch_dependents()
     # the first chunk's weights and scales depend on no earlier kernel: request them before waiting for x
-    rn = c * R + rr
-    n_mask = rn < N  # also all false for a program with no chunk (c >= n_chunks)
-    w = tl.load(w_words + rn[:, None, None] * stride_wn + w_quad[None, :, :],
-                mask=n_mask[:, None, None] & q_mask[None, :, None], other=0)  # (R, Q, 4)
-    s = tl.load(s_ptr + rn[:, None] * stride_sn + grp[None, :] * stride_sg,
-                mask=n_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)  # (R, Q)
+    w, s = _is_chunk(w_ptr, s_ptr, c, N, K, stride_wn, stride_sn, stride_sg, rw, w_mask, rf_row, rf_q, grp, R, Q)
     if PDL:
         tl.extra.cuda.gdc_wait()
     # x once per program: each slot's 32 values in one (Q, 32) load (call CG: 32 two-byte loads per thread made a
@@ -583,12 +599,8 @@ def _int4_gemv_is_kernel(
     a06, a16, a26, a36 = _split4(tl.reshape(_lift(c6, 12), (Q, 4)))
     a07, a17, a27, a37 = _split4(tl.reshape(_lift(c7, 16), (Q, 4)))
     for c in tl.range(c, n_chunks, step, num_stages=1):
-        rn_next = (c + step) * R + rr
-        next_mask = rn_next < N
-        w_next = tl.load(w_words + rn_next[:, None, None] * stride_wn + w_quad[None, :, :],
-                         mask=next_mask[:, None, None] & q_mask[None, :, None], other=0)
-        s_next = tl.load(s_ptr + rn_next[:, None] * stride_sn + grp[None, :] * stride_sg,
-                         mask=next_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)
+        w_next, s_next = _is_chunk(w_ptr, s_ptr, c + step, N, K, stride_wn, stride_sn, stride_sg, rw, w_mask, rf_row,
+                                   rf_q, grp, R, Q)
         w0, w1, w2, w3 = _quad_words(w)
         acc = tl.zeros([R, Q], tl.float32) - off[None, :]
         acc = _word_fma(w0, a00, a01, a02, a03, a04, a05, a06, a07, acc)
@@ -596,13 +608,11 @@ def _int4_gemv_is_kernel(
         acc = _word_fma(w2, a20, a21, a22, a23, a24, a25, a26, a27, acc)
         acc = _word_fma(w3, a30, a31, a32, a33, a34, a35, a36, a37, acc)
         # lifted by half of 2^X_EXP before the sum so that small parts times small scales do not underflow
-        y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1, keep_dims=True) * 2.0 ** (X_EXP - X_EXP // 2)  # (R, 1)
-        rn = c * R + rr
-        # every thread holds all R sums; slot 0 stores them from the (R, Q) layout the sums came in, as an (R, 1)
-        # or (R,) store would first be moved to a store layout through shared memory (two barriers per chunk)
-        y_all = tl.broadcast_to(y, (R, Q))
-        tl.store(y_ptr + rn[:, None] * stride_yn + 0 * rq[None, :], y_all.to(y_ptr.dtype.element_ty),
-                 mask=(rn < N)[:, None] & (rq == 0)[None, :])
+        y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # (R,), in every thread
+        # stored by slot 0 from the flat layout: an (R,) store would first move the sums through shared memory
+        y_flat = tl.reshape(tl.broadcast_to(y[:, None], (R, Q)), (R * Q,))
+        rn = c * R + rf_row
+        tl.store(y_ptr + rn * stride_yn, y_flat.to(y_ptr.dtype.element_ty), mask=(rf_q == 0) & (rn < N))
         w = w_next
         s = s_next
 

@@ -32,6 +32,15 @@ through shared memory; at K = 14336 (Q = 512, 16 warps, ~105 registers) one prog
 in the loop; `ptxas -v`: 96 registers at R = 4), beside the autotuned K-walking GEMV (`package_kwalk`), to set
 where int4_matmul switches from one to the other (IS_MAX_K).
 
+Call CI: slower (16.2 us at R = 4 against CH's 13.8; R = 8 at 170+ us). The device runs Triton 3.6, the PTX above
+came from 3.9: compiled with 3.6 on the CPU machine (`pip install triton==3.6.0` in a side venv; strides of 1
+passed as constants, as the JIT specializes them), the kernel had put rows along the lanes — its (R, Q, 4) weight
+tile and (R, Q) scale tile are contiguous along neither of their first two axes and 3.6 breaks that tie the other
+way — 4 slots per thread, 243 registers, and the sums were moved through shared memory before the reduction.
+Call CJ times the kernel after its weights became an (R, 4Q) tile contiguous along its rows and its scales and
+stores a flat (row, slot) index reshaped to (R, Q): 3.6's PTX then has no layout move in the loop, 3 barriers per
+chunk (the reduction's own), 92 registers at R = 4 and 110 at R = 8.
+
     python3 tools/exp_int4_xstat.py OUT.json [path/to/libxstat.so]   # builds the .so with nvcc if absent
     TRITON_INTERPRET=1 python3 tools/exp_int4_xstat.py --check          # the Triton kernel against the reference, CPU
 """
@@ -160,9 +169,9 @@ def main() -> None:
         record("package_kwalk", k_walking)  # autotuned: the K-walking GEMV (int4_matmul's path for K > IS_MAX_K)
         warps = max(1, min(16, triton.next_power_of_2(K // 32) // 32))
         for rows in (2, 4, 8):
-            for pps in (0, 2, 3, 4, 5):
+            for pps in (0, 1, 2, 3, 4, 5, 6):
                 for pdl in (False, True):
-                    if not pdl and (rows, pps) not in ((4, 2), (4, 3)):
+                    if not pdl and (rows, pps) not in ((4, 2), (8, 2)):
                         continue  # the side configs: with PDL only (call CH: PDL won everywhere)
                     record("triton_is", lambda x, w, s, y, rows=rows, pps=pps, pdl=pdl:
                            package_gemv(x, w, s, rows, pps, warps, pdl, sms),
