@@ -490,24 +490,32 @@ def _int8_gemv_kernel(
 # chunks p, p + P, ...): the next chunk's weights are requested before this chunk's math, the first chunk's before
 # the PDL wait. Measured in call CF (tools/exp_int4_xstat.cu, the same design in CUDA C++; Llama-3.1-8B shapes,
 # H200): 10.5 us at 14336 x 4096 (3.09x cuBLAS bf16; the K-walking GEMV 14.8 us) and 4.4 us at 4096 x 4096.
-# Q (threads per row) is the power of two >= K / 32; the configs keep num_warps = Q / 32 (one slot per thread).
-_IS_SHAPES = [(r, p, w) for w in (1, 2, 4, 8, 16) for r in (2, 4, 8) for p in (0, 2, 3, 4, 5)]  # (R, PPS, warps)
-IS_CONFIGS = autotune_configs([triton.Config({"R": r, "PPS": p}, num_warps=w) for r, p, w in _IS_SHAPES],
-                              # the interpreter's config walks several chunks per program (PPS 1 of 2 "SMs")
-                              default=triton.Config({"R": 4, "PPS": 1}, num_warps=4))
-IS_MAX_K = 8192  # Q <= 256 slots (8 warps); longer rows take the K-walking GEMV (see the measurements above)
+# Q (threads per row) is the power of two >= K / 32, num_warps = Q / 32 (one slot per thread).
+# One config, not autotuned: over R {2, 4, 8} x programs per SM {0 (one chunk each), 1..6} the times under CUDA-graph
+# replay were uneven (call CJ, 14336 x 4096: 12.5 to 36 us; 13.2, 16.2 and 16.6 us for R = 4 at 3, 2 and 4 per
+# SM) and the autotuner, timing one launch at a time, chose a config 33% slower than the sweep's best. R = 8 at 2
+# programs per SM was best or within 7% of it at every shape of the sweep: 13.3 us at 14336 x 4096 (2.36x cuBLAS
+# bf16), 6.9 at 6144 x 4096, 5.4 at 4096 x 4096, 5.8 at 2048 x 8192 (110 registers a thread, Triton 3.6).
+IS_R, IS_PPS = 8, 2  # rows per chunk, persistent programs per SM
+# At K = 14336 (Q = 512: 16 warps, one program per SM) it took 19.6 us against the K-walking GEMV's 14.0: longer
+# rows take that one.
+IS_MAX_K = 8192
 
 
-def _is_prune(configs, named_args, **kwargs):
-    """One thread-slot per thread: keep the configs with num_warps = Q / 32 (1 for Q <= 32)."""
-    warps = max(1, min(16, kwargs.get("Q", named_args.get("Q")) // 32))
-    return [c for c in configs if c.num_warps == warps] or configs[:1]
-
-
-def _is_grid(N: int, device: torch.device):
-    sms = num_sms(device)
-    return lambda meta: (triton.cdiv(N, meta["R"]) if meta["PPS"] == 0 else
-                         min(triton.cdiv(N, meta["R"]), meta["PPS"] * sms),)
+def _is_launch(x, packed, scales, y, N: int, K: int, G: int, R: int = IS_R, programs: int | None = None,
+               pdl: bool | None = None) -> None:
+    """Launch `_int4_gemv_is_kernel`: R rows per chunk on `programs` persistent programs (default IS_PPS per SM,
+    at most one per chunk), PDL as `pdl_kwargs` says unless `pdl` is given."""
+    Q = triton.next_power_of_2(K // 32)
+    if programs is None:
+        programs = min(triton.cdiv(N, R), IS_PPS * num_sms(x.device))
+    launch = pdl_kwargs(x.device) if pdl is None else {"PDL": pdl, **({"launch_pdl": True} if pdl else {})}
+    _int4_gemv_is_kernel[(programs,)](
+        x, packed, scales, y,
+        N, K,
+        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
+        GROUP=G, Q=Q, R=R, num_warps=max(1, min(16, Q // 32)), **launch,
+    )
 
 
 @triton.jit
@@ -547,8 +555,6 @@ def _quad_words(w):
     return w0, w1, w2, w3
 
 
-@triton.autotune(configs=IS_CONFIGS, key=["N", "K", "GROUP"], prune_configs_by={"early_config_prune": _is_prune},
-                 do_bench=tune_bench)
 @triton.jit
 def _int4_gemv_is_kernel(
     # pointers
@@ -557,8 +563,8 @@ def _int4_gemv_is_kernel(
     N, K,
     # strides (elements; stride_wn in 32-bit words)
     stride_xk, stride_wn, stride_sn, stride_sg, stride_yn,
-    # meta-parameters: Q thread-slots (power of 2 >= K / 32), R rows per chunk, PPS programs per SM (grid only)
-    GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PPS: tl.constexpr, PDL: tl.constexpr,
+    # meta-parameters: Q thread-slots (power of 2 >= K / 32), R rows per chunk
+    GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr,
 ):
     rq = tl.arange(0, Q)
     q_mask = rq < K // 32  # slots past the row (Q rounded up to a power of two) load nothing
@@ -815,12 +821,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
     if M == 1 and words and K <= IS_MAX_K:  # batch-1 decode: the input-stationary GEMV
-        _int4_gemv_is_kernel[_is_grid(N, x.device)](
-            x, packed, scales, y,
-            N, K,
-            x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
-            GROUP=G, Q=triton.next_power_of_2(K // 32), **pdl_kwargs(x.device),
-        )
+        _is_launch(x, packed, scales, y, N, K, G)
         return y
     if M == 1 and words:  # batch-1 decode, rows longer than IS_MAX_K: the K-walking GEMV
         ws, cnt = _scratch(x.device, N)

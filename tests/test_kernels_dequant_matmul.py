@@ -348,13 +348,10 @@ def test_word_aligned_rows_take_the_word_kernels_and_other_layouts_the_byte_kern
 
 # -- int4 at M = 1: the input-stationary GEMV (whole rows streamed past x held in registers) -------------------------
 
-def _is_raw(N, K, x, packed, s4, R, programs, num_warps=4):
-    """Launch `_int4_gemv_is_kernel` with an explicit config and grid (the autotuner keeps one config on a CPU)."""
-    import triton
+def _is_raw(N, K, x, packed, s4, R, programs):
+    """Launch `_int4_gemv_is_kernel` with R rows per chunk on `programs` programs (int4_matmul: IS_R, IS_PPS)."""
     y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
-    dq._int4_gemv_is_kernel.fn[(programs,)](
-        x, packed, s4, y, N, K, x.stride(1), packed.stride(0) // 4, s4.stride(0), s4.stride(1), y.stride(1),
-        GROUP=K // s4.shape[1], Q=triton.next_power_of_2(K // 32), R=R, PPS=1, PDL=False, num_warps=num_warps)
+    dq._is_launch(x, packed, s4, y, N, K, K // s4.shape[1], R=R, programs=programs, pdl=False)
     return y
 
 

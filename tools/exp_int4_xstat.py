@@ -59,17 +59,14 @@ from llmlab.kernels import dequant_matmul as dq
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def package_gemv(x, packed, scales, R, pps, num_warps, pdl, sms):
-    """The package's `_int4_gemv_is_kernel` (the Triton form of this idea) with one explicit config, no autotuning."""
+def package_gemv(x, packed, scales, R, pps, pdl, sms):
+    """The package's `_int4_gemv_is_kernel` (the Triton form of this idea) with R rows per chunk and `pps` persistent
+    programs per SM (0: one program per chunk), no autotuning."""
     N, K = packed.shape[0], 2 * packed.shape[1]
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     chunks = triton.cdiv(N, R)
-    grid = (chunks if pps == 0 else min(chunks, pps * sms),)
-    kw = {"launch_pdl": True} if pdl else {}
-    dq._int4_gemv_is_kernel.fn[grid](x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4,
-                                     scales.stride(0), scales.stride(1), y.stride(1), GROUP=K // scales.shape[1],
-                                     Q=triton.next_power_of_2(K // 32), R=R, PPS=pps, PDL=pdl, num_warps=num_warps,
-                                     **kw)
+    dq._is_launch(x, packed, scales, y, N, K, K // scales.shape[1], R=R,
+                  programs=chunks if pps == 0 else min(chunks, pps * sms), pdl=pdl)
     return y
 
 
@@ -81,7 +78,7 @@ def check_cpu() -> None:
         w4, s4 = quantize_int4(torch.randn(N, K), G)
         x = torch.randn(1, K) * 3
         ref = dequant_matmul_reference(x, dequantize_int4(w4, s4))
-        y = package_gemv(x, w4, s4, R, pps, 4, False, sms=2)
+        y = package_gemv(x, w4, s4, R, pps, False, sms=2)
         err = float((y - ref).abs().max() / ref.abs().max())
         print(f"N={N} K={K} G={G} R={R} pps={pps}: max rel err {err:.1e}")
         assert err < 1e-5, err
@@ -174,7 +171,7 @@ def main() -> None:
                     if not pdl and (rows, pps) not in ((4, 2), (8, 2)):
                         continue  # the side configs: with PDL only (call CH: PDL won everywhere)
                     record("triton_is", lambda x, w, s, y, rows=rows, pps=pps, pdl=pdl:
-                           package_gemv(x, w, s, rows, pps, warps, pdl, sms),
+                           package_gemv(x, w, s, rows, pps, pdl, sms),
                            rows=rows, pps=pps, num_warps=warps, pdl=pdl)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
         print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x"
