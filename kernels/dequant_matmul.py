@@ -495,7 +495,10 @@ def _int8_gemv_kernel(
 # replay were uneven (call CJ, 14336 x 4096: 12.5 to 36 us; 13.2, 16.2 and 16.6 us for R = 4 at 3, 2 and 4 per
 # SM) and the autotuner, timing one launch at a time, chose a config 33% slower than the sweep's best. R = 8 at 2
 # programs per SM was best or within 7% of it at every shape of the sweep: 13.3 us at 14336 x 4096 (2.36x cuBLAS
-# bf16), 6.9 at 6144 x 4096, 5.4 at 4096 x 4096, 5.8 at 2048 x 8192 (110 registers a thread, Triton 3.6).
+# bf16), 6.9 at 6144 x 4096, 5.4 at 4096 x 4096, 5.8 at 2048 x 8192 (110 registers a thread, Triton 3.6); within
+# 8% again in call CK, where int4_matmul made 2.28-2.50x and the CUDA build (call CF's) 2.7-3.0x in the same calls:
+# Triton 3.6 sums each chunk's rows with a butterfly per warp and two trips through shared memory (3 barriers), the
+# CUDA kernel with one transposed shuffle over all R rows and 1 barrier. See data/runs/2026-12-02_h200_session17-18.md.
 IS_R, IS_PPS = 8, 2  # rows per chunk, persistent programs per SM
 # At K = 14336 (Q = 512: 16 warps, one program per SM) it took 19.6 us against the K-walking GEMV's 14.0: longer
 # rows take that one.
