@@ -98,6 +98,9 @@ def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return w_q.float() * scales.float()[:, None]
 
 
+SCALE_LIMIT = 2.0 ** 96  # int4 scales must stay below: the M = 1 GEMVs multiply them by 2^32 (see `X_EXP`)
+
+
 def _check_group(K: int, group_size: int) -> None:
     """A group size the kernels can use: a positive multiple of 32 (their smallest K tile) that divides K."""
     if isinstance(group_size, bool) or not isinstance(group_size, int):
@@ -128,7 +131,8 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = 
     Raises:
         ValueError: w is not a 2-D float tensor, or holds NaN or inf (the message names `name` and the first one);
             group_size not a positive multiple of 32 (the kernels' smallest K tile), larger than K, or not dividing
-            K; K not a multiple of 32 (the messages name the fix).
+            K; K not a multiple of 32 (the messages name the fix); a scale of 2^96 or more (|w| above ~5.5e29),
+            beyond the M = 1 kernels' range (they lift scales by 2^32 to keep small products from underflowing).
         TypeError: group_size not an int.
     """
     _check_weight("quantize_int4", w, name)
@@ -136,6 +140,11 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = 
     _check_group(K, group_size)
     w32 = w.float().view(N, K // group_size, group_size)
     scales = w32.abs().amax(dim=2).clamp(min=1e-12) / 7.0  # (N, K // G); -8 is never used: symmetric
+    if scales.max() >= SCALE_LIMIT:
+        where = f" in {name}" if name else ""
+        raise ValueError(f"quantize_int4: weights{where} up to {w32.abs().max().item():.3g} need scales of 2^96 or "
+                         f"more, beyond int4_matmul's range at M = 1; rescale the layer (such weights are usually "
+                         f"a bug upstream) or keep it in bf16")
     u = (torch.clamp(torch.round(w32 / scales[..., None]), -8, 7) + 8).to(torch.uint8).view(N, K)
     packed = u[:, 0::2] | (u[:, 1::2] << 4)  # even k: low nibble, odd k: high nibble
     return packed, scales
@@ -707,10 +716,11 @@ def _word_rows(w: torch.Tensor, row_bytes: int, word: int) -> bool:
             and w.data_ptr() % word == 0)
 
 
-def _check_x(op: str, x: torch.Tensor, K: int) -> None:
+def _check_x(op: str, x: torch.Tensor, K: int, how: str = "") -> None:
+    """x is (M, K) with 1 <= M; `how` says how K was read from the weights, for the error message."""
     global _warned_large_m
     if x.dim() != 2 or x.shape[1] != K:
-        raise ValueError(f"{op}: x must be (M, {K}) to match the weights, got {tuple(x.shape)}")
+        raise ValueError(f"{op}: x must be (M, {K}) to match the weights{how}, got {tuple(x.shape)}")
     if x.shape[0] == 0:
         raise ValueError(f"{op}: x has no rows (M = 0)")
     if x.shape[0] > BLOCK_M and not _warned_large_m:
@@ -790,7 +800,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     K-walking `_int4_gemv_kernel` for K > IS_MAX_K), M > 1 the word-reading tensor-core tile kernel; other layouts
     the byte-wise tl.dot kernel, which reads any strides.
 
-    Numerics of the M = 1 GEMV: as `int8_matmul`'s (exact for 2^-62 <= |x| < 2^43; inf/NaN above, lost below).
+    Numerics of the M = 1 GEMV: as `int8_matmul`'s (exact for 2^-62 <= |x| < 2^43; inf/NaN above, lost below);
+    scales must stay below 2^96 (`quantize_int4` refuses larger ones).
 
     Raises:
         ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.
@@ -810,8 +821,14 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     if K == 0:
         raise ValueError(f"int4_matmul: packed {tuple(packed.shape)} holds no weights per row (K = 0)")
     if K % scales.shape[1]:
-        raise ValueError(f"int4_matmul: {scales.shape[1]} groups do not divide K = {K}")
+        raise ValueError(f"int4_matmul: {scales.shape[1]} scales per row do not divide K = {K} into equal groups; "
+                         f"scales must be (N, K / G) for a group size G that divides K, as quantize_int4(w, "
+                         f"group_size=G) returns them")
     G = K // scales.shape[1]
+    if K % 32:
+        raise ValueError(f"int4_matmul: K = {K} (two weights per byte of packed's {K // 2}) is not a multiple of "
+                         f"32, the kernels' smallest K tile; pad the input dimension to a multiple of 32 before "
+                         f"quantizing, or keep this layer in bf16 or int8")
     if G % 2:
         raise ValueError(f"int4_matmul: {scales.shape[1]} scales per row over K = {K} make groups of {G} weights, "
                          f"an odd size; quantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
@@ -819,7 +836,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
         raise ValueError(f"int4_matmul: group size {G} is not a multiple of 32, the kernel's smallest K tile; "
                          f"requantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
     _check_group(K, G)
-    _check_x("int4_matmul", x, K)
+    _check_x("int4_matmul", x, K, f" (K = 2 x packed.shape[1] = 2 x {K // 2}: two 4-bit weights per byte)")
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels

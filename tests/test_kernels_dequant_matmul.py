@@ -398,9 +398,37 @@ def test_weights_that_are_not_a_matrix_or_hold_no_k_say_so():
 
 
 def test_scales_that_imply_an_odd_group_size_say_so():
-    packed = torch.zeros(4, 3, dtype=torch.uint8, device=DEV)  # K = 6
+    packed = torch.zeros(4, 48, dtype=torch.uint8, device=DEV)  # K = 96
     with pytest.raises(ValueError, match="make groups of 3 weights, an odd size"):
-        int4_matmul(torch.randn(1, 6, device=DEV), packed, torch.ones(4, 2, device=DEV))
+        int4_matmul(torch.randn(1, 96, device=DEV), packed, torch.ones(4, 32, device=DEV))
+
+
+def test_int4_rows_whose_length_is_not_a_multiple_of_32_say_pad():
+    """K = 48 with one scale per row: the message is about K (pad it), not about group sizes that cannot fit."""
+    packed = torch.zeros(4, 24, dtype=torch.uint8, device=DEV)
+    with pytest.raises(ValueError, match=r"K = 48 .* not a multiple of 32.*pad the input dimension"):
+        int4_matmul(torch.randn(1, 48, device=DEV), packed, torch.ones(4, 1, device=DEV))
+
+
+def test_unpacked_codes_passed_as_packed_name_the_two_per_byte_layout():
+    codes = torch.zeros(4, 128, dtype=torch.uint8, device=DEV)  # one code per byte: K read as 256
+    with pytest.raises(ValueError, match=r"\(M, 256\).*two 4-bit weights per byte"):
+        int4_matmul(torch.randn(1, 128, device=DEV), codes, torch.ones(4, 4, device=DEV))
+
+
+def test_weights_too_large_for_the_gemv_scales_are_refused_when_quantizing():
+    """The M = 1 GEMVs lift scales by 2^32: a scale of 2^96 would overflow there (inf/NaN), so quantize refuses."""
+    w = _w(4, 64)
+    w[2, 5] = 7.0 * 2.0 ** 96
+    with pytest.raises(ValueError, match=r"w3 up to .* scales of 2\^96"):
+        quantize_int4(w, 32, name="w3")
+    w[2, 5] = 7.0 * 2.0 ** 95  # below the limit: accepted, and the GEMV stays finite and right
+    packed, s4 = quantize_int4(w, 32)
+    x = torch.randn(1, 64, device=DEV)
+    y = int4_matmul(x, packed, s4)
+    ref = dequant_matmul_reference(x, dequantize_int4(packed, s4))
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
 
 
 @pytest.mark.parametrize("magnitude", [2.0 ** 40, 2.0 ** -55, 1.0])
