@@ -101,15 +101,20 @@ def dequantize_int8(w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 SCALE_LIMIT = 2.0 ** 96  # int4 scales must stay below: the M = 1 GEMVs multiply them by 2^32 (see `X_EXP`)
 
 
+def _check_k(K: int) -> None:
+    """K (the input dimension) a multiple of 32, the kernels' smallest K tile: else no group size fits it."""
+    if K % 32:
+        raise ValueError(f"int4: K = {K} (the input dimension) is not a multiple of 32, so no group size the kernels "
+                         f"can use fits it; pad the input dimension to a multiple of 32 or keep this layer in "
+                         f"bf16 or int8")
+
+
 def _check_group(K: int, group_size: int) -> None:
     """A group size the kernels can use: a positive multiple of 32 (their smallest K tile) that divides K."""
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"int4: group_size must be an int (e.g. 128), got {group_size!r}")
+    _check_k(K)
     fits = [g for g in (256, 128, 64, 32) if K % g == 0]
-    if not fits:
-        raise ValueError(f"int4: K = {K} (the input dimension) is not a multiple of 32, so no group size the kernels "
-                         f"can use fits it; pad the input dimension to a multiple of 32 or keep this layer in "
-                         f"bf16 or int8")
     hint = f"e.g. {fits[1] if len(fits) > 1 and fits[0] > 128 else fits[0]}"
     if group_size <= 0 or group_size % 32:
         raise ValueError(f"int4: group_size must be a positive multiple of 32 (the kernels' smallest K tile), got "
@@ -585,7 +590,7 @@ def _int4_gemv_is_kernel(
     # The weights: ONE (R, 4Q) tile of 32-bit words, contiguous along its rows, so each thread gets 4 consecutive
     # words (16 bytes) of a row, the quad of slot q = its thread. (An (R, Q, 4) tile left the order of its first
     # two axes to the compiler: Triton 3.6 put rows along the lanes, 4 slots per thread, 4x the x registers.)
-    # The scales and the output: addressed by a FLAT index f = r * Q + q (`_flat_rows`) and reshaped, as an (R, Q)
+    # The scales and the output: addressed by a FLAT index f = r * Q + q (`rf`) and reshaped, as an (R, Q)
     # scale tile is contiguous along neither axis and Triton 3.6 then puts rows along the lanes too.
     rw = tl.arange(0, 4 * Q)
     rf = tl.arange(0, R * Q)
@@ -804,7 +809,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     scales must stay below 2^96 (`quantize_int4` refuses larger ones).
 
     Raises:
-        ValueError: shape mismatches, a group size that does not divide K or is odd. TypeError: wrong dtypes.
+        ValueError: shape mismatches, K not a multiple of 32, a group size that does not divide K or is odd.
+        TypeError: wrong dtypes.
         Warns once for M > 16 (correct, slow).
     """
     check_tensors("int4_matmul", ACT_DTYPES, x=x)
@@ -825,10 +831,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
                          f"scales must be (N, K / G) for a group size G that divides K, as quantize_int4(w, "
                          f"group_size=G) returns them")
     G = K // scales.shape[1]
-    if K % 32:
-        raise ValueError(f"int4_matmul: K = {K} (two weights per byte of packed's {K // 2}) is not a multiple of "
-                         f"32, the kernels' smallest K tile; pad the input dimension to a multiple of 32 before "
-                         f"quantizing, or keep this layer in bf16 or int8")
+    _check_k(K)  # before the group-size advice below, which no group size could follow
     if G % 2:
         raise ValueError(f"int4_matmul: {scales.shape[1]} scales per row over K = {K} make groups of {G} weights, "
                          f"an odd size; quantize with quantize_int4(w, group_size=...) using 32, 64, 128 or 256")
