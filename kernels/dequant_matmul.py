@@ -596,7 +596,7 @@ def _int4_gemv_is_kernel(
     rf = tl.arange(0, R * Q)
     rf_row, rf_q = rf // Q, rf % Q
     grp = (32 * rf_q) // GROUP  # a slot's 32 k lie in one group (32 divides GROUP)
-    w_mask = rw < K // 8  # words per row
+    w_mask = (rw // 4) < K // 32  # whole quads: the loads stay 16 bytes wide (`rw < K // 8` split them in two)
     n_chunks = tl.cdiv(N, R)
     c = tl.program_id(0)
     step = tl.num_programs(0)

@@ -1,0 +1,385 @@
+"""Device experiment (session 19): the input-stationary int4 GEMV with its per-chunk row sums written out in Gluon.
+
+Issue 5 asks for an int4 GEMV at >= 3x cuBLAS's bf16 GEMV (M = 1, Llama-3.1-8B layer shapes, group 128). The
+package's Triton kernel (`_int4_gemv_is_kernel` in kernels/dequant_matmul.py) reaches 2.28-2.50x; the CUDA C++ build
+of the same design (`tools/exp_int4_xstat.cu`) 2.7-3.0x in the same calls. Reading the two side by side (session 18),
+the difference is the per-chunk reduction: Triton 3.6 sums each of the R rows with a 5-step butterfly in every warp,
+then through shared memory twice (3 barriers); the CUDA kernel transposes R rows across lanes so each step halves the
+values a lane holds, and crosses warps through one double-buffered shared array (1 barrier).
+
+Gluon (`triton.experimental.gluon`, shipped with Triton 3.6) lets a kernel name its layouts. Here:
+- the weights are an (R, 4Q) tile of int32 words in registers, rows in each thread, 16 bytes of a row per thread
+  (slot q = s * 32 * NW + warp * 32 + lane owns k in [32q, 32q + 32)), and x's 32 lifted values per slot are put in
+  the same distribution (the conversions are checked trivial: no data moves);
+- per chunk, the (R, Q) sums are viewed as (R, Q // 32, 32) and converted to a layout where rows sit on lanes and
+  32 / R lane-values sit in registers (an in-warp transpose), summed in the thread and over the remaining lanes,
+  then crossed over warps through two shared arrays used alternately (the loop runs two chunks per turn), so each
+  chunk has one barrier.
+The math per weight is the package kernel's (`_field`, `_lift`: a mask and an FMA per weight, the codes' offset of 8
+taken off once per row as 8 x the slot's x sum).
+
+    /tmp/t36/bin/python tools/exp_int4_gluon.py --inspect      # compile for sm_90a on a CPU machine (Triton 3.6)
+    python3 tools/exp_int4_gluon.py OUT.json [libxstat.so]      # on the GPU: sweep against the package and CUDA
+"""
+
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+X_EXP = 64  # the package's: sums are kept times 2^-X_EXP (see kernels/dequant_matmul.py `_field`)
+# a barrier across the program's warps: `thread_barrier` in Triton 3.6, `barrier` from 3.7 on (Gluon is experimental)
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _field(w, SHIFT: gl.constexpr):
+    """The 4-bit field at bits SHIFT.. of int32 words w, as an fp32 subnormal (field * 2^(SHIFT - 149))."""
+    return (w & (15 << SHIFT)).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _lift(x, SHIFT: gl.constexpr):
+    return x * (2.0 ** (149 - SHIFT - 64))
+
+
+@gluon.jit
+def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
+    """acc (R, Q) + sum_i code_i(w) * a_i for (R, Q) words and (Q,) lifted partners (codes 5..7 via w >> 12)."""
+    top = w >> 12
+    acc += _field(w, 0) * a0[None, :]
+    acc += _field(w, 4) * a1[None, :]
+    acc += _field(w, 8) * a2[None, :]
+    acc += _field(w, 12) * a3[None, :]
+    acc += _field(w, 16) * a4[None, :]
+    acc += _field(top, 8) * a5[None, :]
+    acc += _field(top, 12) * a6[None, :]
+    acc += _field(top, 16) * a7[None, :]
+    return acc
+
+
+@gluon.jit
+def _split2(t, L: gl.constexpr):
+    a, b = gl.split(t)
+    return gl.convert_layout(a, L, assert_trivial=True), gl.convert_layout(b, L, assert_trivial=True)
+
+
+@gluon.jit
+def _partners(xq, LQ: gl.constexpr):
+    """xq: (Q, 8) fp32, the x of word J of each slot -> its 8 lifted partners, each (Q,) in layout LQ."""
+    t = gl.reshape(xq, [xq.shape[0], 2, 2, 2])  # (q, i2, i1, i0) with i = 4 i2 + 2 i1 + i0
+    e, o = gl.split(t)  # i0 = 0 / 1: (Q, 2, 2)
+    e0, e1 = gl.split(e)  # i1
+    o0, o1 = gl.split(o)
+    x0, x4 = _split2(e0, LQ)  # i2
+    x2, x6 = _split2(e1, LQ)
+    x1, x5 = _split2(o0, LQ)
+    x3, x7 = _split2(o1, LQ)
+    return (_lift(x0, 0), _lift(x1, 4), _lift(x2, 8), _lift(x3, 12), _lift(x4, 16), _lift(x5, 8), _lift(x6, 12),
+            _lift(x7, 16))
+
+
+@gluon.jit
+def _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R: gl.constexpr,
+           LW: gl.constexpr, LA: gl.constexpr):
+    """Chunk c's weights (R, 4Q) int32 in LW and scales (R, Q) fp32 in LA, zero past N rows."""
+    rn_w = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LW))
+    w = gl.load(w_words + rn_w[:, None] * stride_wn + rw[None, :], mask=(rn_w < N)[:, None] & q_ok[None, :])
+    rn_s = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LA))
+    s = gl.load(s_ptr + rn_s[:, None] * stride_sn + grp[None, :] * stride_sg, mask=(rn_s < N)[:, None])
+    return w, s
+
+
+@gluon.jit
+def _row_sums(w, s, a0, a1, a2, a3, off, L3A: gl.constexpr, L3B: gl.constexpr, LA: gl.constexpr, R: gl.constexpr,
+              Q: gl.constexpr):
+    """One chunk's per-warp row sums: (R, Q // 32) fp32 (rows on lanes), before the cross-warp step."""
+    t = gl.reshape(w, [R, Q, 2, 2])
+    ev, od = gl.split(t)  # words 0, 2 / 1, 3
+    w0, w2 = _split2(ev, LA)
+    w1, w3 = _split2(od, LA)
+    acc = gl.zeros([R, Q], gl.float32, LA) - off[None, :]
+    acc = _word_fma(w0, a0[0], a0[1], a0[2], a0[3], a0[4], a0[5], a0[6], a0[7], acc)
+    acc = _word_fma(w1, a1[0], a1[1], a1[2], a1[3], a1[4], a1[5], a1[6], a1[7], acc)
+    acc = _word_fma(w2, a2[0], a2[1], a2[2], a2[3], a2[4], a2[5], a2[6], a2[7], acc)
+    acc = _word_fma(w3, a3[0], a3[1], a3[2], a3[3], a3[4], a3[5], a3[6], a3[7], acc)
+    acc = acc * (s * 2.0 ** 32)  # lifted by half of 2^X_EXP before summing (see the package kernel)
+    t3 = gl.convert_layout(gl.reshape(acc, [R, Q // 32, 32]), L3A, assert_trivial=True)
+    t3 = gl.convert_layout(t3, L3B)  # the in-warp transpose: rows onto lanes
+    return gl.sum(t3, axis=2)  # (R, Q // 32)
+
+
+@gluon.jit
+def _finish(p, buf, y_ptr, c, N, stride_yn, LT: gl.constexpr, R: gl.constexpr):
+    """Cross the warps: p (R, Q // 32) into shared `buf`, one barrier, every thread sums a row's Q // 32 partials."""
+    buf.store(p)
+    _cta_barrier()
+    v = buf.load(LT)
+    y = gl.sum(v, axis=1) * 2.0 ** 32
+    rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+    gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+@gluon.jit
+def int4_gemv_gluon_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    N, K,
+    stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
+    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
+    LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr,
+):
+    LQ: gl.constexpr = gl.SliceLayout(0, LA)
+    SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    buf0 = gl.allocate_shared_memory(gl.float32, [R, Q // 32], SH)
+    buf1 = gl.allocate_shared_memory(gl.float32, [R, Q // 32], SH)
+
+    rw = gl.arange(0, 4 * Q, layout=gl.SliceLayout(0, LW))
+    q_ok = (rw // 4) < K // 32  # whole 16-byte quads: the loads stay 16 bytes wide
+    rq = gl.arange(0, Q, layout=LQ)
+    grp = gl.minimum((32 * rq) // GROUP, K // GROUP - 1)  # slots past K (Q > K / 32) read the last group's scale
+    w_words = w_ptr.to(gl.pointer_type(gl.int32))
+    n_chunks = (N + R - 1) // R
+    c = gl.program_id(0)
+    step = gl.num_programs(0)
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    wa, sa = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+    rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
+    rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
+    xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
+                 other=0.0).to(gl.float32)  # (Q, 32): k = 32 q + 8 J + i
+    off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
+    xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1) with J = 2 J1 + J0
+    lo, hi = gl.split(xj)  # J1 = 0 / 1: (q, J0, i)
+    x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
+    x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
+    a0 = _partners(x0, LQ)
+    a1 = _partners(x1, LQ)
+    a2 = _partners(x2, LQ)
+    a3 = _partners(x3, LQ)
+    for c in range(c, n_chunks, 2 * step):
+        wb, sb = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+        p = _row_sums(wa, sa, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+        _finish(p, buf0, y_ptr, c, N, stride_yn, LT, R)
+        wa, sa = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+        p = _row_sums(wb, sb, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+        _finish(p, buf1, y_ptr, c + step, N, stride_yn, LT, R)
+
+
+def layouts(R: int, NW: int, S: int) -> dict:
+    """The kernel's register layouts for R rows per chunk, NW warps and S slots per thread (Q = 32 NW S slots; slot
+    q = s * 32 * NW + warp * 32 + lane). Built here: a jit function cannot loop over bases to build them."""
+    log = lambda v: v.bit_length() - 1  # noqa: E731
+    Q = 32 * NW * S
+    rows = [[1 << i, 0, 0] for i in range(log(R))]
+    reps = [[0, NW << i, 0] for i in range(log(S))]
+    warps = [[0, 1 << i, 0] for i in range(log(NW))]
+    return dict(
+        Q=Q,
+        LW=gl.BlockedLayout([R, 4], [1, 32], [1, NW], [1, 0]),  # (R, 4Q) words: 16 bytes of R rows per thread
+        LA=gl.BlockedLayout([R, 1], [1, 32], [1, NW], [1, 0]),  # (R, Q) sums: a slot's R rows in its thread
+        LX=gl.BlockedLayout([1, 32], [32, 1], [NW, 1], [1, 0]),  # (Q, 32) x: a slot's 32 values in its thread
+        # (R, Q // 32, 32), dim 1 = s * NW + warp, dim 2 = lane. L3A: LA viewed in 3-D. L3B: dim 2's lowest log R
+        # bits in registers, the rows on those lanes instead (an in-warp transpose).
+        L3A=gl.DistributedLinearLayout(rows + reps, [[0, 0, 1 << i] for i in range(5)], warps, [], [R, Q // 32, 32]),
+        L3B=gl.DistributedLinearLayout([[0, 0, 1 << i] for i in range(log(R))] + reps,
+                                       [r for r in rows] + [[0, 0, 1 << i] for i in range(log(R), 5)], warps, [],
+                                       [R, Q // 32, 32]),
+        LT=gl.BlockedLayout([1, Q // 32], [32, 1], [NW, 1], [1, 0]),  # (R, Q // 32): a row's partials in a thread
+    )
+
+
+def launch(x, packed, scales, y, R=8, programs=None, pdl=True, warps=None):
+    """x (1, K) bf16/fp16/fp32, packed (N, K // 2) uint8, scales (N, K // G) fp32 -> y (1, N)."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = warps or min(16, Q // 32)
+    S = Q // (32 * NW)
+    if programs is None:
+        programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count  # 2 per SM
+    programs = max(1, min(programs, triton.cdiv(N, R)))
+    kw = {"launch_pdl": True} if pdl else {}
+    int4_gemv_gluon_kernel[(programs,)](
+        x, packed, scales, y, N, K,
+        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
+        GROUP=G, R=R, PDL=pdl, num_warps=NW, **layouts(R, NW, S), **kw)
+    return y
+
+
+def inspect() -> None:
+    """Compile for sm_90a without a GPU; print registers, spills and the SASS opcode mix of the loop."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn = int4_gemv_gluon_kernel
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
+    cases = [(4096, 8, 4, 1), (4096, 4, 4, 1), (4096, 8, 2, 2), (4096, 4, 2, 2), (14336, 4, 16, 1), (14336, 4, 8, 2)]
+    for K, R, NW, S in cases:
+        constexprs = {"GROUP": 128, "R": R, "PDL": True, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
+                      "stride_wn": K // 8, "stride_sn": K // 128,
+                      **layouts(R, NW, S)}
+        sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                 if sig[a] != "constexpr" and a != "N"}
+        try:
+            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": NW, "num_stages": 1})
+        except Exception as e:  # noqa: BLE001
+            print(f"K={K} R={R} NW={NW} S={S}: FAILED {str(e)[-1500:]}")
+            continue
+        cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([cuobj, "-sass", f.name], capture_output=True, text=True).stdout
+            res = subprocess.run([cuobj, "-res-usage", f.name], capture_output=True, text=True).stdout
+        if os.environ.get("DUMP"):
+            open(f"/tmp/gluon_{K}_{R}_{NW}.sass", "w").write(sass)
+            open(f"/tmp/gluon_{K}_{R}_{NW}.ttgir", "w").write(k.asm["ttgir"])
+        lines = sass.splitlines()
+        ops = [re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln) for ln in lines]
+        info = ""
+        for line in lines:
+            m = re.search(r"/\*([0-9a-f]{4})\*/.*BRA (0x[0-9a-f]+)", line)
+            if m and int(m.group(2), 16) < int(m.group(1), 16):
+                lo, hi = int(m.group(2), 16), int(m.group(1), 16)
+                loop = collections.Counter(o.group(2) for o in ops if o and lo <= int(o.group(1), 16) <= hi)
+                n = sum(loop.values())
+                info += f"\n  loop: {n} instructions, {n / (2 * R * 32 * S):.2f} per weight: " + ", ".join(
+                    f"{k} {v}" for k, v in sorted(loop.items(), key=lambda t: -t[1])[:24])
+        print(f"K={K} R={R} NW={NW} S={S}:", " ".join(re.findall(r"REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+", res)),
+              info, flush=True)
+
+
+def check_gpu() -> float:
+    """The Gluon kernel against x @ dequant(W)^T (fp32) over odd shapes; returns the worst relative error."""
+    from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, quantize_int4
+    torch.manual_seed(0)
+    worst = 0.0
+    for N, K, G, R, NW, progs, dt in ((17, 64, 32, 4, None, 3, torch.float32), (1001, 4096, 128, 8, None, 7, torch.bfloat16),
+                                      (999, 14336, 128, 4, None, 5, torch.float16), (64, 96, 32, 8, None, 2, torch.float32),
+                                      (300, 4096, 256, 8, 2, 9, torch.bfloat16), (4095, 8192, 64, 4, None, 264, torch.bfloat16),
+                                      (7, 1024, 128, 8, None, 1, torch.float16), (129, 2048, 32, 4, 2, 1000, torch.float32)):
+        w4, s4 = quantize_int4(torch.randn(N, K, device="cuda"), G)
+        x = (torch.randn(1, K, device="cuda") * 3).to(dt)
+        ref = dequant_matmul_reference(x.float(), dequantize_int4(w4, s4))
+        y = torch.full((1, N), float("nan"), device="cuda", dtype=dt)
+        launch(x, w4, s4, y, R=R, programs=progs, warps=NW)
+        err = float((y.float() - ref).abs().max() / ref.abs().max())
+        worst = max(worst, err)
+        print(f"check N={N} K={K} G={G} R={R} NW={NW} programs={progs} {dt}: max rel err {err:.1e}", flush=True)
+    return worst
+
+
+def main() -> None:
+    """Time the Gluon kernel's configs beside int4_matmul as shipped, the package's Triton input-stationary kernel
+    at a few configs, and the CUDA build (`tools/exp_int4_xstat.cu`), by CUDA-graph replay as bench_kernels does."""
+    import ctypes
+    import subprocess
+
+    from llmlab.kernels import dequant_matmul as dq
+    from llmlab.kernels.bench_kernels import _copies, _graph_ms
+    from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4
+    out_path = sys.argv[1]
+    so = sys.argv[2] if len(sys.argv) > 2 else "/tmp/libxstat.so"
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.exists(so):
+        subprocess.run(["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler",
+                        "-fPIC", "-o", so, os.path.join(here, "exp_int4_xstat.cu")], check=True)
+    lib = ctypes.CDLL(so)
+    lib.int4_gemv_xstat_cuda.restype = ctypes.c_int
+    lib.int4_gemv_xstat_cuda.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+    lib.int4_gemv_xstat_occupancy.restype = ctypes.c_int
+    lib.int4_gemv_xstat_occupancy.argtypes = [ctypes.c_int] * 3
+    dev, G = "cuda", 128
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": os.environ.get("LLMLAB_COMMIT", ""), "rows": []}
+    res["check_worst_rel_err"] = check_gpu()
+    torch.manual_seed(0)
+
+    def cuda_gemv(x, w, s, y, rows, blocks):
+        err = lib.int4_gemv_xstat_cuda(w.data_ptr(), s.data_ptr(), x.data_ptr(), y.data_ptr(), w.shape[0],
+                                       x.shape[-1], G, rows, 1, blocks, 1, torch.cuda.current_stream().cuda_stream)
+        if err:
+            raise RuntimeError(f"int4_gemv_xstat_cuda returned {err}")
+        return y
+
+    for N, K in ((14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096), (2048, 8192)):
+        W = torch.randn(N, K, device=dev)
+        w4, s4 = quantize_int4(W, G)
+        del W
+        wbytes = w4.numel() + s4.numel() * 4
+        n = _copies(wbytes, dev)
+        sets = [(torch.randn(1, K, device=dev, dtype=torch.bfloat16), w4.clone(), s4.clone(),
+                 torch.empty(1, N, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
+        ref = dequant_matmul_reference(sets[0][0], dequantize_int4(w4, s4)).float().view(-1)
+        dense = [(torch.randn(1, K, device=dev, dtype=torch.bfloat16),
+                  torch.randn(N, K, device=dev, dtype=torch.bfloat16)) for _ in range(_copies(N * K * 2, dev))]
+        t_dense = _graph_ms([lambda x=x, W=W: x @ W.T for x, W in dense])
+        del dense
+        torch.cuda.empty_cache()
+        print(f"{N} x {K}: bf16 x @ W.T {t_dense * 1e3:6.2f} us", flush=True)
+
+        def record(name, call, **extra):
+            try:
+                y = call(*sets[0]).float().view(-1)
+                torch.cuda.synchronize()
+                err = float((y - ref).abs().max() / ref.abs().max())
+                t = _graph_ms([lambda s=s: call(*s) for s in sets])
+            except Exception as e:  # noqa: BLE001
+                print(f"{N} x {K} {name} {extra}: FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
+                return
+            row = dict(N=N, K=K, variant=name, time_us=t * 1e3, dense_us=t_dense * 1e3, speedup_vs_bf16=t_dense / t,
+                       GBps=wbytes / t / 1e6, max_rel_err=err, **extra)
+            res["rows"].append(row)
+            print(f"{N} x {K} {name:12s} {t * 1e3:6.2f} us {row['speedup_vs_bf16']:.2f}x bf16 err {err:.1e} {extra}",
+                  flush=True)
+
+        record("package", lambda x, w, s, y: int4_matmul(x, w, s))  # as shipped at this commit
+        for rows in (4, 8):
+            occ = lib.int4_gemv_xstat_occupancy(K, rows, 1)
+            record("cuda_xstat", lambda x, w, s, y, rows=rows, b=occ * sms: cuda_gemv(x, w, s, y.view(-1), rows, b),
+                   rows=rows, blocks=occ * sms)
+        Q = max(32, triton.next_power_of_2(K // 32))
+        if K <= 8192:
+            for rows, pps in ((8, 2), (8, 4), (4, 3), (4, 6)):
+                record("triton_is", lambda x, w, s, y, rows=rows, pps=pps:
+                       dq._is_launch(x, w, s, y, N, K, G, R=rows, programs=min(pps * sms, triton.cdiv(N, rows))) or y,
+                       rows=rows, pps=pps)
+        for rows in (4, 8):
+            for nw in sorted({min(16, Q // 32), min(16, Q // 64)}):
+                for pps in (1, 2, 3, 4, 6):
+                    record("gluon", lambda x, w, s, y, rows=rows, nw=nw, pps=pps:
+                           launch(x, w, s, y, R=rows, programs=pps * sms, warps=nw),
+                           rows=rows, warps=nw, slots=Q // (32 * nw), pps=pps)
+        best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:6]
+        print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x "
+                                                f"{ {k: v for k, v in r.items() if k in ('rows', 'warps', 'pps')} }"
+                                                for r in best), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--inspect"]:
+        inspect()
+    elif sys.argv[1:] == ["--check"]:
+        check_gpu()
+    else:
+        main()
