@@ -129,7 +129,7 @@ def int4_gemv_gluon_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
     N, K,
     stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
-    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
+    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr, ONE: gl.constexpr,
     LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr,
 ):
     LQ: gl.constexpr = gl.SliceLayout(0, LA)
@@ -165,13 +165,26 @@ def int4_gemv_gluon_kernel(
     a1 = _partners(x1, LQ)
     a2 = _partners(x2, LQ)
     a3 = _partners(x3, LQ)
-    for c in range(c, n_chunks, 2 * step):
-        wb, sb = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
-        p = _row_sums(wa, sa, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
-        _finish(p, buf0, y_ptr, c, N, stride_yn, LT, R)
-        wa, sa = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
-        p = _row_sums(wb, sb, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
-        _finish(p, buf1, y_ptr, c + step, N, stride_yn, LT, R)
+    if ONE:  # one chunk per turn, the two shared arrays picked by the turn's parity
+        buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        it = 0
+        for c in range(c, n_chunks, step):
+            wb, sb = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+            p = _row_sums(wa, sa, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _finish(p, buf.index(it % 2), y_ptr, c, N, stride_yn, LT, R)
+            wa = wb
+            sa = sb
+            it += 1
+    else:
+        for c in range(c, n_chunks, 2 * step):
+            wb, sb = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+            p = _row_sums(wa, sa, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _finish(p, buf0, y_ptr, c, N, stride_yn, LT, R)
+            wa, sa = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
+            if c + step < n_chunks:  # the same for the whole program: its barrier is reached by all threads or none
+                p = _row_sums(wb, sb, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+                _finish(p, buf1, y_ptr, c + step, N, stride_yn, LT, R)
 
 
 def layouts(R: int, NW: int, S: int) -> dict:
@@ -197,22 +210,41 @@ def layouts(R: int, NW: int, S: int) -> dict:
     )
 
 
-def launch(x, packed, scales, y, R=8, programs=None, pdl=True, warps=None):
-    """x (1, K) bf16/fp16/fp32, packed (N, K // 2) uint8, scales (N, K // G) fp32 -> y (1, N)."""
+def launch(x, packed, scales, y, R=8, programs=None, pdl=True, warps=None, one=False, maxnreg=None):
+    """x (1, K) bf16/fp16/fp32, packed (N, K // 2) uint8, scales (N, K // G) fp32 -> y (1, N). programs: a count,
+    or "balanced": the fewest programs that keep the most chunks per program what one resident wave gives."""
     N, K = packed.shape[0], 2 * packed.shape[1]
     G = K // scales.shape[1]
     Q = max(32, triton.next_power_of_2(K // 32))
     NW = warps or min(16, Q // 32)
     S = Q // (32 * NW)
-    if programs is None:
-        programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count  # 2 per SM
-    programs = max(1, min(programs, triton.cdiv(N, R)))
+    chunks = triton.cdiv(N, R)
     kw = {"launch_pdl": True} if pdl else {}
-    int4_gemv_gluon_kernel[(programs,)](
-        x, packed, scales, y, N, K,
-        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
-        GROUP=G, R=R, PDL=pdl, num_warps=NW, **layouts(R, NW, S), **kw)
+    if maxnreg:
+        kw["maxnreg"] = maxnreg
+    args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
+            y.stride(1))
+    meta = dict(GROUP=G, R=R, PDL=pdl, ONE=one, num_warps=NW, **layouts(R, NW, S), **kw)
+    if programs is None or programs == "balanced":
+        wave = occupancy(args, meta, NW) * torch.cuda.get_device_properties(x.device).multi_processor_count
+        programs = triton.cdiv(chunks, triton.cdiv(chunks, wave)) if programs == "balanced" else wave
+    int4_gemv_gluon_kernel[(max(1, min(programs, chunks)),)](*args, **meta)
     return y
+
+
+_OCC = {}
+
+
+def occupancy(args, meta, NW) -> int:
+    """Programs of this compiled kernel that fit one SM at once (registers and warps; its shared memory is small)."""
+    key = (tuple(a.shape if hasattr(a, "shape") else a for a in args[4:6]), tuple(sorted(
+        (k, str(v)) for k, v in meta.items())))
+    if key not in _OCC:
+        k = int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
+        k._init_handles()  # loads the binary, which sets n_regs
+        regs = max(k.n_regs, 1)
+        _OCC[key] = max(1, min(65536 // (regs * 32 * NW), 64 // NW, 32))
+    return _OCC[key]
 
 
 def inspect() -> None:
@@ -228,7 +260,7 @@ def inspect() -> None:
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     cases = [(4096, 8, 4, 1), (4096, 4, 4, 1), (4096, 8, 2, 2), (4096, 4, 2, 2), (14336, 4, 16, 1), (14336, 4, 8, 2)]
     for K, R, NW, S in cases:
-        constexprs = {"GROUP": 128, "R": R, "PDL": True, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
+        constexprs = {"GROUP": 128, "R": R, "PDL": True, "ONE": bool(os.environ.get("ONE")), "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
                       "stride_wn": K // 8, "stride_sn": K // 128,
                       **layouts(R, NW, S)}
         sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
@@ -236,7 +268,7 @@ def inspect() -> None:
                  if sig[a] != "constexpr" and a != "N"}
         try:
             k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": NW, "num_stages": 1})
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": NW, "num_stages": 1, **({"maxnreg": int(os.environ["MAXNREG"])} if os.environ.get("MAXNREG") else {})})
         except Exception as e:  # noqa: BLE001
             print(f"K={K} R={R} NW={NW} S={S}: FAILED {str(e)[-1500:]}")
             continue
@@ -276,11 +308,13 @@ def check_gpu() -> float:
         w4, s4 = quantize_int4(torch.randn(N, K, device="cuda"), G)
         x = (torch.randn(1, K, device="cuda") * 3).to(dt)
         ref = dequant_matmul_reference(x.float(), dequantize_int4(w4, s4))
-        y = torch.full((1, N), float("nan"), device="cuda", dtype=dt)
-        launch(x, w4, s4, y, R=R, programs=progs, warps=NW)
-        err = float((y.float() - ref).abs().max() / ref.abs().max())
-        worst = max(worst, err)
-        print(f"check N={N} K={K} G={G} R={R} NW={NW} programs={progs} {dt}: max rel err {err:.1e}", flush=True)
+        for one, progs_ in ((False, progs), (True, progs), (False, "balanced")):
+            y = torch.full((1, N), float("nan"), device="cuda", dtype=dt)
+            launch(x, w4, s4, y, R=R, programs=progs_, warps=NW, one=one)
+            err = float((y.float() - ref).abs().max() / ref.abs().max())
+            worst = max(worst, err)
+            print(f"check N={N} K={K} G={G} R={R} NW={NW} programs={progs_} one={one} {dt}: max rel err {err:.1e}",
+                  flush=True)
     return worst
 
 
@@ -360,15 +394,19 @@ def main() -> None:
                 record("triton_is", lambda x, w, s, y, rows=rows, pps=pps:
                        dq._is_launch(x, w, s, y, N, K, G, R=rows, programs=min(pps * sms, triton.cdiv(N, rows))) or y,
                        rows=rows, pps=pps)
-        for rows in (4, 8):
-            for nw in sorted({min(16, Q // 32), min(16, Q // 64)}):
-                for pps in (1, 2, 3, 4, 6):
-                    record("gluon", lambda x, w, s, y, rows=rows, nw=nw, pps=pps:
-                           launch(x, w, s, y, R=rows, programs=pps * sms, warps=nw),
-                           rows=rows, warps=nw, slots=Q // (32 * nw), pps=pps)
+        cfgs = {4096: [(8, 4), (4, 2), (4, 4)], 8192: [(4, 8), (8, 8), (4, 4)], 14336: [(4, 16), (8, 16)]}[K]
+        for rows, nw in cfgs:
+            for one, maxnreg in ((False, None), (False, 128), (True, None)):
+                if (one or maxnreg) and (rows, nw) != cfgs[0]:
+                    continue  # the side variants on each K's first config only
+                tag = dict(rows=rows, warps=nw, slots=Q // (32 * nw), one=one, maxnreg=maxnreg)
+                for pps in (1, 2, 3, 4, 5, 6, "balanced"):
+                    record("gluon", lambda x, w, s, y, rows=rows, nw=nw, pps=pps, one=one, mr=maxnreg:
+                           launch(x, w, s, y, R=rows, programs=pps if pps == "balanced" else pps * sms, warps=nw,
+                                  one=one, maxnreg=mr), pps=pps, **tag)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:6]
         print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x "
-                                                f"{ {k: v for k, v in r.items() if k in ('rows', 'warps', 'pps')} }"
+                                                f"{ {k: v for k, v in r.items() if k in ('rows', 'warps', 'pps', 'one', 'maxnreg')} }"
                                                 for r in best), flush=True)
         del sets
         torch.cuda.empty_cache()
