@@ -11,6 +11,7 @@ top-level `kernels` module: an unrelated PyPI package already owns that name. Im
     decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
     paged_decode_attention.py  the same over a paged KV cache, through block tables
     dequant_matmul.py          weight-only int8 (per channel) and int4 (group-wise, 2 per byte) matmul, M = 1..16
+    int4_gemv_gluon.py         int4_matmul's M = 1 path on CUDA GPUs, in Gluon (Triton's explicit-layout dialect)
     int4_mma_gemv.py           (experimental, slower) int4 GEMV on the tensor cores, weights in mma fragment order
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
     argmax.py                  the greedy token over a 100K+ vocabulary in one launch

@@ -98,8 +98,8 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
     from .argmax import argmax
     from .decode_attention import decode_attention, decode_attention_reference
     from .fused_gemv import fused_gemv, fused_gemv_reference
-    from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul,
-                                 int8_matmul, quantize_int4, quantize_int8)
+    from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, gluon_gemv_status,
+                                 int4_matmul, int8_matmul, quantize_int4, quantize_int8)
     from .rmsnorm import rmsnorm, rmsnorm_reference
     from .rope import rope_, rope_reference
     from .swiglu import swiglu, swiglu_reference
@@ -207,6 +207,8 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
                                        batch_size=M, weights=wlabel, time_ms=t, time_ms_eager=t_eager,
                                        GBps=wbytes / t / 1e6, bytes=wbytes, shape=[M, Nw, Kw],
                                        group_size=group if op == "int4_matmul" else None))
+                if op == "int4_matmul" and M == 1:  # which GEMV int4_matmul ran (see dequant_matmul.USE_GLUON)
+                    rows[-1]["kernel"] = "gluon" if gluon_gemv_status(device) == "gluon" else "triton"
             for r in rows[-3:]:
                 r["speedup_vs_bf16"] = times["dense_matmul"] / r["time_ms"]
             x = rand(M, Kw)  # the autotuned kernels, against x @ dequant(W)^T in fp32

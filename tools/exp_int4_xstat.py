@@ -116,11 +116,11 @@ def main() -> None:
 
     def k_walking(x, w, s, y):
         """int4_matmul with the input-stationary GEMV switched off: the K-walking `_int4_gemv_kernel`."""
-        limit, dq.IS_MAX_K = dq.IS_MAX_K, 0
+        limit, dq.IS_MAX_K, gluon, dq.USE_GLUON = dq.IS_MAX_K, 0, dq.USE_GLUON, False
         try:
             return int4_matmul(x, w, s)
         finally:
-            dq.IS_MAX_K = limit
+            dq.IS_MAX_K, dq.USE_GLUON = limit, gluon
 
     for N, K in ((14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096), (2048, 8192)):
         W = torch.randn(N, K, device=dev)

@@ -1,0 +1,285 @@
+"""int4 GEMV at batch 1 written in Gluon: the input-stationary GEMV of dequant_matmul.py with its row sums laid out
+by hand.
+
+`int4_matmul` runs this kernel for M = 1 on a CUDA GPU when Triton ships Gluon (`triton.experimental.gluon`, Triton
+3.6 and later) and the kernel compiles; otherwise, and in the CPU interpreter (which does not run Gluon), it runs
+the Triton kernel `_int4_gemv_is_kernel` in dequant_matmul.py. Both compute the same sums the same way; this one
+only differs in how each chunk's row sums cross the threads.
+
+The design (see dequant_matmul.py's notes on `_int4_gemv_is_kernel` for the long form): a program spans whole rows.
+Thread slot q owns k in [32q, 32q + 32) for the program's life, so its 32 values of x are loaded and lifted once;
+rows stream past R at a time, each chunk of R rows one 16-byte load per thread and row, the next chunk requested
+before this one's math. Per row a thread does 32 masks and 32 FMAs (`_field`, `_lift`).
+
+What Gluon adds is control of the layouts (https://triton-lang.org/main/getting-started/tutorials/ and
+triton/python/tutorials/gluon in the Triton repository). Per chunk the (R, Q) partial sums must be summed over Q.
+Triton's reduction does it row by row: a 5-step butterfly in every warp for each of the R rows, then two trips
+through shared memory (3 barriers). Here:
+1. The sums are viewed as (R, Q // 32, 32) (dim 2 = the lane) and converted to a layout where the rows sit on the
+   lanes and log2(R) lane bits sit in registers instead: a transpose inside each warp (no barrier).
+2. Each thread adds its registers, then 5 - log2(R) butterfly steps finish the warp's sums: (R, warps) values.
+3. The warps meet in shared memory: one store, one barrier, one load, and a thread holding a row's partials from
+   every warp writes y.
+Two shared arrays are used alternately (the turn's parity); Triton's barrier analysis cannot tell the two apart, so
+it adds one barrier before the store: 2 barriers per chunk, against 3 plus 5R shuffle steps.
+
+Measured on an H200 (calls CN and CO, `tools/exp_int4_gluon.py`; Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph
+replay): 9.9 us at 14336 x 4096 (3.15x cuBLAS bf16; the Triton kernel 12.6 us), 13.0 us at 4096 x 14336 (2.46x),
+5.5 us at 6144 x 4096 (2.9x), 4.6 us at 4096 x 4096 (2.9x).
+
+Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; the number of
+persistent programs is "balanced": the fewest programs that keep the most chunks any program gets what one resident
+wave would give (the compiled kernel's registers set how many programs fit an SM), so no SM waits on a second wave.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+try:  # Gluon is experimental: present from Triton 3.6, its names still move between releases
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # `thread_barrier` in 3.6, `barrier` later
+    GLUON_ERROR = None
+except Exception as e:  # noqa: BLE001 - any import failure means: use the Triton kernel
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+X_EXP = 64  # as dequant_matmul.X_EXP: the sums are kept times 2^-X_EXP (see `_field` there)
+
+
+def available(device: torch.device) -> tuple[bool, str]:
+    """(True, "") when the Gluon GEMV can run on `device`, else (False, why): not CUDA, the interpreter, or a
+    Triton without Gluon."""
+    from ._util import interpret_mode
+    if device.type != "cuda":
+        return False, f"the Gluon GEMV runs on CUDA GPUs, not {device.type}"
+    if interpret_mode():
+        return False, "the Triton interpreter (TRITON_INTERPRET=1) does not run Gluon kernels"
+    if GLUON_ERROR:
+        return False, f"this Triton ({triton.__version__}) has no usable Gluon ({GLUON_ERROR})"
+    return True, ""
+
+
+if GLUON_ERROR is None:
+
+    @gluon.jit
+    def _field(w, SHIFT: gl.constexpr):
+        """The 4-bit field at bits SHIFT.. of int32 words w, read as an fp32 subnormal: field * 2^(SHIFT - 149).
+        (dequant_matmul.`_field`; a Gluon kernel cannot call a Triton function.)"""
+        return (w & (15 << SHIFT)).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _lift(x, SHIFT: gl.constexpr):
+        """x * 2^(149 - SHIFT - X_EXP), the partner of `_field(w, SHIFT)` (dequant_matmul.`_lift`)."""
+        return x * (2.0 ** (149 - SHIFT - 64))
+
+    @gluon.jit
+    def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
+        """acc (R, Q) + sum_i code_i(w) * a_i for (R, Q) int32 words and (Q,) lifted partners: 8 FMAs. Codes 5..7
+        sit at bits 20..31, beyond the fp32 mantissa: they are read from w >> 12."""
+        top = w >> 12
+        acc += _field(w, 0) * a0[None, :]
+        acc += _field(w, 4) * a1[None, :]
+        acc += _field(w, 8) * a2[None, :]
+        acc += _field(w, 12) * a3[None, :]
+        acc += _field(w, 16) * a4[None, :]
+        acc += _field(top, 8) * a5[None, :]
+        acc += _field(top, 12) * a6[None, :]
+        acc += _field(top, 16) * a7[None, :]
+        return acc
+
+    @gluon.jit
+    def _split2(t, L: gl.constexpr):
+        """Split t's last axis (size 2, in each thread) into two tensors, asserted to already be in layout L."""
+        a, b = gl.split(t)
+        return gl.convert_layout(a, L, assert_trivial=True), gl.convert_layout(b, L, assert_trivial=True)
+
+    @gluon.jit
+    def _partners(xq, LQ: gl.constexpr):
+        """xq (Q, 8) fp32: word J's x values of every slot -> their 8 lifted partners (code i at bits 4i), (Q,)
+        each, in the slots' layout LQ."""
+        t = gl.reshape(xq, [xq.shape[0], 2, 2, 2])  # (q, i2, i1, i0): i = 4 i2 + 2 i1 + i0
+        e, o = gl.split(t)  # i0 = 0 / 1
+        e0, e1 = gl.split(e)  # i1
+        o0, o1 = gl.split(o)
+        x0, x4 = _split2(e0, LQ)  # i2
+        x2, x6 = _split2(e1, LQ)
+        x1, x5 = _split2(o0, LQ)
+        x3, x7 = _split2(o1, LQ)
+        return (_lift(x0, 0), _lift(x1, 4), _lift(x2, 8), _lift(x3, 12), _lift(x4, 16), _lift(x5, 8),
+                _lift(x6, 12), _lift(x7, 16))
+
+    @gluon.jit
+    def _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R: gl.constexpr,
+               LW: gl.constexpr, LA: gl.constexpr):
+        """Chunk c's weights, (R, 4Q) int32 in LW, and scales, (R, Q) fp32 in LA (slot q's group's scale in row
+        r). Rows past N load nothing; their values are never stored."""
+        rn_w = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LW))
+        w = gl.load(w_words + rn_w[:, None] * stride_wn + rw[None, :], mask=(rn_w < N)[:, None] & q_ok[None, :])
+        rn_s = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LA))
+        s = gl.load(s_ptr + rn_s[:, None] * stride_sn + grp[None, :] * stride_sg, mask=(rn_s < N)[:, None])
+        return w, s.to(gl.float32)
+
+    @gluon.jit
+    def _chunk_sums(w, s, a0, a1, a2, a3, off, L3A: gl.constexpr, L3B: gl.constexpr, LA: gl.constexpr,
+                    R: gl.constexpr, Q: gl.constexpr):
+        """One chunk: (R, Q // 32) fp32 row sums of each warp (rows on lanes), lifted by 2^(X_EXP / 2)."""
+        t = gl.reshape(w, [R, Q, 2, 2])  # word 4q + 2 j1 + j0 of each row
+        ev, od = gl.split(t)  # j0 = 0 / 1
+        w0, w2 = _split2(ev, LA)
+        w1, w3 = _split2(od, LA)
+        acc = gl.zeros([R, Q], gl.float32, LA) - off[None, :]  # the codes' offset of 8, once per row
+        acc = _word_fma(w0, a0[0], a0[1], a0[2], a0[3], a0[4], a0[5], a0[6], a0[7], acc)
+        acc = _word_fma(w1, a1[0], a1[1], a1[2], a1[3], a1[4], a1[5], a1[6], a1[7], acc)
+        acc = _word_fma(w2, a2[0], a2[1], a2[2], a2[3], a2[4], a2[5], a2[6], a2[7], acc)
+        acc = _word_fma(w3, a3[0], a3[1], a3[2], a3[3], a3[4], a3[5], a3[6], a3[7], acc)
+        acc = acc * (s * 2.0 ** 32)  # scaled, and lifted by half of 2^X_EXP so small sums do not underflow
+        t3 = gl.convert_layout(gl.reshape(acc, [R, Q // 32, 32]), L3A, assert_trivial=True)
+        t3 = gl.convert_layout(t3, L3B)  # step 1: the in-warp transpose, rows onto lanes
+        return gl.sum(t3, axis=2)  # step 2: registers, then the butterfly over the lanes left
+
+    @gluon.jit
+    def _store_rows(p, buf, y_ptr, c, N, stride_yn, LT: gl.constexpr, R: gl.constexpr):
+        """Step 3: the warps' partial row sums p through shared memory `buf`; y = their sum, for chunk c's rows."""
+        buf.store(p)
+        _cta_barrier()
+        v = buf.load(LT)
+        y = gl.sum(v, axis=1) * 2.0 ** 32  # the other half of 2^X_EXP
+        rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+        gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @gluon.jit
+    def _int4_gemv_gluon_kernel(
+        x_ptr, w_ptr, s_ptr, y_ptr,
+        N, K,
+        # strides in elements (stride_wn in 32-bit words); the row strides are constants: per-row offsets then
+        # fold into the loads' addresses
+        stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
+        GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
+        # register layouts, built by `_layouts` (a jit function cannot loop over layout bases)
+        LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
+        LT: gl.constexpr,
+    ):
+        LQ: gl.constexpr = gl.SliceLayout(0, LA)
+        buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        rw = gl.arange(0, 4 * Q, layout=gl.SliceLayout(0, LW))
+        q_ok = (rw // 4) < K // 32  # whole slots: the loads stay 16 bytes wide
+        rq = gl.arange(0, Q, layout=LQ)
+        grp = gl.minimum((32 * rq) // GROUP, K // GROUP - 1)  # slots past K (Q > K / 32) read a real scale
+        w_words = w_ptr.to(gl.pointer_type(gl.int32))
+        n_chunks = (N + R - 1) // R
+        c = gl.program_id(0)
+        step = gl.num_programs(0)
+        if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        # the first chunk depends on no earlier kernel: request it before waiting for x
+        w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        # x once per program: slot q's 32 values in its thread, (Q, 32), k = 32 q + 8 J + i
+        rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
+        rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
+        xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
+                     other=0.0).to(gl.float32)
+        off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)  # 8 x each slot's x sum
+        xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
+        lo, hi = gl.split(xj)  # J1 = 0 / 1
+        x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
+        x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
+        a0 = _partners(x0, LQ)
+        a1 = _partners(x1, LQ)
+        a2 = _partners(x2, LQ)
+        a3 = _partners(x3, LQ)
+        turn = 0
+        for c in range(c, n_chunks, step):
+            w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp,
+                                    R, LW, LA)
+            p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            w = w_next
+            s = s_next
+            turn += 1
+
+
+def _layouts(R: int, NW: int, S: int) -> dict:
+    """The kernel's register layouts for R rows per chunk, NW warps, S slots per thread: Q = 32 NW S slots, slot
+    q = s * 32 NW + warp * 32 + lane. (R, Q // 32, 32) views put s * NW + warp on dim 1 and the lane on dim 2."""
+    log2 = lambda v: v.bit_length() - 1  # noqa: E731
+    Q = 32 * NW * S
+    rows = [[1 << i, 0, 0] for i in range(log2(R))]
+    reps = [[0, NW << i, 0] for i in range(log2(S))]
+    warps = [[0, 1 << i, 0] for i in range(log2(NW))]
+    return dict(
+        Q=Q,
+        LW=gl.BlockedLayout([R, 4], [1, 32], [1, NW], [1, 0]),  # (R, 4Q) words: 4 words of each of R rows
+        LA=gl.BlockedLayout([R, 1], [1, 32], [1, NW], [1, 0]),  # (R, Q) sums: a slot's R rows in its thread
+        LX=gl.BlockedLayout([1, 32], [32, 1], [NW, 1], [1, 0]),  # (Q, 32) x: a slot's 32 values in its thread
+        # LA seen in 3-D; then with dim 2's lowest log2(R) bits in registers and the rows on those lanes
+        L3A=gl.DistributedLinearLayout(rows + reps, [[0, 0, 1 << i] for i in range(5)], warps, [], [R, Q // 32, 32]),
+        L3B=gl.DistributedLinearLayout([[0, 0, 1 << i] for i in range(log2(R))] + reps,
+                                       rows + [[0, 0, 1 << i] for i in range(log2(R), 5)], warps, [],
+                                       [R, Q // 32, 32]),
+        LT=gl.BlockedLayout([1, Q // 32], [32, 1], [NW, 1], [1, 0]),  # (R, Q // 32): a row's partials together
+    )
+
+
+def config(K: int) -> tuple[int, int, int]:
+    """(R rows per chunk, NW warps, S slots per thread) for rows of K weights (calls CN-CO: see the module notes)."""
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = min(16, Q // 32)
+    return (8 if Q <= 128 else 4), NW, Q // (32 * NW)
+
+
+@functools.lru_cache(maxsize=None)
+def _programs_per_sm(n_regs: int, NW: int) -> int:
+    """Programs of NW warps and n_regs registers a thread that fit one SM at once (65536 registers, 64 warps)."""
+    return max(1, min(65536 // (max(n_regs, 1) * 32 * NW), 64 // NW))
+
+
+_WAVE: dict = {}
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
+    """y (1, N) = x (1, K) @ dequant(packed, scales)^T on a CUDA GPU, with the Gluon kernel; int4_matmul checks the
+    arguments first (contiguous 4-byte-aligned packed rows, K a multiple of 32, group size a multiple of 32 dividing
+    K). pdl: `pdl_kwargs(device)`."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
+    R, NW, S = config(K)
+    args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
+            y.stride(1))
+    meta = dict(GROUP=G, R=R, num_warps=NW, **_layouts(R, NW, S), **pdl)
+    key = (x.device.index, x.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), G, pdl.get("PDL"))
+    if key not in _WAVE:  # compile once per shape; its registers decide how many programs one wave holds
+        kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
+        kernel._init_handles()  # loads the binary, which sets n_regs
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        _WAVE[key] = _programs_per_sm(kernel.n_regs, NW) * sms
+    chunks = triton.cdiv(N, R)
+    programs = triton.cdiv(chunks, triton.cdiv(chunks, _WAVE[key]))  # balanced: see the module notes
+    _int4_gemv_gluon_kernel[(programs,)](*args, **meta)
+
+
+def build_offline(K: int, group: int = 128, arch: int = 90):
+    """Compile the kernel for rows of K weights for a CUDA GPU of compute capability `arch` (90: Hopper) without one
+    (bf16 x and y): the CompiledKernel, whose .asm holds its "ttgir", "ptx" and "cubin". A layout conversion
+    asserted trivial that would move data fails here. Not under TRITON_INTERPRET=1, which swaps Triton's library
+    functions for interpreted ones."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    if GLUON_ERROR:
+        raise RuntimeError(f"this Triton ({triton.__version__}) has no usable Gluon: {GLUON_ERROR}")
+    R, NW, S = config(K)
+    fn = _int4_gemv_gluon_kernel
+    constexprs = {"GROUP": group, "R": R, "PDL": False, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
+                  "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
+    sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": NW})

@@ -1,0 +1,135 @@
+"""The int4 GEMV in Gluon (kernels/int4_gemv_gluon.py), int4_matmul's M = 1 path on CUDA GPUs.
+
+CPU: the interpreter does not run Gluon, so here the kernel is compiled for Hopper (sm_90) without running it: its
+layout conversions that must move no data are asserted at compile time (`assert_trivial`), so a wrong layout fails
+to build. GPU: its outputs against x @ dequant(W)^T and against the Triton GEMV, the fallback when it cannot build,
+and CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from llmlab.kernels import dequant_matmul as dq  # noqa: E402
+from llmlab.kernels import int4_gemv_gluon as gg  # noqa: E402
+from llmlab.kernels.dequant_matmul import (  # noqa: E402
+    dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4)
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=1e-2),
+       torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
+
+
+def test_status_says_why_the_gluon_gemv_is_not_used_off_the_gpu():
+    assert "not a CUDA device (cpu)" in dq.gluon_gemv_status("cpu")
+    ok, why = gg.available(torch.device("cpu"))
+    assert not ok and "CUDA" in why
+
+
+def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
+    """Compiled (no GPU needed) at each config `config(K)` picks: one warp at K = 64 (Q = 32 slots, 30 masked), R = 8
+    rows per chunk at K = 4096, R = 4 and 16 warps at K = 14336 (448 slots padded to 512). In a fresh process:
+    this one runs Triton's interpreter, which cannot compile."""
+    if gg.GLUON_ERROR:
+        pytest.skip(f"this Triton has no Gluon: {gg.GLUON_ERROR}")
+    code = (
+        "from llmlab.kernels import int4_gemv_gluon as gg\n"
+        "for K in (64, 4096, 14336):\n"
+        "    R, NW, S = gg.config(K)\n"
+        "    ptx = gg.build_offline(K, group=32).asm['ptx']\n"
+        "    print(K, R, NW, S, ptx.count('fma.rn.f32'), ptx.count('fma.rn.ftz'), ptx.count('bar.sync'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
+    assert [ln[:4] for ln in lines] == [["64", "8", "1", "1"], ["4096", "8", "4", "1"], ["14336", "4", "16", "1"]]
+    for K, R, NW, S, fma, ftz, bars in lines:
+        assert int(fma) >= 8 * 4 * int(R)  # 8 codes x 4 words x R rows per chunk, at least
+        assert int(ftz) == 0  # subnormal fields must survive the FMAs (see dequant_matmul `_field`)
+        assert int(bars) >= 1  # the cross-warp step's barrier
+
+
+gpu = pytest.mark.gpu
+
+
+def _poisoned(N, dtype, pad=5):
+    """y (1, N) inside a NaN-filled buffer with `pad` columns after it: every y must be written, no pad touched."""
+    buf = torch.full((1, N + pad), float("nan"), device="cuda", dtype=dtype)
+    return buf, buf[:, :N]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("N", [1, 7, 17, 999, 1001, 4095])
+@pytest.mark.parametrize("K, G", [(32, 32), (96, 32), (4096, 128), (8192, 64), (14336, 256)])
+def test_gluon_gemv_equals_reference(N, K, G, dtype):
+    torch.manual_seed(N + K)
+    packed, s4 = quantize_int4(torch.randn(N, K, device="cuda"), G)
+    x = torch.randn(1, K, device="cuda").to(dtype)
+    buf, y = _poisoned(N, dtype)
+    gg.int4_gemv(x, packed, s4, y, {"PDL": False})
+    ref = dequant_matmul_reference(x.float(), dequantize_int4(packed, s4))
+    assert torch.isnan(buf[:, N:]).all(), "wrote past the last row"
+    torch.testing.assert_close(y.float(), ref, **TOL[dtype])
+
+
+@gpu
+def test_int4_matmul_runs_the_gluon_gemv_at_batch_1_and_matches_the_triton_one(monkeypatch):
+    assert dq.gluon_gemv_status("cuda") == "gluon"
+    N, K = 4096, 4096
+    packed, s4 = quantize_int4(torch.randn(N, K, device="cuda"), 128)
+    x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+    calls = []
+    real = gg.int4_gemv
+    monkeypatch.setattr(gg, "int4_gemv", lambda *a: calls.append(1) or real(*a))
+    y = int4_matmul(x, packed, s4)
+    assert calls, "int4_matmul did not run the Gluon GEMV"
+    monkeypatch.setattr(dq, "USE_GLUON", False)
+    y_triton = int4_matmul(x, packed, s4)
+    assert len(calls) == 1
+    # the same sums in another order, each rounded to bf16 once
+    torch.testing.assert_close(y.float(), y_triton.float(), atol=2e-2 * float(y_triton.abs().max()), rtol=1e-2)
+
+
+@gpu
+def test_a_gluon_gemv_that_cannot_build_warns_once_and_the_triton_gemv_answers(monkeypatch):
+    packed, s4 = quantize_int4(torch.randn(64, 256, device="cuda"), 64)
+    x = torch.randn(1, 256, device="cuda")
+    ref = dequant_matmul_reference(x, dequantize_int4(packed, s4))
+
+    def broken(*args):
+        raise RuntimeError("gluon API moved")
+
+    monkeypatch.setattr(gg, "int4_gemv", broken)
+    monkeypatch.setattr(dq, "_GLUON_OFF", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y1 = int4_matmul(x, packed, s4)
+        y2 = int4_matmul(x, packed, s4)
+    assert sum("gluon API moved" in str(c.message) for c in caught) == 1
+    assert "failed to build or run" in dq.gluon_gemv_status(x.device)
+    for y in (y1, y2):
+        torch.testing.assert_close(y, ref, **TOL[torch.float32])
+
+
+@gpu
+def test_gluon_gemv_replays_in_a_cuda_graph():
+    """Compiled at the first (warm-up) call, then captured: the replay reads the x it is given."""
+    packed, s4 = quantize_int4(torch.randn(6144, 4096, device="cuda"), 128)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    int4_matmul(x, packed, s4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = int4_matmul(x, packed, s4)
+    x.copy_(torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.testing.assert_close(y.float(), dequant_matmul_reference(x.float(), dequantize_int4(packed, s4)),
+                               **TOL[torch.bfloat16])
