@@ -77,7 +77,11 @@ def test_gluon_gemv_equals_reference(N, K, G, dtype):
     gg.int4_gemv(x, packed, s4, y, {"PDL": False})
     ref = dequant_matmul_reference(x.float(), dequantize_int4(packed, s4))
     assert torch.isnan(buf[:, N:]).all(), "wrote past the last row"
-    torch.testing.assert_close(y.float(), ref, **TOL[dtype])
+    # fp32: sums of K products in another order, and the codes' offset of 8 taken off as 8 x sum(x) (see
+    # dequant_matmul `_int4_word_sums`) cancels; measured on the H200 <= 4e-7 of the largest |y| at K = 14336
+    # (call CP), so the bound is set against max |y|, not each y
+    tol = dict(TOL[dtype], atol=1e-5 * float(ref.abs().max())) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(y.float(), ref, **tol)
 
 
 @gpu

@@ -384,6 +384,27 @@ def main() -> None:
                   flush=True)
 
         record("package", lambda x, w, s, y: int4_matmul(x, w, s))  # as shipped at this commit
+        Q = max(32, triton.next_power_of_2(K // 32))
+        if os.environ.get("SWEEP") == "cq":  # call CQ: the one-chunk loop only, around the shipped configs
+            cfgs = {4096: [(8, 4, None), (4, 4, None), (4, 2, None), (8, 4, 128)],
+                    8192: [(4, 8, None), (2, 8, None), (8, 8, None)],
+                    14336: [(4, 16, None), (2, 16, None), (8, 16, None), (4, 8, None), (2, 16, 64),
+                            (4, 16, 64)]}[K]
+            for rows, nw, maxnreg in cfgs:
+                tag = dict(rows=rows, warps=nw, slots=Q // (32 * nw), one=True, maxnreg=maxnreg)
+                for pps in (1, 2, 3, 4, "balanced"):
+                    record("gluon", lambda x, w, s, y, rows=rows, nw=nw, pps=pps, mr=maxnreg:
+                           launch(x, w, s, y, R=rows, programs=pps if pps == "balanced" else pps * sms, warps=nw,
+                                  one=True, maxnreg=mr), pps=pps, **tag)
+            best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:6]
+            print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x "
+                                                    f"{ {k: v for k, v in r.items() if k in ('rows', 'warps', 'pps', 'maxnreg')} }"
+                                                    for r in best), flush=True)
+            del sets
+            torch.cuda.empty_cache()
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
+            continue
         for rows in (4, 8):
             occ = lib.int4_gemv_xstat_occupancy(K, rows, 1)
             record("cuda_xstat", lambda x, w, s, y, rows=rows, b=occ * sms: cuda_gemv(x, w, s, y.view(-1), rows, b),
