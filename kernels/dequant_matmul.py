@@ -494,10 +494,10 @@ def _int8_gemv_kernel(
     _split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
 
 
-# M = 1, int4, the default since session 17: an INPUT-STATIONARY GEMV (the dataflow names of SCALE-Sim,
-# https://arxiv.org/abs/1811.02883: what stays put in a processing element — here x in a thread's registers). The
-# GEMV above walks a few rows along K, so every K step reloads and re-lifts x and each row is read in short pieces
-# at different times. This one turns it around: a program spans whole rows, thread-slot q owns k in
+# M = 1, int4, in the interpreter and wherever the Gluon form (below) cannot run: an INPUT-STATIONARY GEMV (the
+# dataflow names of SCALE-Sim, https://arxiv.org/abs/1811.02883: what stays put in a processing element — here x in
+# a thread's registers). The GEMV above walks a few rows along K, so every K step reloads and re-lifts x and each
+# row is read in short pieces at different times. This one turns it around: a program spans whole rows, thread-slot q owns k in
 # [32q, 32q + 32) (one 16-byte word quad of each packed row) for its whole life, so its 32 x values are loaded and
 # lifted ONCE, and rows stream past R at a time — a program's load is R whole rows, contiguous. Per row a thread
 # does 32 masks, 32 FMAs in one chain (words split in registers: no multiply to start a word, no sum over words),
@@ -793,7 +793,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
 
 # M = 1 on a CUDA GPU: the same input-stationary GEMV written in Gluon (kernels/int4_gemv_gluon.py), whose per-chunk
 # row sums cost 2 barriers and no per-row butterflies (Triton's reduction above: 3 barriers and 5 shuffle steps per
-# row). Measured on the H200 (calls CN-CO): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.0 us at
+# row). Measured on the H200 (calls CN-CP): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.2 us at
 # 4096 x 14336 against the K-walking GEMV's 14.0 us. The Triton kernels above stay for the CPU interpreter (which
 # does not run Gluon), for Tritons without Gluon, and as its reference in the tests. USE_GLUON = False turns it off.
 USE_GLUON = True

@@ -23,13 +23,17 @@ through shared memory (3 barriers). Here:
 Two shared arrays are used alternately (the turn's parity); Triton's barrier analysis cannot tell the two apart, so
 it adds one barrier before the store: 2 barriers per chunk, against 3 plus 5R shuffle steps.
 
-Measured on an H200 (calls CN and CO, `tools/exp_int4_gluon.py`; Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph
-replay): 9.9 us at 14336 x 4096 (3.15x cuBLAS bf16; the Triton kernel 12.6 us), 13.0 us at 4096 x 14336 (2.46x),
-5.5 us at 6144 x 4096 (2.9x), 4.6 us at 4096 x 4096 (2.9x).
+Measured on an H200 (Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph replay; the kernel micro-benchmark of call
+CP, `data/bench/nvidia-h200_kernels_micro_20261202T163509Z.json`): 9.9 us at 14336 x 4096 (3.16x cuBLAS bf16; the
+Triton kernel 12.6 us in call CN), 13.2 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (3.10x), 4.7 us at
+4096 x 4096 (2.86x). Sweeps: `tools/exp_int4_gluon.py`, calls CN, CO and CQ (data/runs/2026-12-02_h200_session19.md).
 
-Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; the number of
-persistent programs is "balanced": the fewest programs that keep the most chunks any program gets what one resident
-wave would give (the compiled kernel's registers set how many programs fit an SM), so no SM waits on a second wave.
+Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many
+persistent programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or
+one per chunk when there are fewer chunks. That was the best program count, or within 2% of it, at every shape in
+calls CO and CQ, whose times repeated to within 1%. The "balanced" count (the fewest programs that keep the most
+chunks per program what one wave gives) lost 7% at 4096 x 4096 (4.65 against 4.37 us): fewer programs, less in
+flight.
 """
 
 from __future__ import annotations
@@ -260,9 +264,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         _WAVE[key] = _programs_per_sm(kernel.n_regs, NW) * sms
-    chunks = triton.cdiv(N, R)
-    programs = triton.cdiv(chunks, triton.cdiv(chunks, _WAVE[key]))  # balanced: see the module notes
-    _int4_gemv_gluon_kernel[(programs,)](*args, **meta)
+    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, R), _WAVE[key]),)](*args, **meta)  # one wave (module notes)
 
 
 def build_offline(K: int, group: int = 128, arch: int = 90):

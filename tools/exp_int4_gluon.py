@@ -330,14 +330,16 @@ def main() -> None:
     out_path = sys.argv[1]
     so = sys.argv[2] if len(sys.argv) > 2 else "/tmp/libxstat.so"
     here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.exists(so):
-        subprocess.run(["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler",
-                        "-fPIC", "-o", so, os.path.join(here, "exp_int4_xstat.cu")], check=True)
-    lib = ctypes.CDLL(so)
-    lib.int4_gemv_xstat_cuda.restype = ctypes.c_int
-    lib.int4_gemv_xstat_cuda.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
-    lib.int4_gemv_xstat_occupancy.restype = ctypes.c_int
-    lib.int4_gemv_xstat_occupancy.argtypes = [ctypes.c_int] * 3
+    lib = None
+    if os.environ.get("SWEEP") not in ("cq", "cr"):  # those sweeps time no CUDA build
+        if not os.path.exists(so):
+            subprocess.run(["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared",
+                            "-Xcompiler", "-fPIC", "-o", so, os.path.join(here, "exp_int4_xstat.cu")], check=True)
+        lib = ctypes.CDLL(so)
+        lib.int4_gemv_xstat_cuda.restype = ctypes.c_int
+        lib.int4_gemv_xstat_cuda.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+        lib.int4_gemv_xstat_occupancy.restype = ctypes.c_int
+        lib.int4_gemv_xstat_occupancy.argtypes = [ctypes.c_int] * 3
     dev, G = "cuda", 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -352,7 +354,9 @@ def main() -> None:
             raise RuntimeError(f"int4_gemv_xstat_cuda returned {err}")
         return y
 
-    for N, K in ((14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096), (2048, 8192)):
+    shapes = ((4096, 14336), (8192, 7168), (16384, 3584)) if os.environ.get("SWEEP") == "cr" else (
+        (14336, 4096), (4096, 14336), (6144, 4096), (4096, 4096), (2048, 8192))
+    for N, K in shapes:
         W = torch.randn(N, K, device=dev)
         w4, s4 = quantize_int4(W, G)
         del W
@@ -385,17 +389,21 @@ def main() -> None:
 
         record("package", lambda x, w, s, y: int4_matmul(x, w, s))  # as shipped at this commit
         Q = max(32, triton.next_power_of_2(K // 32))
-        if os.environ.get("SWEEP") == "cq":  # call CQ: the one-chunk loop only, around the shipped configs
+        if os.environ.get("SWEEP") in ("cq", "cr"):  # calls CQ, CR: the one-chunk loop only
             cfgs = {4096: [(8, 4, None), (4, 4, None), (4, 2, None), (8, 4, 128)],
                     8192: [(4, 8, None), (2, 8, None), (8, 8, None)],
                     14336: [(4, 16, None), (2, 16, None), (8, 16, None), (4, 8, None), (2, 16, 64),
-                            (4, 16, 64)]}[K]
+                            (4, 16, 64)]}[K] if os.environ["SWEEP"] == "cq" else {
+                    # call CR: would rows of 14336 run faster split in halves or quarters (more, smaller programs)?
+                    # The same bytes as a (8192, 7168) or (16384, 3584) GEMV, without the join of the parts
+                    14336: [(4, 16, None)], 7168: [(4, 8, None), (8, 8, None), (4, 4, None)],
+                    3584: [(8, 4, None), (4, 4, None), (4, 2, None)]}[K]
             for rows, nw, maxnreg in cfgs:
                 tag = dict(rows=rows, warps=nw, slots=Q // (32 * nw), one=True, maxnreg=maxnreg)
-                for pps in (1, 2, 3, 4, "balanced"):
+                for pps in (1, 2, 3, 4, "balanced", "wave"):
                     record("gluon", lambda x, w, s, y, rows=rows, nw=nw, pps=pps, mr=maxnreg:
-                           launch(x, w, s, y, R=rows, programs=pps if pps == "balanced" else pps * sms, warps=nw,
-                                  one=True, maxnreg=mr), pps=pps, **tag)
+                           launch(x, w, s, y, R=rows, programs=None if pps == "wave" else pps if pps == "balanced"
+                                  else pps * sms, warps=nw, one=True, maxnreg=mr), pps=pps, **tag)
             best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:6]
             print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x "
                                                     f"{ {k: v for k, v in r.items() if k in ('rows', 'warps', 'pps', 'maxnreg')} }"

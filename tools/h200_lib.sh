@@ -10,7 +10,9 @@ export LLMLAB_PEAKS_CACHE=/tmp/llmlab-peaks.json  # measured once per call, shar
 DEADLINE_S=${DEADLINE_S:-540}
 START=$SECONDS
 LOG="$OUT/session.log"
-PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs --durations=5"
+# OMP_NUM_THREADS=1: with -n 14 workers, torch's CPU-side tests otherwise run 14 x 16 threads on 16 cores and take
+# minutes (call CO)
+PYTEST="env OMP_NUM_THREADS=1 python3 -m pytest -o addopts= -p no:cacheprovider -q -rs --durations=5"
 
 left() { echo $((DEADLINE_S - (SECONDS - START))); }
 
