@@ -24,9 +24,12 @@ Two shared arrays are used alternately (the turn's parity); Triton's barrier ana
 it adds one barrier before the store: 2 barriers per chunk, against 3 plus 5R shuffle steps.
 
 Measured on an H200 (Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph replay; the kernel micro-benchmark of call
-CP, `data/bench/nvidia-h200_kernels_micro_20261202T163509Z.json`): 9.9 us at 14336 x 4096 (3.16x cuBLAS bf16; the
-Triton kernel 12.6 us in call CN), 13.2 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (3.10x), 4.7 us at
-4096 x 4096 (2.86x). Sweeps: `tools/exp_int4_gluon.py`, calls CN, CO and CQ (data/runs/2026-12-02_h200_session19.md).
+CS, `data/bench/nvidia-h200_kernels_micro_20261202T164242Z.json`): 9.9 us at 14336 x 4096 (3.35x cuBLAS bf16; the
+Triton kernel took 12.6 us in call CN), 13.1 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (2.90x), 4.4 us at
+4096 x 4096 (3.00x). Sweeps: `tools/exp_int4_gluon.py`, calls CN-CR (data/runs/2026-12-02_h200_session19.md).
+At K = 14336 the 448 slots of a row need 16 warps, so one program fits an SM. Every config took 13.0-13.2 us there,
+while the same bytes as 16384 rows of 3584 took 10.3 us (call CR). A split of each row with a join of the parts
+is the next step.
 
 Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many
 persistent programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or
