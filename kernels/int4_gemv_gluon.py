@@ -159,6 +159,42 @@ if GLUON_ERROR is None:
         gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @gluon.jit
+    def _slots(K, GROUP: gl.constexpr, Q: gl.constexpr, LW: gl.constexpr, LQ: gl.constexpr):
+        """Per thread: its word columns of the (R, 4Q) tile (rw), which of them lie inside the row (whole slots, so
+        the loads stay 16 bytes wide), and each slot's scale group (slots past K, when Q > K / 32, read a real
+        scale: the last group's)."""
+        rw = gl.arange(0, 4 * Q, layout=gl.SliceLayout(0, LW))
+        rq = gl.arange(0, Q, layout=LQ)
+        return rw, (rw // 4) < K // 32, gl.minimum((32 * rq) // GROUP, K // GROUP - 1)
+
+    @gluon.jit
+    def _pdl(WAIT: gl.constexpr):
+        """Programmatic dependent launch (see `pdl_enabled` in _util.py): WAIT = False lets the next kernel's
+        programs start arriving; WAIT = True waits until the kernel before this one has finished."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def _x_once(x_ptr, K, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr):
+        """x, once per program: each slot's 32 values loaded into its thread as one (Q, 32) tile (k = 32 q + 8 J +
+        i), then 8 x each slot's sum (the codes' offset of 8) and the lifted partners of words J = 0..3, each a
+        tuple of 8 (Q,) tensors in the slots' layout LQ. x past K reads as 0."""
+        rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
+        rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
+        xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
+                     other=0.0).to(gl.float32)
+        off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
+        xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
+        lo, hi = gl.split(xj)  # J1 = 0 / 1
+        x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
+        x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
+        return off, _partners(x0, LQ), _partners(x1, LQ), _partners(x2, LQ), _partners(x3, LQ)
+
+    @gluon.jit
     def _int4_gemv_gluon_kernel(
         x_ptr, w_ptr, s_ptr, y_ptr,
         N, K,
@@ -172,36 +208,18 @@ if GLUON_ERROR is None:
     ):
         LQ: gl.constexpr = gl.SliceLayout(0, LA)
         buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        rw = gl.arange(0, 4 * Q, layout=gl.SliceLayout(0, LW))
-        q_ok = (rw // 4) < K // 32  # whole slots: the loads stay 16 bytes wide
-        rq = gl.arange(0, Q, layout=LQ)
-        grp = gl.minimum((32 * rq) // GROUP, K // GROUP - 1)  # slots past K (Q > K / 32) read a real scale
+        rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
         w_words = w_ptr.to(gl.pointer_type(gl.int32))
         n_chunks = (N + R - 1) // R
         c = gl.program_id(0)
         step = gl.num_programs(0)
-        if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+        if PDL:
+            _pdl(False)
         # the first chunk depends on no earlier kernel: request it before waiting for x
         w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        # x once per program: slot q's 32 values in its thread, (Q, 32), k = 32 q + 8 J + i
-        rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
-        rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
-        xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
-                     other=0.0).to(gl.float32)
-        off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)  # 8 x each slot's x sum
-        xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
-        lo, hi = gl.split(xj)  # J1 = 0 / 1
-        x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
-        x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
-        a0 = _partners(x0, LQ)
-        a1 = _partners(x1, LQ)
-        a2 = _partners(x2, LQ)
-        a3 = _partners(x3, LQ)
+            _pdl(True)
+        off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
         turn = 0
         for c in range(c, n_chunks, step):
             w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp,

@@ -31,97 +31,13 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-X_EXP = 64  # the package's: sums are kept times 2^-X_EXP (see kernels/dequant_matmul.py `_field`)
-# a barrier across the program's warps: `thread_barrier` in Triton 3.6, `barrier` from 3.7 on (Gluon is experimental)
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-
-@gluon.jit
-def _field(w, SHIFT: gl.constexpr):
-    """The 4-bit field at bits SHIFT.. of int32 words w, as an fp32 subnormal (field * 2^(SHIFT - 149))."""
-    return (w & (15 << SHIFT)).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _lift(x, SHIFT: gl.constexpr):
-    return x * (2.0 ** (149 - SHIFT - 64))
-
-
-@gluon.jit
-def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
-    """acc (R, Q) + sum_i code_i(w) * a_i for (R, Q) words and (Q,) lifted partners (codes 5..7 via w >> 12)."""
-    top = w >> 12
-    acc += _field(w, 0) * a0[None, :]
-    acc += _field(w, 4) * a1[None, :]
-    acc += _field(w, 8) * a2[None, :]
-    acc += _field(w, 12) * a3[None, :]
-    acc += _field(w, 16) * a4[None, :]
-    acc += _field(top, 8) * a5[None, :]
-    acc += _field(top, 12) * a6[None, :]
-    acc += _field(top, 16) * a7[None, :]
-    return acc
-
-
-@gluon.jit
-def _split2(t, L: gl.constexpr):
-    a, b = gl.split(t)
-    return gl.convert_layout(a, L, assert_trivial=True), gl.convert_layout(b, L, assert_trivial=True)
-
-
-@gluon.jit
-def _partners(xq, LQ: gl.constexpr):
-    """xq: (Q, 8) fp32, the x of word J of each slot -> its 8 lifted partners, each (Q,) in layout LQ."""
-    t = gl.reshape(xq, [xq.shape[0], 2, 2, 2])  # (q, i2, i1, i0) with i = 4 i2 + 2 i1 + i0
-    e, o = gl.split(t)  # i0 = 0 / 1: (Q, 2, 2)
-    e0, e1 = gl.split(e)  # i1
-    o0, o1 = gl.split(o)
-    x0, x4 = _split2(e0, LQ)  # i2
-    x2, x6 = _split2(e1, LQ)
-    x1, x5 = _split2(o0, LQ)
-    x3, x7 = _split2(o1, LQ)
-    return (_lift(x0, 0), _lift(x1, 4), _lift(x2, 8), _lift(x3, 12), _lift(x4, 16), _lift(x5, 8), _lift(x6, 12),
-            _lift(x7, 16))
-
-
-@gluon.jit
-def _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R: gl.constexpr,
-           LW: gl.constexpr, LA: gl.constexpr):
-    """Chunk c's weights (R, 4Q) int32 in LW and scales (R, Q) fp32 in LA, zero past N rows."""
-    rn_w = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LW))
-    w = gl.load(w_words + rn_w[:, None] * stride_wn + rw[None, :], mask=(rn_w < N)[:, None] & q_ok[None, :])
-    rn_s = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LA))
-    s = gl.load(s_ptr + rn_s[:, None] * stride_sn + grp[None, :] * stride_sg, mask=(rn_s < N)[:, None])
-    return w, s
-
-
-@gluon.jit
-def _row_sums(w, s, a0, a1, a2, a3, off, L3A: gl.constexpr, L3B: gl.constexpr, LA: gl.constexpr, R: gl.constexpr,
-              Q: gl.constexpr):
-    """One chunk's per-warp row sums: (R, Q // 32) fp32 (rows on lanes), before the cross-warp step."""
-    t = gl.reshape(w, [R, Q, 2, 2])
-    ev, od = gl.split(t)  # words 0, 2 / 1, 3
-    w0, w2 = _split2(ev, LA)
-    w1, w3 = _split2(od, LA)
-    acc = gl.zeros([R, Q], gl.float32, LA) - off[None, :]
-    acc = _word_fma(w0, a0[0], a0[1], a0[2], a0[3], a0[4], a0[5], a0[6], a0[7], acc)
-    acc = _word_fma(w1, a1[0], a1[1], a1[2], a1[3], a1[4], a1[5], a1[6], a1[7], acc)
-    acc = _word_fma(w2, a2[0], a2[1], a2[2], a2[3], a2[4], a2[5], a2[6], a2[7], acc)
-    acc = _word_fma(w3, a3[0], a3[1], a3[2], a3[3], a3[4], a3[5], a3[6], a3[7], acc)
-    acc = acc * (s * 2.0 ** 32)  # lifted by half of 2^X_EXP before summing (see the package kernel)
-    t3 = gl.convert_layout(gl.reshape(acc, [R, Q // 32, 32]), L3A, assert_trivial=True)
-    t3 = gl.convert_layout(t3, L3B)  # the in-warp transpose: rows onto lanes
-    return gl.sum(t3, axis=2)  # (R, Q // 32)
-
-
-@gluon.jit
-def _finish(p, buf, y_ptr, c, N, stride_yn, LT: gl.constexpr, R: gl.constexpr):
-    """Cross the warps: p (R, Q // 32) into shared `buf`, one barrier, every thread sums a row's Q // 32 partials."""
-    buf.store(p)
-    _cta_barrier()
-    v = buf.load(LT)
-    y = gl.sum(v, axis=1) * 2.0 ** 32
-    rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
-    gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+# The pieces shared with the package's kernel (kernels/int4_gemv_gluon.py, which this experiment led to): the math
+# per word, x's lifted partners, a chunk's loads, its in-warp row sums and the cross-warp step. (Calls CN-CR ran this
+# file at the commits named in data/runs/2026-12-02_h200_session19.md, when it still carried its own copies.)
+from llmlab.kernels.int4_gemv_gluon import _chunk, _pdl, _slots, _x_once  # noqa: E402
+from llmlab.kernels.int4_gemv_gluon import _chunk_sums as _row_sums  # noqa: E402
+from llmlab.kernels.int4_gemv_gluon import _layouts as layouts  # noqa: E402
+from llmlab.kernels.int4_gemv_gluon import _store_rows as _finish  # noqa: E402
 
 
 @gluon.jit
@@ -137,34 +53,17 @@ def int4_gemv_gluon_kernel(
     buf0 = gl.allocate_shared_memory(gl.float32, [R, Q // 32], SH)
     buf1 = gl.allocate_shared_memory(gl.float32, [R, Q // 32], SH)
 
-    rw = gl.arange(0, 4 * Q, layout=gl.SliceLayout(0, LW))
-    q_ok = (rw // 4) < K // 32  # whole 16-byte quads: the loads stay 16 bytes wide
-    rq = gl.arange(0, Q, layout=LQ)
-    grp = gl.minimum((32 * rq) // GROUP, K // GROUP - 1)  # slots past K (Q > K / 32) read the last group's scale
+    rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
     w_words = w_ptr.to(gl.pointer_type(gl.int32))
     n_chunks = (N + R - 1) // R
     c = gl.program_id(0)
     step = gl.num_programs(0)
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        _pdl(False)
     wa, sa = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-    rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
-    rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
-    xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
-                 other=0.0).to(gl.float32)  # (Q, 32): k = 32 q + 8 J + i
-    off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
-    xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1) with J = 2 J1 + J0
-    lo, hi = gl.split(xj)  # J1 = 0 / 1: (q, J0, i)
-    x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
-    x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
-    a0 = _partners(x0, LQ)
-    a1 = _partners(x1, LQ)
-    a2 = _partners(x2, LQ)
-    a3 = _partners(x3, LQ)
+        _pdl(True)
+    off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
     if ONE:  # one chunk per turn, the two shared arrays picked by the turn's parity
         buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         it = 0
@@ -185,29 +84,6 @@ def int4_gemv_gluon_kernel(
             if c + step < n_chunks:  # the same for the whole program: its barrier is reached by all threads or none
                 p = _row_sums(wb, sb, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
                 _finish(p, buf1, y_ptr, c + step, N, stride_yn, LT, R)
-
-
-def layouts(R: int, NW: int, S: int) -> dict:
-    """The kernel's register layouts for R rows per chunk, NW warps and S slots per thread (Q = 32 NW S slots; slot
-    q = s * 32 * NW + warp * 32 + lane). Built here: a jit function cannot loop over bases to build them."""
-    log = lambda v: v.bit_length() - 1  # noqa: E731
-    Q = 32 * NW * S
-    rows = [[1 << i, 0, 0] for i in range(log(R))]
-    reps = [[0, NW << i, 0] for i in range(log(S))]
-    warps = [[0, 1 << i, 0] for i in range(log(NW))]
-    return dict(
-        Q=Q,
-        LW=gl.BlockedLayout([R, 4], [1, 32], [1, NW], [1, 0]),  # (R, 4Q) words: 16 bytes of R rows per thread
-        LA=gl.BlockedLayout([R, 1], [1, 32], [1, NW], [1, 0]),  # (R, Q) sums: a slot's R rows in its thread
-        LX=gl.BlockedLayout([1, 32], [32, 1], [NW, 1], [1, 0]),  # (Q, 32) x: a slot's 32 values in its thread
-        # (R, Q // 32, 32), dim 1 = s * NW + warp, dim 2 = lane. L3A: LA viewed in 3-D. L3B: dim 2's lowest log R
-        # bits in registers, the rows on those lanes instead (an in-warp transpose).
-        L3A=gl.DistributedLinearLayout(rows + reps, [[0, 0, 1 << i] for i in range(5)], warps, [], [R, Q // 32, 32]),
-        L3B=gl.DistributedLinearLayout([[0, 0, 1 << i] for i in range(log(R))] + reps,
-                                       [r for r in rows] + [[0, 0, 1 << i] for i in range(log(R), 5)], warps, [],
-                                       [R, Q // 32, 32]),
-        LT=gl.BlockedLayout([1, Q // 32], [32, 1], [NW, 1], [1, 0]),  # (R, Q // 32): a row's partials in a thread
-    )
 
 
 def launch(x, packed, scales, y, R=8, programs=None, pdl=True, warps=None, one=False, maxnreg=None):
