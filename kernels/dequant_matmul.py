@@ -497,14 +497,14 @@ def _int8_gemv_kernel(
 # M = 1, int4, in the interpreter and wherever the Gluon form (below) cannot run: an INPUT-STATIONARY GEMV (the
 # dataflow names of SCALE-Sim, https://arxiv.org/abs/1811.02883: what stays put in a processing element — here x in
 # a thread's registers). The GEMV above walks a few rows along K, so every K step reloads and re-lifts x and each
-# row is read in short pieces at different times. This one turns it around: a program spans whole rows, thread-slot q owns k in
-# [32q, 32q + 32) (one 16-byte word quad of each packed row) for its whole life, so its 32 x values are loaded and
-# lifted ONCE, and rows stream past R at a time — a program's load is R whole rows, contiguous. Per row a thread
-# does 32 masks, 32 FMAs in one chain (words split in registers: no multiply to start a word, no sum over words),
-# one scale; then the program sums each row across its threads. Programs are persistent (a few per SM, walking
-# chunks p, p + P, ...): the next chunk's weights are requested before this chunk's math, the first chunk's before
-# the PDL wait. Measured in call CF (tools/exp_int4_xstat.cu, the same design in CUDA C++; Llama-3.1-8B shapes,
-# H200): 10.5 us at 14336 x 4096 (3.09x cuBLAS bf16; the K-walking GEMV 14.8 us) and 4.4 us at 4096 x 4096.
+# row is read in short pieces at different times. This one turns it around: a program spans whole rows, thread-slot
+# q owns k in [32q, 32q + 32) (one 16-byte word quad of each packed row) for its whole life, so its 32 x values are
+# loaded and lifted ONCE, and rows stream past R at a time — a program's load is R whole rows, contiguous. Per row a
+# thread does 32 masks, 32 FMAs in one chain (words split in registers: no multiply to start a word, no sum over
+# words), one scale; then the program sums each row across its threads. Programs are persistent (a few per SM,
+# walking chunks p, p + P, ...): the next chunk's weights are requested before this chunk's math, the first chunk's
+# before the PDL wait. Measured in call CF (tools/exp_int4_xstat.cu, the same design in CUDA C++; Llama-3.1-8B
+# shapes, H200): 10.5 us at 14336 x 4096 (3.09x cuBLAS bf16; the K-walking GEMV 14.8 us) and 4.4 us at 4096 x 4096.
 # Q (threads per row) is the power of two >= K / 32, num_warps = Q / 32 (one slot per thread).
 # One config, not autotuned: over R {2, 4, 8} x programs per SM {0 (one chunk each), 1..6} the times under CUDA-graph
 # replay were uneven (call CJ, 14336 x 4096: 12.5 to 36 us; 13.2, 16.2 and 16.6 us for R = 4 at 3, 2 and 4 per
@@ -793,11 +793,21 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
 
 # M = 1 on a CUDA GPU: the same input-stationary GEMV written in Gluon (kernels/int4_gemv_gluon.py), whose per-chunk
 # row sums cost 2 barriers and no per-row butterflies (Triton's reduction above: 3 barriers and 5 shuffle steps per
-# row). Measured on the H200 (calls CN-CP): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.2 us at
-# 4096 x 14336 against the K-walking GEMV's 14.0 us. The Triton kernels above stay for the CPU interpreter (which
-# does not run Gluon), for Tritons without Gluon, and as its reference in the tests. USE_GLUON = False turns it off.
+# row). Measured on the H200 (calls CN-CS): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.1 us at
+# 4096 x 14336 against the K-walking GEMV's 14.0 us. It takes rows of up to `_gluon.MAX_K` weights (longer rows put
+# two or more slots in each thread, which spills registers and was never timed: they keep the K-walking GEMV). The
+# Triton kernels above stay for the CPU interpreter (which does not run Gluon), for Tritons without Gluon, and as
+# its reference in the tests. USE_GLUON = False turns it off.
 USE_GLUON = True
-_GLUON_OFF: dict = {}  # device -> why the Gluon GEMV is not used there
+_GLUON_OFF: dict = {}  # cuda:i -> None where the Gluon GEMV is used, else the reason it is not
+
+
+def _cuda_index(device: torch.device) -> torch.device:
+    """"cuda" -> "cuda:i" for the current device, so that one GPU has one entry in `_GLUON_OFF` however it is
+    named (a tensor's .device always carries its index)."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _gluon_gemv(device: torch.device) -> bool:
@@ -805,25 +815,33 @@ def _gluon_gemv(device: torch.device) -> bool:
     `gluon_gemv_status`)."""
     if not USE_GLUON or device.type != "cuda":
         return False
+    device = _cuda_index(device)
     if device not in _GLUON_OFF:
         ok, why = _gluon.available(device)
         _GLUON_OFF[device] = None if ok else why
     return _GLUON_OFF[device] is None
 
 
-def _gluon_failed(device: torch.device, e: Exception) -> None:
-    """The Gluon GEMV raised (a Triton whose Gluon API moved): say so once, use the Triton kernels from now on."""
-    _GLUON_OFF[device] = f"the Gluon GEMV failed to build or run ({type(e).__name__}: {str(e)[:200]})"
-    warnings.warn(f"int4_matmul: {_GLUON_OFF[device]}; using the Triton GEMV instead (correct, slower)",
-                  stacklevel=3)
+def _gluon_failed(device: torch.device, shape: tuple, e: Exception) -> None:
+    """The Gluon GEMV raised (e.g. a Triton whose Gluon API moved): say so once, naming the weight's shape, and use
+    the Triton kernels on this device from now on (`gluon_gemv_status` keeps the reason)."""
+    device = _cuda_index(device)
+    _GLUON_OFF[device] = (f"the Gluon GEMV failed to build or run for a {shape[0]} x {shape[1]} weight "
+                          f"({type(e).__name__}: {str(e)[:200]})")
+    warnings.warn(f"int4_matmul: {_GLUON_OFF[device]}; using the Triton GEMV on {device} from now on (correct, "
+                  f"slower)", stacklevel=3)
 
 
 def gluon_gemv_status(device: torch.device | str = "cuda") -> str:
-    """"gluon" when int4_matmul's M = 1 path runs the Gluon GEMV on `device`, else the reason it runs Triton's."""
+    """"gluon" when int4_matmul's M = 1 path runs the Gluon GEMV on `device` ("cuda" means the current GPU), else
+    the reason it runs Triton's: switched off, not a CUDA device, the interpreter, no Gluon in this Triton, no GPU,
+    or an earlier failure to build or run."""
     device = torch.device(device)
     if not USE_GLUON:
         return "switched off (dequant_matmul.USE_GLUON = False)"
-    return "gluon" if _gluon_gemv(device) else _GLUON_OFF.get(device) or f"not a CUDA device ({device.type})"
+    if _gluon_gemv(device):
+        return "gluon"
+    return _GLUON_OFF.get(_cuda_index(device)) or f"not a CUDA device ({device.type})"
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -848,7 +866,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     Raises:
         ValueError: shape mismatches, K not a multiple of 32, a group size that does not divide K or is odd.
         TypeError: wrong dtypes.
-        Warns once for M > 16 (correct, slow).
+        Warns once for M > 16 (correct, slow), and once per GPU if the Gluon GEMV fails to build or run there (the
+        Triton GEMV answers instead; `gluon_gemv_status()` keeps the reason).
     """
     check_tensors("int4_matmul", ACT_DTYPES, x=x)
     if packed.dtype != torch.uint8 or not scales.is_floating_point():
@@ -880,12 +899,12 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
-    if M == 1 and words and _gluon_gemv(x.device):  # batch-1 decode on a GPU: the input-stationary GEMV in Gluon
+    if M == 1 and words and K <= _gluon.MAX_K and _gluon_gemv(x.device):  # batch 1 on a GPU: the Gluon GEMV
         try:
             _gluon.int4_gemv(x, packed, scales, y, pdl_kwargs(x.device))
             return y
         except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton kernels below
-            _gluon_failed(x.device, e)
+            _gluon_failed(x.device, (N, K), e)
     if M == 1 and words and K <= IS_MAX_K:  # batch-1 decode: the input-stationary GEMV
         _is_launch(x, packed, scales, y, N, K, G)
         return y

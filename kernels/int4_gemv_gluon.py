@@ -1,10 +1,11 @@
 """int4 GEMV at batch 1 written in Gluon: the input-stationary GEMV of dequant_matmul.py with its row sums laid out
 by hand.
 
-`int4_matmul` runs this kernel for M = 1 on a CUDA GPU when Triton ships Gluon (`triton.experimental.gluon`, Triton
-3.6 and later) and the kernel compiles; otherwise, and in the CPU interpreter (which does not run Gluon), it runs
-the Triton kernel `_int4_gemv_is_kernel` in dequant_matmul.py. Both compute the same sums the same way; this one
-only differs in how each chunk's row sums cross the threads.
+`int4_matmul` runs this kernel for M = 1 on a CUDA GPU, for rows of up to MAX_K weights, when Triton ships Gluon
+(`triton.experimental.gluon`, Triton 3.6 and later) and the kernel compiles. Otherwise, and in the CPU interpreter
+(which does not run Gluon), it runs the Triton kernel `_int4_gemv_is_kernel` in dequant_matmul.py. Both form the
+same products the same way; they sum them in a different order, as each chunk's row sums cross the threads
+differently.
 
 The design (see dequant_matmul.py's notes on `_int4_gemv_is_kernel` for the long form): a program spans whole rows.
 Thread slot q owns k in [32q, 32q + 32) for the program's life, so its 32 values of x are loaded and lifted once;
@@ -55,6 +56,10 @@ except Exception as e:  # noqa: BLE001 - any import failure means: use the Trito
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
 X_EXP = 64  # as dequant_matmul.X_EXP: the sums are kept times 2^-X_EXP (see `_field` there)
+# The longest rows it takes: up to 512 slots of 32 weights, one slot per thread in 16 warps. Longer rows would put
+# two or more slots in each thread; ptxas then spills registers (172 bytes at K = 28672) and no such config was
+# timed, so int4_matmul sends them to dequant_matmul's K-walking GEMV.
+MAX_K = 16384
 
 
 def available(device: torch.device) -> tuple[bool, str]:
@@ -63,6 +68,8 @@ def available(device: torch.device) -> tuple[bool, str]:
     from ._util import interpret_mode
     if device.type != "cuda":
         return False, f"the Gluon GEMV runs on CUDA GPUs, not {device.type}"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU is available"
     if interpret_mode():
         return False, "the Triton interpreter (TRITON_INTERPRET=1) does not run Gluon kernels"
     if GLUON_ERROR:
@@ -270,16 +277,28 @@ _WAVE: dict = {}
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
-    """y (1, N) = x (1, K) @ dequant(packed, scales)^T on a CUDA GPU, with the Gluon kernel; int4_matmul checks the
-    arguments first (contiguous 4-byte-aligned packed rows, K a multiple of 32, group size a multiple of 32 dividing
-    K). pdl: `pdl_kwargs(device)`."""
+    """y = x @ dequant(packed, scales)^T for ONE row of x, on a CUDA GPU, with the Gluon kernel (writes y in place).
+
+    Args:
+        x: (1, K) fp32 / fp16 / bf16, any stride along K (only row 0 is read).
+        packed: (N, K // 2) uint8, two int4 codes per byte (dequant_matmul's layout), rows contiguous and 4-byte
+            aligned; K <= MAX_K.
+        scales: (N, K // G) float (fp32 from quantize_int4), any strides.
+        y: (1, N) in x's dtype, any stride along N.
+        pdl: `pdl_kwargs(device)` from _util.py.
+
+    int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
+    arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
+    built (int4_matmul then falls back to the Triton GEMV)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
     G = K // scales.shape[1]
     R, NW, S = config(K)
     args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
             y.stride(1))
     meta = dict(GROUP=G, R=R, num_warps=NW, **_layouts(R, NW, S), **pdl)
-    key = (x.device.index, x.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), G, pdl.get("PDL"))
+    # what the compiled kernel's registers depend on (Triton also specializes on strides of 1 and 16-byte alignment,
+    # which change no register count that matters here: this key only sizes the grid)
+    key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), G, pdl.get("PDL"))
     if key not in _WAVE:  # compile once per shape; its registers decide how many programs one wave holds
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
@@ -298,11 +317,16 @@ def build_offline(K: int, group: int = 128, arch: int = 90):
 
     if GLUON_ERROR:
         raise RuntimeError(f"this Triton ({triton.__version__}) has no usable Gluon: {GLUON_ERROR}")
+    if K % 32 or group % 32 or K % group:
+        raise ValueError(f"build_offline: K = {K} and group = {group} must be multiples of 32, the group dividing K")
     R, NW, S = config(K)
     fn = _int4_gemv_gluon_kernel
     constexprs = {"GROUP": group, "R": R, "PDL": False, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
                   "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
-    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs),
+    # the pointers 16-byte aligned and K a multiple of 16, as a launch on torch's allocations specializes them (the
+    # weight loads are then 16 bytes wide, as on the GPU)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in types or a == "K"}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": NW})

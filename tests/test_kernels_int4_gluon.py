@@ -31,6 +31,9 @@ def test_status_says_why_the_gluon_gemv_is_not_used_off_the_gpu():
     assert "not a CUDA device (cpu)" in dq.gluon_gemv_status("cpu")
     ok, why = gg.available(torch.device("cpu"))
     assert not ok and "CUDA" in why
+    if not torch.cuda.is_available():  # asked about "cuda" on a machine without one: not "gluon"
+        assert dq.gluon_gemv_status("cuda") != "gluon"
+        assert gg.available(torch.device("cuda")) == (False, "no CUDA GPU is available")
 
 
 def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
@@ -44,16 +47,18 @@ def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
         "for K in (64, 4096, 14336):\n"
         "    R, NW, S = gg.config(K)\n"
         "    ptx = gg.build_offline(K, group=32).asm['ptx']\n"
-        "    print(K, R, NW, S, ptx.count('fma.rn.f32'), ptx.count('fma.rn.ftz'), ptx.count('bar.sync'))\n")
+        "    print(K, R, NW, S, ptx.count('fma.rn.f32'), ptx.count('fma.rn.ftz'), ptx.count('bar.sync'),\n"
+        "          ptx.count('ld.global.v4.b32'))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
     assert [ln[:4] for ln in lines] == [["64", "8", "1", "1"], ["4096", "8", "4", "1"], ["14336", "4", "16", "1"]]
-    for K, R, NW, S, fma, ftz, bars in lines:
+    for K, R, NW, S, fma, ftz, bars, v4 in lines:
         assert int(fma) >= 8 * 4 * int(R)  # 8 codes x 4 words x R rows per chunk, at least
         assert int(ftz) == 0  # subnormal fields must survive the FMAs (see dequant_matmul `_field`)
         assert int(bars) >= 1  # the cross-warp step's barrier
+        assert int(v4) >= 2 * int(R)  # each row's weights in one 16-byte load per thread (first chunk + loop)
 
 
 gpu = pytest.mark.gpu
@@ -117,8 +122,9 @@ def test_a_gluon_gemv_that_cannot_build_warns_once_and_the_triton_gemv_answers(m
         warnings.simplefilter("always")
         y1 = int4_matmul(x, packed, s4)
         y2 = int4_matmul(x, packed, s4)
-    assert sum("gluon API moved" in str(c.message) for c in caught) == 1
-    assert "failed to build or run" in dq.gluon_gemv_status(x.device)
+    assert sum("gluon API moved" in str(c.message) and "64 x 256" in str(c.message) for c in caught) == 1
+    for name in (x.device, "cuda"):  # the GPU however it is named ("cuda" is the current one)
+        assert "failed to build or run" in dq.gluon_gemv_status(name)
     for y in (y1, y2):
         torch.testing.assert_close(y, ref, **TOL[torch.float32])
 
@@ -137,3 +143,41 @@ def test_gluon_gemv_replays_in_a_cuda_graph():
     graph.replay()
     torch.testing.assert_close(y.float(), dequant_matmul_reference(x.float(), dequantize_int4(packed, s4)),
                                **TOL[torch.bfloat16])
+
+
+@gpu
+def test_rows_longer_than_max_k_take_the_k_walking_gemv(monkeypatch):
+    """Past MAX_K each thread would hold several slots (spills, never timed): int4_matmul keeps the Triton GEMV."""
+    K = gg.MAX_K + 32
+    packed, s4 = quantize_int4(torch.randn(40, K, device="cuda"), 32)
+    x = torch.randn(1, K, device="cuda")
+
+    def refuse(*args):
+        raise AssertionError("the Gluon GEMV ran past MAX_K")
+
+    monkeypatch.setattr(gg, "int4_gemv", refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning either: it was never tried
+        y = int4_matmul(x, packed, s4)
+    ref = dequant_matmul_reference(x, dequantize_int4(packed, s4))
+    torch.testing.assert_close(y, ref, **dict(TOL[torch.float32], atol=1e-5 * float(ref.abs().max())))
+
+
+@gpu
+def test_gluon_gemv_reads_strided_x_sliced_weights_and_other_scale_layouts():
+    """x a strided view with NaN between and after its values; packed a column slice of a wider buffer (4-byte but
+    not 16-byte aligned rows); scales transposed in memory, then in bf16."""
+    N, K, G = 300, 4096, 128
+    packed, s4 = quantize_int4(torch.randn(N, K, device="cuda"), G)
+    xbuf = torch.full((1, 2 * K + 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    x = xbuf[:, : 2 * K : 2]
+    x.copy_(torch.randn(1, K))
+    wide = torch.zeros(N, K // 2 + 4, dtype=torch.uint8, device="cuda")
+    wide[:, 4:] = packed
+    for w, s in ((packed, s4), (wide[:, 4:], s4), (packed, s4.t().contiguous().t()),
+                 (packed, s4.to(torch.bfloat16))):
+        buf, y = _poisoned(N, torch.bfloat16)
+        gg.int4_gemv(x, w, s, y, {"PDL": False})
+        ref = dequant_matmul_reference(x.float(), dequantize_int4(packed, s.float()))
+        assert torch.isnan(buf[:, N:]).all() and torch.isfinite(y).all()
+        torch.testing.assert_close(y.float(), ref, **TOL[torch.bfloat16])
