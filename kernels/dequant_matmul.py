@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import int4_gemv_gluon as _gluon
 from ._util import autotune_configs, check_tensors, demo_needs_cuda, num_sms, pdl_kwargs, tune_bench, zero_on_error
 from .split_k import scratch as _scratch
 from .split_k import split_k_range as _split_k_range
@@ -793,13 +792,20 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
 
 # M = 1 on a CUDA GPU: the same input-stationary GEMV written in Gluon (kernels/int4_gemv_gluon.py), whose per-chunk
 # row sums cost 2 barriers and no per-row butterflies (Triton's reduction above: 3 barriers and 5 shuffle steps per
-# row). Measured on the H200 (calls CN-CS): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.1 us at
-# 4096 x 14336 against the K-walking GEMV's 14.0 us. It takes rows of up to `_gluon.MAX_K` weights (longer rows put
-# two or more slots in each thread, which spills registers and was never timed: they keep the K-walking GEMV). The
-# Triton kernels above stay for the CPU interpreter (which does not run Gluon), for Tritons without Gluon, and as
-# its reference in the tests. USE_GLUON = False turns it off.
+# row). Measured on the H200 (calls CN-CS): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.1 us at 4096
+# x 14336 against the K-walking GEMV's 14.0 us. It takes rows of up to `int4_gemv_gluon.MAX_K` weights (longer rows
+# put two or more slots in each thread, which spills registers and was never timed: they keep the K-walking GEMV).
+# The Triton kernels above stay for the CPU interpreter (which does not run Gluon), for Tritons without Gluon, and
+# as its reference in the tests. USE_GLUON = False turns it off.
 USE_GLUON = True
 _GLUON_OFF: dict = {}  # cuda:i -> None where the Gluon GEMV is used, else the reason it is not
+
+
+def _gluon():
+    """kernels/int4_gemv_gluon.py, imported at first use on a GPU: importing Gluon takes ~0.1 s, which runs on a CPU
+    (the interpreter, Binder) never need."""
+    from . import int4_gemv_gluon
+    return int4_gemv_gluon
 
 
 def _cuda_index(device: torch.device) -> torch.device:
@@ -817,7 +823,7 @@ def _gluon_gemv(device: torch.device) -> bool:
         return False
     device = _cuda_index(device)
     if device not in _GLUON_OFF:
-        ok, why = _gluon.available(device)
+        ok, why = _gluon().available(device)
         _GLUON_OFF[device] = None if ok else why
     return _GLUON_OFF[device] is None
 
@@ -899,9 +905,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     words = _word_rows(packed, K // 2, 4)  # contiguous, 4-byte aligned rows: the word-reading kernels
-    if M == 1 and words and K <= _gluon.MAX_K and _gluon_gemv(x.device):  # batch 1 on a GPU: the Gluon GEMV
+    if M == 1 and words and _gluon_gemv(x.device) and K <= _gluon().MAX_K:  # batch 1 on a GPU: the Gluon GEMV
         try:
-            _gluon.int4_gemv(x, packed, scales, y, pdl_kwargs(x.device))
+            _gluon().int4_gemv(x, packed, scales, y, pdl_kwargs(x.device))
             return y
         except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton kernels below
             _gluon_failed(x.device, (N, K), e)

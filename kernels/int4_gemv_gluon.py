@@ -273,7 +273,7 @@ def _programs_per_sm(n_regs: int, NW: int) -> int:
     return max(1, min(65536 // (max(n_regs, 1) * 32 * NW), 64 // NW))
 
 
-_WAVE: dict = {}
+_LAUNCH: dict = {}  # what a launch depends on -> (its meta-parameters, programs in one wave), built once per shape
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
@@ -291,20 +291,22 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
     built (int4_matmul then falls back to the Triton GEMV)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
-    G = K // scales.shape[1]
-    R, NW, S = config(K)
     args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
             y.stride(1))
-    meta = dict(GROUP=G, R=R, num_warps=NW, **_layouts(R, NW, S), **pdl)
-    # what the compiled kernel's registers depend on (Triton also specializes on strides of 1 and 16-byte alignment,
-    # which change no register count that matters here: this key only sizes the grid)
-    key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), G, pdl.get("PDL"))
-    if key not in _WAVE:  # compile once per shape; its registers decide how many programs one wave holds
+    # what the meta-parameters and the compiled kernel's registers depend on (Triton also specializes on strides of
+    # 1 and 16-byte alignment, which change no register count that matters here: the wave only sizes the grid)
+    key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), scales.shape[1],
+           pdl.get("PDL"))
+    launch = _LAUNCH.get(key)
+    if launch is None:  # once per shape: the layouts (~0.1 ms of Python to build) and a compile
+        R, NW, S = config(K)
+        meta = dict(GROUP=K // scales.shape[1], R=R, num_warps=NW, **_layouts(R, NW, S), **pdl)
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        _WAVE[key] = _programs_per_sm(kernel.n_regs, NW) * sms
-    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, R), _WAVE[key]),)](*args, **meta)  # one wave (module notes)
+        launch = _LAUNCH[key] = meta, _programs_per_sm(kernel.n_regs, NW) * sms
+    meta, wave = launch
+    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]), wave),)](*args, **meta)  # one wave (module notes)
 
 
 def build_offline(K: int, group: int = 128, arch: int = 90):
