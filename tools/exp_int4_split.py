@@ -33,7 +33,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from llmlab.kernels.int4_gemv_gluon import _chunk, _chunk_sums, _cta_barrier, _layouts, _pdl, _slots, _x_once
+from llmlab.kernels.int4_gemv_gluon import _chunk, _chunk_sums, _cta_barrier, _layouts, _pdl, _slots, _store_rows, _x_once
 
 
 @gluon.jit
@@ -163,6 +163,102 @@ def diag16_kernel(
         s = s_next
 
 
+@gluon.jit
+def pf_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    N, K,
+    stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
+    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PF: gl.constexpr, PDL: gl.constexpr,
+    LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr,
+):
+    """The package kernel (kernels/int4_gemv_gluon.py) with PF chunks in flight instead of 1 (PF = 1: the package's
+    loop). Call CT: its 16-warp programs at K = 14336 took 13.0 us, 11.1 without the cross-warp step (DIAG16): a
+    warp's next-but-one loads wait for the barrier, so for the slowest warp's loads. More chunks in flight keep
+    loads issued across it."""
+    LQ: gl.constexpr = gl.SliceLayout(0, LA)
+    buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
+    w_words = w_ptr.to(gl.pointer_type(gl.int32))
+    n_chunks = (N + R - 1) // R
+    c = gl.program_id(0)
+    step = gl.num_programs(0)
+    if PDL:
+        _pdl(False)
+    w0, s0 = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PF >= 2:
+        w1, s1 = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PF >= 3:
+        w2, s2 = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PF >= 4:
+        w3, s3 = _chunk(w_words, s_ptr, c + 3 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PDL:
+        _pdl(True)
+    off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
+    turn = 0
+    if PF == 1:
+        for c in range(c, n_chunks, step):
+            wn, sn = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+            p = _chunk_sums(w0, s0, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            w0 = wn
+            s0 = sn
+            turn += 1
+    elif PF == 2:
+        for c in range(c, n_chunks, step):
+            wn, sn = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
+            p = _chunk_sums(w0, s0, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            w0 = w1
+            s0 = s1
+            w1 = wn
+            s1 = sn
+            turn += 1
+    elif PF == 3:
+        for c in range(c, n_chunks, step):
+            wn, sn = _chunk(w_words, s_ptr, c + 3 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
+            p = _chunk_sums(w0, s0, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            w0 = w1
+            s0 = s1
+            w1 = w2
+            s1 = s2
+            w2 = wn
+            s2 = sn
+            turn += 1
+    else:
+        for c in range(c, n_chunks, step):
+            wn, sn = _chunk(w_words, s_ptr, c + 4 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
+            p = _chunk_sums(w0, s0, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            w0 = w1
+            s0 = s1
+            w1 = w2
+            s1 = s2
+            w2 = w3
+            s2 = s3
+            w3 = wn
+            s3 = sn
+            turn += 1
+
+
+def launch_pf(x, packed, scales, y, R=4, PF=2, programs=None, maxnreg=None):
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = min(16, Q // 32)
+    meta = dict(GROUP=G, R=R, PF=PF, PDL=True, num_warps=NW, launch_pdl=True, **_layouts(R, NW, Q // (32 * NW)))
+    if maxnreg:
+        meta["maxnreg"] = maxnreg
+    args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
+            y.stride(1))
+    wave = _wave(pf_kernel, args, meta, ("pf", N, K, R, PF, maxnreg))
+    pf_kernel[(min(programs or wave, triton.cdiv(N, R)),)](*args, **meta)
+    return y
+
+
 def split_meta(K, G, P, R, NW, join, pdl=True):
     KP = K // P
     Q = max(32, triton.next_power_of_2(KP // 32))
@@ -218,8 +314,38 @@ def launch_diag16(x, packed, scales, y, ws, R=4):
     return y
 
 
+def inspect_pf() -> None:
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn = pf_kernel
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
+    for K, R, PF in ((14336, 4, 1), (14336, 4, 2), (14336, 4, 3), (14336, 2, 4), (14336, 8, 2), (4096, 8, 1),
+                     (4096, 4, 2), (4096, 8, 2), (4096, 4, 3), (4096, 2, 4)):
+        Q = max(32, triton.next_power_of_2(K // 32))
+        nw = min(16, Q // 32)
+        constexprs = {"GROUP": 128, "R": R, "PF": PF, "PDL": True, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
+                      "stride_wn": K // 8, "stride_sn": K // 128, **_layouts(R, nw, Q // (32 * nw))}
+        sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in types or a == "K"}
+        k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
+        cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            res = subprocess.run([cuobj, "-res-usage", f.name], capture_output=True, text=True).stdout
+        print(f"PF kernel K={K} R={R} PF={PF} NW={nw}:", " ".join(re.findall(r"REG:\d+|STACK:\d+|LOCAL:\d+", res)),
+              flush=True)
+
+
 def inspect() -> None:
     """Compile for sm_90a without a GPU; print registers and spills."""
+    if os.environ.get("SWEEP") == "pf":
+        return inspect_pf()
     import re
     import subprocess
     import tempfile
@@ -349,9 +475,82 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
 
+def main_pf() -> None:
+    """Call CU: the package kernel with PF chunks in flight, against the package at each shape."""
+    from llmlab.kernels.bench_kernels import _copies, _graph_ms
+    from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4
+    out_path = sys.argv[1]
+    dev, G = "cuda", 128
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": os.environ.get("LLMLAB_COMMIT", ""), "rows": [], "checks": []}
+    torch.manual_seed(0)
+    for N, K, R, PF, dt in ((999, 14336, 4, 2, torch.float32), (17, 4096, 8, 2, torch.bfloat16),
+                            (4095, 14336, 2, 4, torch.bfloat16), (1001, 4096, 4, 3, torch.float16),
+                            (1001, 14336, 4, 3, torch.bfloat16)):
+        w4, s4 = quantize_int4(torch.randn(N, K, device=dev), G)
+        x = (torch.randn(1, K, device=dev) * 3).to(dt)
+        ref = dequant_matmul_reference(x.float(), dequantize_int4(w4, s4))
+        for progs in (None, 3, 100):
+            y = torch.full((1, N), float("nan"), device=dev, dtype=dt)
+            launch_pf(x, w4, s4, y, R=R, PF=PF, programs=progs)
+            err = float((y.float() - ref).abs().max() / ref.abs().max())
+            res["checks"].append(dict(N=N, K=K, R=R, PF=PF, programs=progs, dtype=str(dt), max_rel_err=err))
+            print(f"check N={N} K={K} R={R} PF={PF} programs={progs} {dt}: err {err:.1e}", flush=True)
+    for N, K in ((4096, 14336), (14336, 4096), (6144, 4096), (4096, 4096)):
+        W = torch.randn(N, K, device=dev)
+        w4, s4 = quantize_int4(W, G)
+        del W
+        wbytes = w4.numel() + s4.numel() * 4
+        sets = [(torch.randn(1, K, device=dev, dtype=torch.bfloat16), w4.clone(), s4.clone(),
+                 torch.empty(1, N, device=dev, dtype=torch.bfloat16)) for _ in range(_copies(wbytes, dev))]
+        ref = dequant_matmul_reference(sets[0][0], dequantize_int4(w4, s4)).float().view(-1)
+        dense = [(torch.randn(1, K, device=dev, dtype=torch.bfloat16),
+                  torch.randn(N, K, device=dev, dtype=torch.bfloat16)) for _ in range(_copies(N * K * 2, dev))]
+        t_dense = _graph_ms([lambda x=x, W=W: x @ W.T for x, W in dense])
+        del dense
+        torch.cuda.empty_cache()
+        print(f"{N} x {K}: bf16 x @ W.T {t_dense * 1e3:6.2f} us", flush=True)
+
+        def record(name, call, **extra):
+            try:
+                y = call(*sets[0]).float().view(-1)
+                torch.cuda.synchronize()
+                err = float((y - ref).abs().max() / ref.abs().max())
+                t = _graph_ms([lambda s=s: call(*s) for s in sets])
+            except Exception as e:  # noqa: BLE001
+                print(f"{N} x {K} {name} {extra}: FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
+                return
+            row = dict(N=N, K=K, variant=name, time_us=t * 1e3, dense_us=t_dense * 1e3, speedup_vs_bf16=t_dense / t,
+                       GBps=wbytes / t / 1e6, max_rel_err=err, **extra)
+            res["rows"].append(row)
+            print(f"{N} x {K} {name:8s} {t * 1e3:6.2f} us {row['speedup_vs_bf16']:.2f}x bf16 err {err:.1e} {extra}",
+                  flush=True)
+
+        record("package", lambda x, w, s, y: int4_matmul(x, w, s))
+        cfgs = [(4, 1), (4, 2), (4, 3), (2, 2), (2, 4)] if K == 14336 else \
+            [(8, 1), (4, 2), (8, 2), (4, 3), (2, 4)]
+        for R, PF in cfgs:
+            for progs, mr in ((None, None), (sms, None), (2 * sms, None), (None, 128)):
+                if mr and K == 14336:
+                    continue  # 16 warps: 128 registers is the most anyway
+                record("pf", lambda x, w, s, y, R=R, PF=PF, progs=progs, mr=mr: launch_pf(
+                    x, w, s, y, R=R, PF=PF, programs=progs, maxnreg=mr), R=R, PF=PF,
+                    programs=progs or "wave", maxnreg=mr)
+        best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
+        print(f"{N} x {K} best: " + "; ".join(f"{r['variant']} {r['time_us']:.2f} us {r['speedup_vs_bf16']:.2f}x "
+                                                f"{ {k: r[k] for k in ('R', 'PF', 'programs', 'maxnreg') if k in r} }"
+                                                for r in best), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--inspect"]:
         inspect()
+    elif os.environ.get("SWEEP") == "pf":
+        main_pf()
     else:
         main()
