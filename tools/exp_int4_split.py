@@ -244,6 +244,167 @@ def pf_kernel(
             turn += 1
 
 
+@gluon.jit
+def _flush(buf, half, y_ptr, c_g, step, count, N, stride_yn, D: gl.constexpr, R: gl.constexpr, LT: gl.constexpr):
+    """The warps' partial row sums of `count` turns (chunks c_g, c_g + step, ...) in group `half` of the shared
+    buffer (2 D turns of (R, warps)): y = their sums."""
+    for t in gl.static_range(D):
+        v = buf.index(half * D + t).load(LT)
+        yv = gl.sum(v, axis=1) * 2.0 ** 32
+        rn = (c_g + t * step) * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+        gl.store(y_ptr + rn * stride_yn, yv.to(y_ptr.dtype.element_ty), mask=(rn < N) & (t < count))
+
+
+@gluon.jit
+def batch_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    N, K,
+    stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
+    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, D: gl.constexpr, PDL: gl.constexpr,
+    LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr,
+    LT3: gl.constexpr,
+):
+    """The package kernel with its cross-warp step done once per D turns: each turn's per-warp sums go to shared
+    memory, and every D turns one barrier, then y for those D chunks (two groups of D slots used alternately)."""
+    LQ: gl.constexpr = gl.SliceLayout(0, LA)
+    buf = gl.allocate_shared_memory(gl.float32, [2 * D, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
+    w_words = w_ptr.to(gl.pointer_type(gl.int32))
+    n_chunks = (N + R - 1) // R
+    c = gl.program_id(0)
+    step = gl.num_programs(0)
+    if PDL:
+        _pdl(False)
+    w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PDL:
+        _pdl(True)
+    off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
+    turn = 0
+    c_g = c
+    for c in range(c, n_chunks, step):
+        w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                                LA)
+        p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+        if turn % D == 0:
+            c_g = c
+        buf.index((turn // D) % 2 * D + turn % D).store(p)
+        if turn % D == D - 1:
+            _cta_barrier()
+            _flush(buf, (turn // D) % 2, y_ptr, c_g, step, D, N, stride_yn, D, R, LT)
+        w = w_next
+        s = s_next
+        turn += 1
+    if turn % D != 0:
+        _cta_barrier()
+        _flush(buf, (turn // D) % 2, y_ptr, c_g, step, turn % D, N, stride_yn, D, R, LT)
+
+
+@gluon.jit
+def _gflush(ws, half, y_ptr, c_g, step, count, N, stride_yn, D: gl.constexpr, R: gl.constexpr, W: gl.constexpr,
+            LT: gl.constexpr):
+    """As `_flush`, the partials read back from the program's global scratch (written by its own warps before the
+    barrier: __syncthreads orders global memory within a block)."""
+    rr = gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+    ww = gl.arange(0, W, layout=gl.SliceLayout(0, LT))
+    for t in gl.static_range(D):
+        v = gl.load(ws + (half * D + t) * (R * W) + rr[:, None] * W + ww[None, :])
+        yv = gl.sum(v, axis=1) * 2.0 ** 32
+        rn = (c_g + t * step) * R + rr
+        gl.store(y_ptr + rn * stride_yn, yv.to(y_ptr.dtype.element_ty), mask=(rn < N) & (t < count))
+
+
+@gluon.jit
+def gbatch_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr,
+    N, K,
+    stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
+    GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, D: gl.constexpr, PDL: gl.constexpr,
+    LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr,
+):
+    """batch_kernel with the per-warp partials kept in a global scratch (2 D turns x (R, Q // 32) per program):
+    Triton's shared-memory barrier analysis then adds no barrier per turn. One barrier per D turns."""
+    LQ: gl.constexpr = gl.SliceLayout(0, LA)
+    W: gl.constexpr = Q // 32
+    LP2: gl.constexpr = gl.SliceLayout(2, L3B)
+    rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
+    w_words = w_ptr.to(gl.pointer_type(gl.int32))
+    n_chunks = (N + R - 1) // R
+    c = gl.program_id(0)
+    step = gl.num_programs(0)
+    ws = ws_ptr + c * (2 * D * R * W)
+    if PDL:
+        _pdl(False)
+    w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+    if PDL:
+        _pdl(True)
+    off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
+    pr = gl.arange(0, R, layout=gl.SliceLayout(1, LP2))
+    pw = gl.arange(0, W, layout=gl.SliceLayout(0, LP2))
+    turn = 0
+    c_g = c
+    for c in range(c, n_chunks, step):
+        w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                                LA)
+        p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+        if turn % D == 0:
+            c_g = c
+        gl.store(ws + ((turn // D) % 2 * D + turn % D) * (R * W) + pr[:, None] * W + pw[None, :], p)
+        if turn % D == D - 1:
+            _cta_barrier()
+            _gflush(ws, (turn // D) % 2, y_ptr, c_g, step, D, N, stride_yn, D, R, W, LT)
+        w = w_next
+        s = s_next
+        turn += 1
+    if turn % D != 0:
+        _cta_barrier()
+        _gflush(ws, (turn // D) % 2, y_ptr, c_g, step, turn % D, N, stride_yn, D, R, W, LT)
+
+
+_WS: dict = {}
+
+
+def launch_gbatch(x, packed, scales, y, R=4, D=8, programs=None):
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = min(16, Q // 32)
+    meta = dict(GROUP=G, R=R, D=D, PDL=True, num_warps=NW, launch_pdl=True, **_layouts(R, NW, Q // (32 * NW)))
+    ws = _WS.get(x.device)
+    if ws is None:
+        ws = _WS[x.device] = torch.empty(4 << 20, device=x.device)
+    args = (x, packed, scales, y, ws, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
+            y.stride(1))
+    wave = _wave(gbatch_kernel, args, meta, ("gbatch", N, K, R, D))
+    progs = min(programs or wave, triton.cdiv(N, R))
+    assert progs * 2 * D * R * (Q // 32) <= ws.numel()
+    gbatch_kernel[(progs,)](*args, **meta)
+    return y
+
+
+def lt3(R, D, NW, Q):
+    """(2 D, R, Q // 32) partials: a row's partials of every warp in one thread, the (turn, row) pairs over lanes
+    and warps."""
+    tr = min(R, 32)
+    td = 32 // tr
+    return gl.BlockedLayout([1, 1, Q // 32], [td, tr, 1], [NW, 1, 1], [2, 1, 0])
+
+
+def launch_batch(x, packed, scales, y, R=4, D=8, programs=None, maxnreg=None):
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = min(16, Q // 32)
+    meta = dict(GROUP=G, R=R, D=D, PDL=True, num_warps=NW, launch_pdl=True, LT3=lt3(R, D, NW, Q),
+                **_layouts(R, NW, Q // (32 * NW)))
+    if maxnreg:
+        meta["maxnreg"] = maxnreg
+    args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
+            y.stride(1))
+    wave = _wave(batch_kernel, args, meta, ("batch", N, K, R, D, maxnreg))
+    batch_kernel[(min(programs or wave, triton.cdiv(N, R)),)](*args, **meta)
+    return y
+
+
 def launch_pf(x, packed, scales, y, R=4, PF=2, programs=None, maxnreg=None):
     N, K = packed.shape[0], 2 * packed.shape[1]
     G = K // scales.shape[1]
@@ -321,14 +482,18 @@ def inspect_pf() -> None:
 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    fn = pf_kernel
+    batch = os.environ.get("SWEEP") == "batch"
+    fn = batch_kernel if batch else pf_kernel
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
-    for K, R, PF in ((14336, 4, 1), (14336, 4, 2), (14336, 4, 3), (14336, 2, 4), (14336, 8, 2), (4096, 8, 1),
-                     (4096, 4, 2), (4096, 8, 2), (4096, 4, 3), (4096, 2, 4)):
+    cases = ((14336, 4, 8), (14336, 4, 4), (14336, 8, 8), (4096, 8, 8), (4096, 8, 4), (4096, 4, 8)) if batch else (
+        (14336, 4, 1), (14336, 4, 2), (14336, 4, 3), (14336, 2, 4), (14336, 8, 2), (4096, 8, 1), (4096, 4, 2),
+        (4096, 8, 2), (4096, 4, 3), (4096, 2, 4))
+    for K, R, PF in cases:
         Q = max(32, triton.next_power_of_2(K // 32))
         nw = min(16, Q // 32)
-        constexprs = {"GROUP": 128, "R": R, "PF": PF, "PDL": True, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
-                      "stride_wn": K // 8, "stride_sn": K // 128, **_layouts(R, nw, Q // (32 * nw))}
+        constexprs = {"GROUP": 128, "R": R, ("D" if batch else "PF"): PF, "PDL": True, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
+                      "stride_wn": K // 8, "stride_sn": K // 128, **_layouts(R, nw, Q // (32 * nw)),
+                      **({"LT3": lt3(R, PF, nw, Q)} if batch else {})}
         sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in types or a == "K"}
         k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
@@ -344,7 +509,7 @@ def inspect_pf() -> None:
 
 def inspect() -> None:
     """Compile for sm_90a without a GPU; print registers and spills."""
-    if os.environ.get("SWEEP") == "pf":
+    if os.environ.get("SWEEP") in ("pf", "batch"):
         return inspect_pf()
     import re
     import subprocess
@@ -476,7 +641,7 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 def main_pf() -> None:
-    """Call CU: the package kernel with PF chunks in flight, against the package at each shape."""
+    """Call CU: the package kernel with PF chunks in flight (SWEEP=pf); call CW: its cross-warp step once per D turns, through a global scratch (SWEEP=batch, PF = D); against the package at each shape."""
     from llmlab.kernels.bench_kernels import _copies, _graph_ms
     from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4
     out_path = sys.argv[1]
@@ -485,15 +650,19 @@ def main_pf() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("LLMLAB_COMMIT", ""), "rows": [], "checks": []}
     torch.manual_seed(0)
+    batch = os.environ.get("SWEEP") == "batch"
+    run = (lambda x, w, s, y, R, PF, programs=None, maxnreg=None: launch_gbatch(x, w, s, y, R=R, D=PF,
+                                                                                  programs=programs)) if batch \
+        else launch_pf
     for N, K, R, PF, dt in ((999, 14336, 4, 2, torch.float32), (17, 4096, 8, 2, torch.bfloat16),
                             (4095, 14336, 2, 4, torch.bfloat16), (1001, 4096, 4, 3, torch.float16),
-                            (1001, 14336, 4, 3, torch.bfloat16)):
+                            (1001, 14336, 4, 3, torch.bfloat16), (4096, 4096, 8, 8, torch.float32)):
         w4, s4 = quantize_int4(torch.randn(N, K, device=dev), G)
         x = (torch.randn(1, K, device=dev) * 3).to(dt)
         ref = dequant_matmul_reference(x.float(), dequantize_int4(w4, s4))
         for progs in (None, 3, 100):
             y = torch.full((1, N), float("nan"), device=dev, dtype=dt)
-            launch_pf(x, w4, s4, y, R=R, PF=PF, programs=progs)
+            run(x, w4, s4, y, R=R, PF=PF, programs=progs)
             err = float((y.float() - ref).abs().max() / ref.abs().max())
             res["checks"].append(dict(N=N, K=K, R=R, PF=PF, programs=progs, dtype=str(dt), max_rel_err=err))
             print(f"check N={N} K={K} R={R} PF={PF} programs={progs} {dt}: err {err:.1e}", flush=True)
@@ -530,11 +699,14 @@ def main_pf() -> None:
         record("package", lambda x, w, s, y: int4_matmul(x, w, s))
         cfgs = [(4, 1), (4, 2), (4, 3), (2, 2), (2, 4)] if K == 14336 else \
             [(8, 1), (4, 2), (8, 2), (4, 3), (2, 4)]
+        if batch:
+            cfgs = [(4, 2), (4, 4), (4, 8), (4, 16), (8, 8), (2, 8)] if K == 14336 else \
+                [(8, 2), (8, 4), (8, 8), (8, 16), (4, 8)]
         for R, PF in cfgs:
-            for progs, mr in ((None, None), (sms, None), (2 * sms, None), (None, 128)):
+            for progs, mr in ((None, None),) if batch else ((None, None), (sms, None), (2 * sms, None), (None, 128)):
                 if mr and K == 14336:
                     continue  # 16 warps: 128 registers is the most anyway
-                record("pf", lambda x, w, s, y, R=R, PF=PF, progs=progs, mr=mr: launch_pf(
+                record("gbatch" if batch else "pf", lambda x, w, s, y, R=R, PF=PF, progs=progs, mr=mr: run(
                     x, w, s, y, R=R, PF=PF, programs=progs, maxnreg=mr), R=R, PF=PF,
                     programs=progs or "wave", maxnreg=mr)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
@@ -550,7 +722,7 @@ def main_pf() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--inspect"]:
         inspect()
-    elif os.environ.get("SWEEP") == "pf":
+    elif os.environ.get("SWEEP") in ("pf", "batch"):
         main_pf()
     else:
         main()
