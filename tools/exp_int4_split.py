@@ -641,7 +641,7 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 def main_pf() -> None:
-    """Call CU: the package kernel with PF chunks in flight (SWEEP=pf); call CW: its cross-warp step once per D turns, through a global scratch (SWEEP=batch, PF = D); against the package at each shape."""
+    """Call CU: the package kernel with PF chunks in flight (SWEEP=pf); call CW: its cross-warp step once per D turns, through a global scratch (SWEEP=batch, PF = D); call CX: the same through shared memory (SWEEP=sbatch); against the package at each shape."""
     from llmlab.kernels.bench_kernels import _copies, _graph_ms
     from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4
     out_path = sys.argv[1]
@@ -650,9 +650,10 @@ def main_pf() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("LLMLAB_COMMIT", ""), "rows": [], "checks": []}
     torch.manual_seed(0)
-    batch = os.environ.get("SWEEP") == "batch"
-    run = (lambda x, w, s, y, R, PF, programs=None, maxnreg=None: launch_gbatch(x, w, s, y, R=R, D=PF,
-                                                                                  programs=programs)) if batch \
+    batch = os.environ.get("SWEEP") in ("batch", "sbatch")
+    launch_b = launch_batch if os.environ.get("SWEEP") == "sbatch" else launch_gbatch
+    run = (lambda x, w, s, y, R, PF, programs=None, maxnreg=None: launch_b(x, w, s, y, R=R, D=PF,
+                                                                             programs=programs)) if batch \
         else launch_pf
     for N, K, R, PF, dt in ((999, 14336, 4, 2, torch.float32), (17, 4096, 8, 2, torch.bfloat16),
                             (4095, 14336, 2, 4, torch.bfloat16), (1001, 4096, 4, 3, torch.float16),
@@ -702,11 +703,14 @@ def main_pf() -> None:
         if batch:
             cfgs = [(4, 2), (4, 4), (4, 8), (4, 16), (8, 8), (2, 8)] if K == 14336 else \
                 [(8, 2), (8, 4), (8, 8), (8, 16), (4, 8)]
+            if os.environ["SWEEP"] == "sbatch":
+                cfgs = [(4, 2), (4, 4), (4, 8), (4, 16), (2, 8), (2, 16)] if K == 14336 else \
+                    [(8, 2), (8, 4), (8, 8), (4, 8), (4, 16)]
         for R, PF in cfgs:
             for progs, mr in ((None, None),) if batch else ((None, None), (sms, None), (2 * sms, None), (None, 128)):
                 if mr and K == 14336:
                     continue  # 16 warps: 128 registers is the most anyway
-                record("gbatch" if batch else "pf", lambda x, w, s, y, R=R, PF=PF, progs=progs, mr=mr: run(
+                record(os.environ["SWEEP"], lambda x, w, s, y, R=R, PF=PF, progs=progs, mr=mr: run(
                     x, w, s, y, R=R, PF=PF, programs=progs, maxnreg=mr), R=R, PF=PF,
                     programs=progs or "wave", maxnreg=mr)
         best = sorted((r for r in res["rows"] if (r["N"], r["K"]) == (N, K)), key=lambda r: r["time_us"])[:5]
@@ -722,7 +726,7 @@ def main_pf() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--inspect"]:
         inspect()
-    elif os.environ.get("SWEEP") in ("pf", "batch"):
+    elif os.environ.get("SWEEP") in ("pf", "batch", "sbatch"):
         main_pf()
     else:
         main()
