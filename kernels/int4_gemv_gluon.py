@@ -29,8 +29,12 @@ CS, `data/bench/nvidia-h200_kernels_micro_20261202T164242Z.json`): 9.9 us at 143
 Triton kernel took 12.6 us in call CN), 13.1 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (2.90x), 4.4 us at
 4096 x 4096 (3.00x). Sweeps: `tools/exp_int4_gluon.py`, calls CN-CR (data/runs/2026-12-02_h200_session19.md).
 At K = 14336 the 448 slots of a row need 16 warps, so one program fits an SM. Every config took 13.0-13.2 us there,
-while the same bytes as 16384 rows of 3584 took 10.3 us (call CR). A split of each row with a join of the parts
-is the next step.
+while the same bytes as 16384 rows of 3584 took 10.3 us (call CR). Session 20 (calls CT-CY,
+data/runs/2026-12-02_h200_session20.md) tried and measured several changes; each was slower:
+- rows split into 2 or 4 parts, joined in the kernel by a per-chunk counter: 13.8 us;
+- 2-4 chunks of loads in flight: 13.6-14.5 us;
+- the cross-warp step batched over turns: 13.4-16.8 us.
+Even with that step removed the kernel takes 11.1 us, short of the 10.3-10.7 us that 3x would need there.
 
 Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many
 persistent programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or
