@@ -149,7 +149,8 @@ def load_model(
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
             config.json is not valid JSON, lacks a required key or names an unsupported architecture; a weights
-            file is not valid safetensors (truncated, or a git-lfs pointer: the message says which and the fix);
+            file is not valid safetensors (damaged, or a git-lfs pointer: the message says which and the fix); a
+            weight holding NaN or inf, in the file or after the cast to `dtype` (the message says which);
             an empty model name (`resolve`).
         TypeError: a model name or path that is not a string or path (`resolve`).
     """
@@ -182,7 +183,7 @@ def load_model(
                 if t.shape != expected[name]:
                     raise ValueError(f"shape mismatch for {key!r} in {file.name}: checkpoint has {tuple(t.shape)}, "
                                      f"config.json implies {tuple(expected[name])}")
-                tensors[name] = t.to(dtype=dtype)
+                tensors[name] = _check_finite(t.to(dtype=dtype), t, key, file, dtype)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -194,6 +195,26 @@ def load_model(
     return model.to(dtype=dtype).eval()
 
 
+def _check_finite(t: torch.Tensor, original: torch.Tensor, key: str, file: Path, dtype: torch.dtype) -> torch.Tensor:
+    """Refuse a weight holding NaN or inf: a model built from it generates garbage (a NaN logit row makes greedy
+    decoding pick token 0 forever) with no error anywhere else. Says whether the file holds them (a damaged or
+    diverged checkpoint) or the cast to `dtype` made them (values beyond the dtype's range, e.g. fp16's 65504)."""
+    # a NaN or inf anywhere makes the fp32 sum NaN or inf: one reduction, no bool copy (the exact test below runs
+    # only when the sum is not finite, which a finite tensor can reach only by overflowing fp32)
+    if not t.is_floating_point() or bool(torch.isfinite(t.sum(dtype=torch.float32))) \
+            or bool(torch.isfinite(t).all()):
+        return t
+    if original.dtype != t.dtype and bool(torch.isfinite(original).all()):
+        big = original.abs().max().item()
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"weight {key!r} in {file.name} overflows {name} (its largest magnitude is {big:.6g}; {name} "
+                         f"stops at {torch.finfo(dtype).max:.6g}): load the model in bf16 or fp32 instead")
+    bad = int((~torch.isfinite(original)).sum())
+    raise ValueError(f"weight {key!r} in {file.name} holds {bad:,} NaN or inf value(s): the checkpoint is damaged "
+                     f"or was saved after training diverged; download or copy it again, or save it from a healthy "
+                     f"run")
+
+
 def _not_safetensors(file: Path, error: Exception) -> str:
     """Why `file` could not be opened as safetensors, and how to get a good copy."""
     size = file.stat().st_size
@@ -203,9 +224,9 @@ def _not_safetensors(file: Path, error: Exception) -> str:
         return (f"{file} is a git-lfs pointer ({size} bytes of text), not the weights: the repository was cloned "
                 f"without git-lfs. Fetch the real file with `git lfs install && git lfs pull` in that repository, "
                 f"or download the model again")
-    return (f"{file} is not a valid safetensors file ({error}); at {size:,} bytes it is probably truncated (an "
-            f"interrupted download or copy). Download or copy it again (a hub model: delete its folder from the "
-            f"Hugging Face cache and load it again)")
+    return (f"{file} ({size:,} bytes) is not a valid safetensors file ({error}): it is damaged, e.g. cut short by "
+            f"an interrupted download or copy, or overwritten. Download or copy it again (a hub model: delete its "
+            f"folder from the Hugging Face cache and load it again)")
 
 
 def _check_checkpoint_fits(config: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 
@@ -184,7 +185,19 @@ def _profile(args) -> int:
     return 0
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Show a warning as one line on stderr: on the command line the source line a Python warning quotes (the
+    console script's `sys.exit(main())`) tells the user nothing."""
+    print(f"llmlab: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():  # restores the caller's showwarning afterwards (tests call main())
+        warnings.showwarning = _warning_line
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "record":
         from .record import run_from_args
@@ -197,10 +210,15 @@ def main(argv: list[str] | None = None) -> int:
             from .tour import device_line
 
             llm = LLM.load(args.model, device=args.device, dtype=args.dtype)
+            if llm.tokenizer is None:
+                raise ValueError(f"the model {llm.name!r} has no tokenizer.json, so the command line cannot turn the "
+                                 f"prompt into token ids: put the model's tokenizer.json in its folder, or call "
+                                 f"llmlab.load(...).generate(token_ids) from Python with a list of ints")
             g = llm.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
-            print(args.prompt + (g.text or " ".join(map(str, g.token_ids[0]))))
-            print(f"\n[{llm.name} | {device_line(llm)} | {g.n_generated} tokens | TTFT {g.ttft_ms:.1f} ms | "
+            print(args.prompt + g.text)
+            eos = " | ended at EOS" if g.finish_reason == "eos" else ""
+            print(f"\n[{llm.name} | {device_line(llm)} | {g.n_generated} tokens{eos} | TTFT {g.ttft_ms:.1f} ms | "
                   f"TPOT {format_ms(g.tpot_ms, unit=' ms')} | {g.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
         elif args.command == "tour":
             from .tour import run_tour

@@ -20,8 +20,7 @@ from .checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from .config import ModelConfig
 from .fast_generate import decode_mode, generate_fast
 from .generate import Generation, check_flags, check_seed, generate
-from .kv_memory import element_size
-from .model import Transformer
+from .model import RMSNorm, Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -95,6 +94,37 @@ def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: 
                          f"off")
 
 
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Transformer:
+    """`Transformer(config)`'s random weights (normal, std 0.02; norms 1), built in `dtype` on `device` without
+    an fp32 copy of the whole model: the model is laid out on the meta device, allocated in `dtype`, and each
+    weight is drawn in fp32 (from torch's global generator: seed it first) and rounded to `dtype` one tensor at a
+    time. An 8B-parameter preset in bf16 then needs ~16 GB, not the 32 GB of fp32-then-cast.
+    """
+    with torch.device("meta"):
+        model = Transformer(config).to(dtype)
+    model = model.to_empty(device=device)  # RotaryEmbedding recomputes its fp32 inv_freq here
+
+    drawn = set()
+
+    @torch.no_grad()
+    def init(module: torch.nn.Module) -> None:
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            module.weight.copy_(torch.empty(module.weight.shape, device=device).normal_(0.0, 0.02))
+            drawn.add(id(module.weight))
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+                drawn.add(id(module.bias))
+        elif isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+            drawn.add(id(module.weight))
+
+    model.apply(init)  # a tied lm_head is the embedding: drawn twice, like `Transformer._init_weights`
+    for name, p in model.named_parameters():
+        if id(p) not in drawn:  # to_empty left it as whatever the allocator held
+            raise AssertionError(f"random_model has no rule for {name}: add one beside Transformer._init_weights")
+    return model.eval()
+
+
 class LLM:
     """A decoder plus (optionally) its tokenizer, on one device in one dtype.
 
@@ -134,20 +164,18 @@ class LLM:
         Raises:
             ValueError: unknown preset name (the message lists the presets); a seed outside torch's range.
             TypeError: an override that is not a ModelConfig field; a seed that is not an int.
-            MemoryError: the weights would not fit in the free memory of the device (checked before building;
-                the weights are initialised in torch's default dtype, fp32, then cast to `dtype`).
+            MemoryError: the weights in `dtype` would not fit in the free memory of the device (checked before
+                building; the model is built directly in `dtype`, see `random_model`).
         """
         check_seed(seed)
         config = ModelConfig.from_preset(preset, **overrides)
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
-        build = torch.get_default_dtype()  # Transformer(config) initialises in this dtype, then .to(dt)
-        check_weights_fit(config, dev, max(build, dt, key=element_size), f"building preset {preset!r}",
+        check_weights_fit(config, dev, dt, f"building preset {preset!r}",
                           "use a smaller preset, or the default model (`--model default`, `llmlab.load()`), or a "
                           "machine with more memory (or a GPU with enough free memory)")
         torch.manual_seed(seed)
-        with torch.device(dev):
-            model = Transformer(config).to(dt).eval()
+        model = random_model(config, dev, dt)
         return cls(model, None, name=f"{preset} (random weights)", random_weights=True)
 
     # -- properties -------------------------------------------------------------------------------------
@@ -182,6 +210,12 @@ class LLM:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer: pass token ids (a list of ints) instead of text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from a badly decoded file: the tokenizer's TypeError
+            raise ValueError(f"the prompt is not valid Unicode text: {text[e.start:e.end]!r} at position {e.start} "
+                             f"is half of a surrogate pair; read the text with the right encoding (UTF-8), or "
+                             f"drop that character") from None
         return self.tokenizer.encode(text).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -210,7 +244,8 @@ class LLM:
     ) -> Generation:
         """Generate a continuation of `prompt` (text, or token ids).
 
-        Returns a `Generation`: `.text` (the continuation, when there is a tokenizer), `.token_ids`, `.ttft_ms`,
+        Returns a `Generation`: `.text` (the continuation, when there is a tokenizer; for a batch of prompts, the
+        first row's, and `.texts` holds one per row), `.token_ids`, `.ttft_ms`,
         `.tpot_ms`, `.tokens_per_s`. `on_token(step, tokens)` is called after each step (return True to stop).
         cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
         `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
@@ -250,7 +285,8 @@ class LLM:
         if self.tokenizer is not None:
             eos = self.eos_token_id
             eos = {eos} if isinstance(eos, int) else set(eos or [])
-            g.text = self.decode([t for t in g.token_ids[0] if t not in eos])
+            g.texts = [self.decode([t for t in row if t not in eos]) for row in g.token_ids]
+            g.text = g.texts[0]
         return g
 
     def __repr__(self) -> str:

@@ -193,6 +193,7 @@ def generate_fast(
     if "graphs" in mode and device.type != "cuda":
         raise ValueError(f"mode {mode!r} needs a model on a CUDA GPU (this one is on {device}); use 'static'")
     ids = prepare_prompt(model, prompt_ids, max_new_tokens)
+    max_new_tokens = int(max_new_tokens)  # a numpy or other Integral count, checked above; the cache wants an int
     B, T = ids.shape
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     generator = make_generator(seed, device)

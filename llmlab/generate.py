@@ -40,7 +40,8 @@ class Generation:
     use_cache: bool
     device: str
     dtype: str
-    text: str | None = None  # filled in by `LLM.generate` when a tokenizer is known
+    text: str | None = None  # row 0's continuation, filled in by `LLM.generate` when a tokenizer is known
+    texts: list[str] | None = None  # every row's continuation (a batch has one per prompt), same source
     extra: dict = field(default_factory=dict)
 
     @property
@@ -181,14 +182,20 @@ def to_device(ids: torch.Tensor, device: torch.device, pin_memory: bool = False)
 def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch.Tensor:
     """Prompt ids as a (B, T) int64 CPU tensor, checked against the model's context and vocabulary.
 
-    Raises TypeError for something that is not token ids (None, float or bool ids — they are not truncated — or
-    rows of unequal length), ValueError for a prompt that is not 1-D or 2-D (see also `check_lengths`,
+    Raises TypeError for something that is not token ids (None, float or bool ids — they are not truncated),
+    ValueError for rows of unequal length or a prompt that is not 1-D or 2-D (see also `check_lengths`,
     `check_token_ids`), all before any work is done.
     """
     what = ("token ids: a list of ints, a list of equal-length lists of ints (a batch), or an integer tensor of "
             "shape (T,) or (B, T)")
     if prompt_ids is None or isinstance(prompt_ids, (str, bytes)):
         raise TypeError(f"the prompt is {prompt_ids!r}; give {what}")
+    if isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(isinstance(r, (list, tuple)) for r in prompt_ids):
+        lengths = [len(r) for r in prompt_ids]
+        if len(set(lengths)) > 1:
+            raise ValueError(f"the prompts of this batch have different lengths ({', '.join(map(str, lengths))} "
+                             f"tokens); one generate call decodes equal-length rows (there is no padding mask yet): "
+                             f"generate them one at a time, or cut them to one length")
     try:
         ids = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError) as e:
@@ -268,6 +275,7 @@ def generate(
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     ids = prepare_prompt(model, prompt_ids, max_new_tokens)
+    max_new_tokens = int(max_new_tokens)  # a numpy or other Integral count, checked above; the cache wants an int
     B, T = ids.shape
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     generator = make_generator(seed, device)

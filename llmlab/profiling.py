@@ -11,7 +11,9 @@ which each sequence of the batch gets one token):
     aten_ops_per_token       PyTorch operators called from Python per step (top-level aten ops); on a CPU there
                              are no kernel launches, so this is the number to read there: each would be one or
                              more kernel launches on a GPU
-    step_ms                  mean wall time of a decode step (profiler overhead included)
+    step_ms                  mean wall time of a decode step (profiler overhead included), from the step ranges
+                             of the full call (`step_ms_from` says; the two calls' difference where the ranges
+                             do not follow the tokens, as with GPU sampling)
     gpu_busy_ms_per_token    time in which at least one kernel ran (union of kernel intervals)
     gpu_idle_ms_per_token    step_ms - busy: the GPU waited for the host ("launch-bound" time)
     idle_gap_between_steps_us  mean gap from the last kernel of a step to the first kernel of the next: the host's
@@ -165,19 +167,38 @@ def call_totals(events: list[Ev]) -> dict[str, Any]:
     }
 
 
+def _step_ranges(events: list[Ev], first_step: int = 1) -> dict[int, tuple[float, float]] | None:
+    """{step: (start_us, end_us)} of the step ranges from `first_step` on, or None when there are fewer than two or
+    they do not follow the tokens one at a time: a range in which no operator started (GPU sampling reads tokens
+    back in blocks, so `on_token` fires in bursts)."""
+    steps = {e.step: (e.start_us, e.end_us) for e in events if e.kind == "step" and e.step >= first_step}
+    ops = [e.start_us for e in events if e.kind == "op"]
+    if len(steps) < 2:
+        return None
+    for a, b in steps.values():
+        if not any(a <= t < b for t in ops):
+            return None
+    return steps
+
+
+def decode_span_us(events: list[Ev]) -> float | None:
+    """One call's decode time (µs) from its own step ranges: the start of step 1 (token 0 reached the host) to the
+    end of the last step (the last token did). None without ranges that follow the tokens (`_step_ranges`)."""
+    steps = _step_ranges(events)
+    if steps is None:
+        return None
+    return max(b for _, b in steps.values()) - min(a for a, _ in steps.values())
+
+
 def step_gaps_us(events: list[Ev], first_step: int = 1) -> list[float] | None:
     """GPU idle gaps between consecutive decode steps (µs): from the last GPU event that starts in step i's host
     range to the first that starts in step i+1's. None when the step ranges do not follow the GPU work one token at
     a time (e.g. GPU sampling reads tokens back in blocks, so `on_token` fires in bursts) — detected as a step
     range with no operator started in it — or when there is no GPU activity."""
-    steps = {e.step: (e.start_us, e.end_us) for e in events if e.kind == "step" and e.step >= first_step}
+    steps = _step_ranges(events, first_step)
     gpu = [e for e in events if e.kind in ("kernel", "memcpy")]
-    ops = [e.start_us for e in events if e.kind == "op"]
-    if len(steps) < 2 or not gpu:
+    if steps is None or not gpu:
         return None
-    for a, b in steps.values():
-        if not any(a <= t < b for t in ops):
-            return None
     order = sorted(steps)
     gaps = []
     for i, j in zip(order, order[1:]):
@@ -205,10 +226,15 @@ def summarize(prefill_only: list[Ev], full: list[Ev], n_steps: int, batch: int =
 
     ops = b["ops"] - a["ops"]  # Counter subtraction keeps positive counts
     cuda = bool(b["kernels"]) or b["launches"] > 0
+    # the step's wall time from the full call's own step ranges where they follow the tokens: a difference of two
+    # calls' wall times carries both calls' noise (on a loaded CPU it can even come out <= 0)
+    span = decode_span_us(full)
+    wall = span / n_steps if span is not None else per("wall_us")
     out: dict[str, Any] = {
         "decode_steps": n_steps,
         "batch": batch,
-        "step_ms": per("wall_us") / 1e3,
+        "step_ms": wall / 1e3,
+        "step_ms_from": "step ranges" if span is not None else "difference of the two calls",
         "aten_ops_per_token": max(0.0, sum(b["ops"].values()) - sum(a["ops"].values())) / n_steps,
         "aten_calls_per_token": per("op_calls"),
         "top_ops": [{"name": k, "per_token": v / n_steps} for k, v in ops.most_common(top)],
@@ -224,7 +250,7 @@ def summarize(prefill_only: list[Ev], full: list[Ev], n_steps: int, batch: int =
         return out
     kernel_us = b["kernel_us"] - a["kernel_us"]
     kernel_n = b["kernels"] - a["kernels"]
-    busy, wall = per("busy_us"), per("wall_us")
+    busy = per("busy_us")
     gaps = step_gaps_us(full)
     out.update({
         "kernels_per_token": max(0.0, sum(b["kernels"].values()) - sum(a["kernels"].values())) / n_steps,

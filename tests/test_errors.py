@@ -188,7 +188,7 @@ def test_no_weights_at_all(good, tmp_path):
     still_works(good)
 
 
-def test_missing_tokenizer(good, tmp_path):
+def test_missing_tokenizer(good, tmp_path, capsys):
     folder = copy_of(good, tmp_path)
     (folder / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
@@ -198,6 +198,10 @@ def test_missing_tokenizer(good, tmp_path):
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("text needs a tokenizer")
     assert llm.generate([5, 6, 7], max_new_tokens=3).n_generated == 3
+    assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json" in err and "put the model's tokenizer.json in its folder" in err
+    assert err.count("\n") == 1
     still_works(good)
 
 
@@ -321,15 +325,31 @@ def test_seed_must_be_an_int(good, seed):
 
 
 @pytest.mark.parametrize("prompt", [None, [1.5, 2.0], [1.0, 2.0], torch.tensor([1.5, 2.0]), [True, False],
-                                    [[1, 2], [3]], ["a", "b"]],
-                         ids=["None", "floats", "whole-floats", "float-tensor", "bools", "ragged", "strings"])
+                                    ["a", "b"]],
+                         ids=["None", "floats", "whole-floats", "float-tensor", "bools", "strings"])
 def test_prompt_that_is_not_token_ids(good, prompt):
-    """Float ids are refused, not truncated to ints; None and ragged rows get the same message, not torch's."""
+    """Float ids are refused, not truncated to ints; None gets the same message, not torch's."""
     with pytest.raises(TypeError, match="give token ids|not token ids"):
         good[1].generate(prompt)
     with pytest.raises(TypeError, match="give token ids|not token ids"):
         generate(good[1].model, prompt)
     still_works(good)
+
+
+def test_batch_of_unequal_lengths_names_the_lengths(good):
+    """Rows of different lengths are token ids, just not a batch one call can run: the message says so."""
+    for run in (good[1].generate, lambda p: generate(good[1].model, p)):
+        with pytest.raises(ValueError, match=r"different lengths \(2, 1 tokens\).*one at a time"):
+            run([[1, 2], [3]])
+    still_works(good)
+
+
+def test_numpy_max_new_tokens_is_a_count(good):
+    """A numpy integer is a whole number: it generates, and is not blamed on the KV cache's max_seq_len."""
+    np = pytest.importorskip("numpy")
+    g = good[1].generate([5, 6, 7], max_new_tokens=np.int64(4), stop_at_eos=False)
+    assert g.n_generated == 4
+    assert good[1].generate([5, 6, 7], max_new_tokens=4, stop_at_eos=False).token_ids == g.token_ids
 
 
 def test_tensor_prompts(good):
@@ -563,8 +583,8 @@ def test_preset_larger_than_memory_is_refused_before_building(good, little_memor
     with pytest.raises(MemoryError) as e:
         LLM.from_preset("qwen2.5-7b", device="cpu", dtype="bf16")
     msg = str(e.value)
-    assert "'qwen2.5-7b'" in msg and "7.62B parameters" in msg and "float32" in msg  # built in fp32, then cast
-    assert "needs 30.46 GB but only 1.0 MB of host memory" in msg and "--model default" in msg
+    assert "'qwen2.5-7b'" in msg and "7.62B parameters" in msg and "bfloat16" in msg  # built in bf16 directly
+    assert "needs 15.23 GB but only 1.0 MB of host memory" in msg and "--model default" in msg
     still_works(good)
 
 
@@ -592,7 +612,7 @@ def test_truncated_weights_file_names_it_and_the_fix(good, tmp_path, capsys):
     with pytest.raises(ValueError) as e:
         LLM.load(folder, device="cpu")
     msg = str(e.value)
-    assert str(file) in msg and "not a valid safetensors file" in msg and "truncated" in msg and "again" in msg
+    assert str(file) in msg and "not a valid safetensors file" in msg and "cut short" in msg and "again" in msg
     assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
     out, err = capsys.readouterr()
     assert err.startswith("llmlab: error:") and err.count("\n") == 1 and str(file) in err and out == ""
@@ -764,10 +784,16 @@ def test_top_k_and_top_p_at_temperature_0_warn_once_per_call(good, kwargs, named
 
 
 def test_cli_top_k_at_temperature_0_warns(good, capsys):
-    with pytest.warns(UserWarning, match="top_k=5 has no effect with greedy decoding"):
-        code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--top-k", "5",
-                     "--max-new-tokens", "4"])
+    """On the command line a warning is one line, without the source line Python would quote."""
+    code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--top-k", "5",
+                 "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
     assert code == 0
+    warning = [line for line in err.splitlines() if line.startswith("llmlab: warning:")]
+    assert len(warning) == 1 and "top_k=5 has no effect with greedy decoding" in warning[0]
+    assert "UserWarning" not in err and "main()" not in err
+    with pytest.warns(UserWarning, match="top_k=5 has no effect"):  # main() gave the caller's warnings back
+        good[1].generate(PROMPT, max_new_tokens=2, top_k=5)
     still_works(good)
 
 
@@ -788,3 +814,80 @@ def test_one_token_runs_print_no_tpot(good):
     assert len(table) == len(rows) and all(math.isnan(r["tpot_ms"]) for r in rows)
     assert all(line.split()[-4] == "-" for line in table) and not any("nan" in line for line in lines)
     still_works(good)
+
+
+# --- found by a fresh user's run (session 20): silent NaN weights, batch text, presets built in fp32 ----------------
+
+def test_nan_weight_is_refused_by_name(good, tmp_path, capsys):
+    """A NaN in the file makes every logit NaN and greedy decoding emit token 0 forever: refuse it at load."""
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda state: state["model.layers.1.mlp.down_proj.weight"].view(-1)[7].fill_(float("nan")))
+    name = "model.layers.1.mlp.down_proj.weight"
+    with pytest.raises(ValueError, match=rf"'{name}' in model.safetensors holds 1 NaN or inf"):
+        LLM.load(folder, device="cpu")
+    assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
+    assert "holds 1 NaN or inf value(s)" in capsys.readouterr().err
+    still_works(good)
+
+
+def test_weight_beyond_fp16_range_names_the_dtype(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_weights(folder, lambda state: state["model.norm.weight"].view(-1)[0].fill_(1e5))  # fine in fp32 and bf16
+    with pytest.raises(ValueError, match=r"'model.norm.weight' .* overflows float16 .*100000.*bf16 or fp32"):
+        LLM.load(folder, device="cpu", dtype="fp16")
+    assert LLM.load(folder, device="cpu", dtype="bf16").model.norm.weight.max().item() > 9e4
+    still_works(good)
+
+
+def test_a_batch_has_one_text_per_row(good):
+    llm = good[1]
+    one = [llm.generate(p, max_new_tokens=6, stop_at_eos=False) for p in ([5, 6, 7], [9, 10, 11])]
+    both = llm.generate([[5, 6, 7], [9, 10, 11]], max_new_tokens=6, stop_at_eos=False)
+    assert both.texts == [one[0].text, one[1].text] and both.text == one[0].text
+    assert one[0].texts == [one[0].text] and one[0].text != one[1].text
+    still_works(good)
+
+
+def test_lone_surrogate_prompt_is_named(good):
+    with pytest.raises(ValueError, match=r"not valid Unicode text: '\\ud800' at position 3"):
+        good[1].generate("abc\ud800def")
+    still_works(good)
+
+
+def test_cli_prints_an_empty_continuation_as_text(good, tmp_path, capsys, monkeypatch):
+    """A run that ends at EOS at once prints the prompt alone (and says so), never the raw token ids."""
+    from llmlab.generate import Generation
+
+    real = LLM.generate
+
+    def eos_at_once(self, prompt, **kwargs):
+        g = real(self, prompt, **kwargs)
+        return Generation(token_ids=[[0]], prompt_len=g.prompt_len, step_ms=g.step_ms[:1], finish_reason="eos",
+                          use_cache=True, device="cpu", dtype="float32", text="", texts=[""])
+
+    monkeypatch.setattr(LLM, "generate", eos_at_once)
+    assert main(["generate", "The list", "--model", str(good[0]), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "The list\n" and "ended at EOS" in err and "1 tokens" in err
+
+
+def test_preset_is_built_in_its_dtype(good, monkeypatch):
+    """bf16 presets are built in bf16 (half the memory of building in fp32 and casting), with the same draws."""
+    import llmlab.engine
+    from llmlab import kv_memory
+    from llmlab.model import rope_inv_freq
+
+    kw = dict(device="cpu", seed=3, n_layers=2, vocab_size=512, max_seq_len=256)
+    f32 = LLM.from_preset("smollm2-135m", dtype="fp32", **kw).model
+    b16_bytes = sum(p.numel() for p in f32.parameters()) * 2
+    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 1.5), "host memory"))
+    b16 = LLM.from_preset("smollm2-135m", dtype="bf16", **kw).model  # fp32-then-cast would need 2x, refused
+    assert all(p.dtype == torch.bfloat16 for p in b16.parameters())
+    for (name, a), (_, b) in zip(f32.named_parameters(), b16.named_parameters()):
+        assert torch.equal(a.to(torch.bfloat16), b), name
+    assert torch.equal(b16.rope.inv_freq, rope_inv_freq(b16.config)) and b16.rope.inv_freq.dtype == torch.float32
+    assert torch.equal(b16.norm.weight, torch.ones_like(b16.norm.weight))
+    assert b16.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 0.5), "host memory"))
+    with pytest.raises(MemoryError, match="bfloat16"):
+        LLM.from_preset("smollm2-135m", dtype="bf16", **kw)

@@ -60,6 +60,18 @@ def test_gaps_are_not_guessed_when_steps_arrive_in_bursts():
     assert s["idle_gap_between_steps_us"] is None and "read back in blocks" in s["note"]
 
 
+def test_step_time_comes_from_the_full_calls_own_ranges():
+    """A slow prefill-only call (a loaded machine) must not shrink the decode step: the full call's ranges time it."""
+    slow_prefill = _gpu_call(1) + [Ev("aten::add", "op", 2000, 2001, top_level=True)]  # wall 2001 us > the full call
+    s = summarize(slow_prefill, _gpu_call(5), n_steps=4)
+    assert s["step_ms"] == pytest.approx(0.100) and s["step_ms_from"] == "step ranges"
+    assert s["gpu_idle_ms_per_token"] == pytest.approx(0.070)
+    bursts = [e for e in _gpu_call(5) if e.kind != "step"]
+    bursts += [Ev(f"llmlab.step.{i}", "step", 500 + i * 0.1, 500 + (i + 1) * 0.1, step=i) for i in range(5)]
+    s = summarize(_gpu_call(1), bursts, n_steps=4)  # ranges that do not follow tokens: the difference of calls
+    assert s["step_ms"] == pytest.approx(0.100) and s["step_ms_from"] == "difference of the two calls"
+
+
 def test_cpu_events_count_operators_only():
     cpu = lambda n: [e for e in _gpu_call(n) if e.kind in ("op", "step")]  # noqa: E731
     s = summarize(cpu(1), cpu(3), n_steps=2)
