@@ -253,3 +253,33 @@ def test_static_figures_of_a_trace(fixture_trace):
     bare.kernels = None
     assert kernel_timeline_figure(bare) is None
     assert {k for k, _ in GPU_SERIES} >= {"gpu_util_pct", "sm_active_pct", "dram_bw_util_pct"}
+
+
+@pytest.mark.gpu
+def test_live_gpu_panel_on_the_default_model():
+    """On a CUDA GPU with NVML the dashboard samples the GPU while the shipped model decodes on it: the rows carry
+    GPU-Util, SM activity and MBU of their own, the GPU panel fills, and the CUDA-graph rung decodes faster."""
+    import torch
+
+    from llmlab.nvml_sampler import nvml_available
+
+    ok, why = nvml_available()
+    if not ok:
+        pytest.skip(f"NVML is not usable here: {why}")
+    llm = LLM.load(device="cuda")
+    dash = Dashboard(llm, idle_s=0.2, interval_s=0.02, poll_s=0.02)
+    try:
+        assert dash.live_gpu and dash.mode_line.startswith("Live: sampling") and "NVML" in dash.mode_line
+        rows = [dash.run({"cuda_graphs": on}, max_new_tokens=96, prompt_tokens=16) for on in (False, True)]
+        for row in rows:
+            assert row["source"] == "live GPU" and row["tokens"] == 96 and row["finish"] == "length"
+            assert row["gpu_util_pct"] is not None and 0 <= row["gpu_util_pct"] <= 100
+            assert row["sm_active_pct"] is not None and 0 <= row["sm_active_pct"] <= 100
+            assert row["mbu_pct"] is not None and 0 < row["mbu_pct"] < 100
+        assert len(dash.fig.data[0].x) > 10  # GPU-Util samples reached the live plot
+        eager, graphs = rows
+        assert graphs["tpot_ms"] < eager["tpot_ms"], (eager["tpot_ms"], graphs["tpot_ms"])
+        assert [r["key"] for r in dash.results] == ["#1", "#2"]
+    finally:
+        dash.close()
+    assert llmlab_threads() == [] and torch.cuda.is_available()
