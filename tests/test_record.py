@@ -183,7 +183,6 @@ def test_record_on_gpu_with_real_nvml(tmp_path):
     print(t.utilisation_line(), t.summary)
     assert "gpu_util_pct" in t.samples and len(t.samples["t_s"]) >= 20
     s = t.summary
-    assert s["gpu_util_pct_mean"] > s["idle_gpu_util_pct_mean"], "GPU-Util should rise while decoding"
     if "Hopper" in torch.cuda.get_device_name() or "H100" in torch.cuda.get_device_name() \
             or "H200" in torch.cuda.get_device_name():
         assert "sm_active_pct" in t.samples and "dram_bw_util_pct" in t.samples
@@ -194,3 +193,9 @@ def test_record_on_gpu_with_real_nvml(tmp_path):
     path = save_trace(t, directory=tmp_path)
     assert path.stat().st_size < 1_000_000
     assert _llmlab_threads() == []
+    # last, as it needs a GPU nobody else uses: under pytest-xdist other workers' kernels fill the "idle" window
+    # (call DA: idle 13.7%, decoding 9.0%), and then a rise cannot be seen
+    if s["idle_gpu_util_pct_mean"] > 5:
+        pytest.skip(f"the GPU was busy before the decode (idle GPU-Util {s['idle_gpu_util_pct_mean']:.1f}%): another "
+                    f"process shares it, so the rise of GPU-Util while decoding cannot be measured; run this test alone")
+    assert s["gpu_util_pct_mean"] > s["idle_gpu_util_pct_mean"], "GPU-Util should rise while decoding"
