@@ -85,19 +85,42 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
     except Exception as e:  # offline, gated, not found: all mean "no such local copy"
         raise FileNotFoundError(
             f"could not fetch {text!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
-            f"Check the id and your network, or download it once and pass the local folder"
+            f"Check the id and your network, or download it once and pass the local folder{_local_hint(path)}"
         ) from e
+
+
+def _local_hint(path: Path) -> str:
+    """When an 'org/name' that the hub does not give is a path whose first folder exists here: say that the local
+    folder does not exist either, and name the model folders below it with the closest name."""
+    top = path.parts[0] if path.parts else ""
+    if not top or not Path(top).is_dir():
+        return ""
+    import difflib
+
+    found = sorted({str(c.parent) for c in Path(top).glob("*/config.json")} |
+                   {str(c.parent) for c in Path(top).glob("*/*/config.json")})
+    near = difflib.get_close_matches(str(path), found, n=2, cutoff=0.5)
+    return (f". Read as a local path, {str(path)!r} does not exist either (the folder {top!r} does)" +
+            (f": did you mean {' or '.join(map(repr, near))}?" if near else ""))
 
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            why = "has no \"weight_map\"" if isinstance(e, (KeyError, TypeError)) else f"is not valid JSON ({e})"
+            raise ValueError(f"{index} {why}: a sharded checkpoint's index maps each tensor name to its shard file "
+                             f"({{\"weight_map\": {{\"model.norm.weight\": \"model-00001-of-00002.safetensors\", "
+                             f"...}}}}); download or copy it again, or delete it if the folder holds one "
+                             f"model.safetensors") from None
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise FileNotFoundError(f"{folder}: shard(s) {missing} listed in {index.name} are missing")
         return [folder / s for s in shards]
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())  # not a folder named x.safetensors
     if not files:
         pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
         hint = (f" It has {pickled}: llmlab never unpickles weights; convert them once with transformers "
@@ -114,6 +137,9 @@ def load_config(folder: Path) -> ModelConfig:
         hf = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{cfg_file} holds a JSON {type(hf).__name__}, not an object of the model's settings "
+                         f"({{\"hidden_size\": ..., ...}}): is it the right file?")
     return ModelConfig.from_hf_config(hf, name=folder.name)
 
 
@@ -247,6 +273,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
 
     Raises:
         FileNotFoundError: the folder has no tokenizer.json. See `resolve` for the errors of a bad name or path.
+        ValueError: tokenizer.json is malformed (the message names the file).
     """
     from tokenizers import Tokenizer
 
@@ -254,7 +281,11 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     file = folder / "tokenizer.json"
     if not file.is_file():
         raise FileNotFoundError(f"{folder} has no tokenizer.json; pass token ids instead of text, or add one")
-    return Tokenizer.from_file(str(file))
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
+        raise ValueError(f"{file} could not be read as a tokenizer ({e}): it is damaged or not a Hugging Face "
+                         f"tokenizer.json; copy it again from the model's source") from None
 
 
 def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:

@@ -218,7 +218,8 @@ def _main(argv: list[str] | None) -> int:
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
             print(args.prompt + g.text)
             eos = " | ended at EOS" if g.finish_reason == "eos" else ""
-            print(f"\n[{llm.name} | {device_line(llm)} | {g.n_generated} tokens{eos} | TTFT {g.ttft_ms:.1f} ms | "
+            n = f"{g.n_generated} token{'s' if g.n_generated != 1 else ''}"
+            print(f"\n[{llm.name} | {device_line(llm)} | {n}{eos} | TTFT {g.ttft_ms:.1f} ms | "
                   f"TPOT {format_ms(g.tpot_ms, unit=' ms')} | {g.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
         elif args.command == "tour":
             from .tour import run_tour

@@ -13,8 +13,9 @@ saves. Field names follow gpt-fast / nanoGPT; the Hugging Face names are in the 
 
 from __future__ import annotations
 
-import difflib
 import dataclasses
+import difflib
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,7 +32,8 @@ class ModelConfig:
 
     Raises:
         ValueError: a size that is not an int >= 1; dim not divisible by n_heads (without head_dim);
-            n_heads not a multiple of n_kv_heads; an odd head_dim; a rope_scaling type other than 'llama3'.
+            n_heads not a multiple of n_kv_heads; an odd head_dim; a rope_scaling type other than 'llama3';
+            a norm_eps or rope_theta that is not a finite number > 0.
     """
 
     vocab_size: int = 32000
@@ -78,6 +80,13 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim={self.head_dim} must be even: RoPE rotates pairs of channels")
+        for name, what in (("norm_eps", "RMSNorm's epsilon (rms_norm_eps), added to mean(x^2): e.g. 1e-5"),
+                           ("rope_theta", "RoPE's base frequency: e.g. 10000 or 500000")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"{name}={value!r}: {what}; it must be a finite number > 0 (otherwise the forward "
+                                 f"pass can turn NaN and the model generates token 0 forever)")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if kind not in ("default", "llama3"):
@@ -142,14 +151,22 @@ class ModelConfig:
         (`rope_parameters`).
 
         Raises:
-            ValueError: an architecture llmlab does not implement, or a missing required key.
+            ValueError: an architecture llmlab does not implement, a hidden_act other than silu, a missing required
+                key, a value `ModelConfig` refuses, or a config that is not a JSON object.
         """
+        if not isinstance(hf, dict):
+            raise ValueError(f"config.json holds {type(hf).__name__} {hf!r:.60}, not a JSON object of the model's "
+                             f"settings ({{\"hidden_size\": ..., ...}}): is it the right file?")
         archs = hf.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"architecture {arch!r} is not supported; llmlab implements {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        act = hf.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"config.json has hidden_act {act!r}; llmlab's MLP is SwiGLU, silu(gate) * up: only "
+                             f"'silu' models load")
         try:
             n_heads = hf["num_attention_heads"]
             dim = hf["hidden_size"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import html
 import math
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from plotly.subplots import make_subplots
 
 from . import envinfo
 from .engine import LLM
-from .generate import format_ms
+from .generate import check_lengths, format_ms
 from .nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from .record import setting_label
 from .switches import SWITCHES, apply_switches
@@ -321,14 +322,27 @@ class Dashboard:
         """Start a run and return at once; `run` or the Run button's poll task then drives the plots.
 
         settings: switch values (missing keys: what the controls show); None: the controls as they are.
-        Raises RuntimeError while another run is in progress; ValueError for bad settings (`apply_switches`).
+        max_new_tokens, prompt_tokens: None takes the control's value; a value given must be a whole number >= 1,
+        and when both are given they must fit the model's context together (`llmlab.generate.check_lengths`).
+        Raises RuntimeError while another run is in progress; ValueError for bad settings (`apply_switches`) or
+        lengths; TypeError for a length that is not a whole number. Nothing starts and no control changes.
         """
         if self.running:
             raise RuntimeError("a run is in progress: press Stop (or call dash.stop()) and wait for it to end")
+        ctx = self.llm.config.max_seq_len
+        for name, value in (("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+            if value is not None:  # given in code: checked like LLM.generate's (the controls are bounded)
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise TypeError(f"{name}={value!r}: give a whole number of tokens, e.g. {name}=64")
+                if value < 1:
+                    raise ValueError(f"{name}={value}: ask for at least 1 token")
+        if prompt_tokens is not None and max_new_tokens is not None:
+            check_lengths(int(prompt_tokens), int(max_new_tokens), ctx)
         settings = {**self.settings(), **(settings or {})}
         run_llm, kwargs = apply_switches(self.llm, settings)  # raises ValueError before anything starts
         self._show_settings(settings)
         ctx = run_llm.config.max_seq_len
+        # the controls' values (or one length given in code beside the other control's) are fitted into the context
         prompt_len = max(1, min(int(prompt_tokens or self.prompt_w.value), ctx - 1))
         new = max(1, min(int(max_new_tokens or self.new_w.value), ctx - prompt_len))
         self.prompt_w.value, self.new_w.value = prompt_len, new
@@ -369,7 +383,14 @@ class Dashboard:
     def _work(self, run: _Run) -> None:
         """The worker thread: a 2-token warm-up, (idle), generate with on_token checking the stop event, (idle).
         Never touches a widget; an exception is kept in run.error for the main thread."""
+        threads = torch.get_num_threads()
         try:
+            if run.llm.device.type == "cpu":
+                # one intra-op thread for a CPU decode in this worker thread: with torch's default (one per core)
+                # the decode ran ~4x slower here than the same `generate` on the notebook's main thread (2 cores,
+                # 8.9 against 2.3 ms per token; with one thread 3.0, as `generate` with one). Set for this thread
+                # only (OpenMP keeps the count per calling thread), so the notebook's own cells keep theirs.
+                torch.set_num_threads(1)
             # untimed warm-up: the first call in a process pays one-time costs (allocator, thread pools)
             kwargs = {"stop_at_eos": False, **run.kwargs}  # time exactly new_tokens tokens
             run.llm.generate(run.prompt_ids[:8], max_new_tokens=2, **kwargs)
@@ -384,6 +405,8 @@ class Dashboard:
                 run.stop.wait(run.idle_s)
         except BaseException as e:  # noqa: BLE001 — reported by the main thread
             run.error = e
+        finally:
+            torch.set_num_threads(threads)
 
     def _reset_live_plot(self, run: _Run, title: str) -> None:
         if run.live_gpu:

@@ -176,7 +176,7 @@ class LLM:
                           "machine with more memory (or a GPU with enough free memory)")
         torch.manual_seed(seed)
         model = random_model(config, dev, dt)
-        return cls(model, None, name=f"{preset} (random weights)", random_weights=True)
+        return cls(model, None, name=f"{config.name} (random weights)", random_weights=True)
 
     # -- properties -------------------------------------------------------------------------------------
     @property

@@ -66,10 +66,11 @@ class _Collector:
                 if not self.done[b]:
                     self.out[b].append(t)
                     self.done[b] = t in self.eos
+            stop = self.on_token is not None and self.on_token(step, tokens)  # every step, the last one too
             if all(self.done):
                 self.finish = "eos"
                 return True
-            if self.on_token is not None and self.on_token(step, tokens):
+            if stop:
                 self.finish = "stopped"
                 return True
         return False

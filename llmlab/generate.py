@@ -216,6 +216,16 @@ def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch
     return ids
 
 
+def check_finite_logits(logits: torch.Tensor) -> None:
+    """Raise ValueError when the prefill's logits (B, V) hold NaN or inf: sampling would then pick token 0 every
+    step (the shipped model's EOS) and the run would end or ramble with no error anywhere. Checked once per call,
+    at the first token, where the host reads the token anyway."""
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"the model's logits hold NaN or inf ({logits.dtype}): a weight, the config (norm_eps, "
+                         f"rope_theta) or the dtype's range made the forward pass non-finite. Check the checkpoint, "
+                         f"or load the model in bf16 / fp32 if it runs in fp16")
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -283,6 +293,10 @@ def generate(
     ids = to_device(ids, device, pin_memory)
     make_cache = cache_factory or KVCache
     cache = make_cache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
+    if use_cache and not callable(getattr(cache, "update", None)):
+        raise TypeError(f"cache_factory returned {type(cache).__name__}, not a KV cache: it must return an object "
+                        f"with update(layer, positions, k, v) -> (k_all, v_all), such as llmlab.kv_cache.KVCache "
+                        f"or llmlab.paged_cache.PagedKVCache")
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     seq = ids  # the no-cache path keeps the whole sequence here
@@ -301,14 +315,17 @@ def generate(
         token_list = token.tolist()  # the host needs the token anyway: to detect EOS and to detokenize
         timer.mark()  # a step runs from one token to the next: host work between forward passes is included
 
+        if step == 0:
+            check_finite_logits(logits[:, -1])
         for b, t in enumerate(token_list):
             if not done[b]:
                 out[b].append(t)
                 done[b] = t in eos
+        stop = on_token is not None and on_token(step, token_list)  # every step, the one ending at EOS too
         if all(done):
             finish = "eos"
             break
-        if on_token is not None and on_token(step, token_list):
+        if stop:
             finish = "stopped"
             break
         next_input = token[:, None]  # (B, 1)

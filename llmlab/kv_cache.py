@@ -63,7 +63,8 @@ class KVCache:
         per_layer = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         self.nbytes = per_layer * config.n_layers
         check_fits(self.nbytes, device, f"KV cache ({config.n_layers} layers x batch {batch_size} x {max_seq_len} "
-                   f"tokens)", "lower the batch size or max_seq_len, or use a smaller dtype")
+                   f"tokens)", "lower the batch size or max_seq_len (in generate: fewer prompts, a shorter prompt or "
+                   "a smaller max_new_tokens; the cache holds prompt + new tokens), or use a smaller dtype")
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]

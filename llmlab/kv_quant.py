@@ -93,7 +93,8 @@ class QuantizedKVCache:
             torch.Size(shape).numel() * 1 + torch.Size(shape[:3]).numel() * 4  # 8-bit values + fp32 scales
             + batch_size * config.n_kv_heads * min(residual, max_seq_len) * config.head_dim * elem)  # the tail
         check_fits(self.nbytes, device, f"{kind} KV cache ({config.n_layers} layers x batch {batch_size} x "
-                   f"{max_seq_len} tokens)", "lower the batch size or max_seq_len")
+                   f"{max_seq_len} tokens)", "lower the batch size or max_seq_len (in generate: fewer prompts, a "
+                   "shorter prompt or a smaller max_new_tokens; the cache holds prompt + new tokens)")
         self.config, self.batch_size, self.max_seq_len = config, batch_size, max_seq_len
         self.residual, self.kind, self.dtype = residual, kind, dtype
         L = config.n_layers

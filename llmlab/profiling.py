@@ -362,8 +362,10 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     if n_steps < 1:
         raise ValueError(f"n_steps={n_steps}: profile at least one decode step")
     if prompt_len + n_steps + 1 > llm.config.max_seq_len:
-        raise ValueError(f"prompt_len {prompt_len} + {n_steps + 1} tokens exceeds the context of "
-                         f"{llm.config.max_seq_len} tokens")
+        raise ValueError(f"a {prompt_len}-token prompt + {n_steps + 1} generated tokens (the prefill's token and "
+                         f"{n_steps} decode steps) exceed the model's context of {llm.config.max_seq_len} tokens: "
+                         f"use a prompt of at most {llm.config.max_seq_len - n_steps - 1} tokens (prompt_len, "
+                         f"--prompt-tokens) or fewer steps (n_steps, --steps)")
     if trace_path is not None:
         trace_path = check_trace_path(trace_path)
     settings = dict(settings or {})

@@ -372,6 +372,9 @@ class RunMetrics:
                    kv_bytes_per_elem)
 
     def __str__(self) -> str:
+        if not math.isfinite(self.tpot_ms):  # one token: no decode step, so no TPOT (printed "-", as the CLI does)
+            return (f"{self.n_tokens} token{'s' if self.n_tokens != 1 else ''} x batch {self.batch}: TTFT "
+                    f"{self.ttft_ms:.1f} ms, TPOT - (no decode step), {self.tokens_per_s:.1f} tokens/s overall")
         return (f"{self.n_tokens} tokens x batch {self.batch}: TTFT {self.ttft_ms:.1f} ms, TPOT {self.tpot_ms:.2f} ms "
                 f"(p50 {self.tpot_p50_ms:.2f}, p90 {self.tpot_p90_ms:.2f}), {self.tokens_per_s:.1f} tokens/s "
                 f"overall, {self.decode_tokens_per_s:.1f} tokens/s decoding")

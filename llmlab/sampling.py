@@ -104,7 +104,10 @@ def sample(
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return argmax_rows(logits)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # shift the best score to 0 before dividing: at a tiny temperature (1e-40) the plain logits / T overflows to inf
+    # and softmax turns inf - inf into NaN; shifted, the best token stays at 0 and the rest go to -inf (greedy)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, int(top_k), dim=-1).values[:, -1:]  # (B, 1) the k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))

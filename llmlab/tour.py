@@ -56,7 +56,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
              f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
     print_fn(device_line(llm))
     shown = prompt if len(prompt) <= 80 else prompt[:80] + f"... ({len(prompt)} characters)"
-    print_fn(f"prompt {shown!r}, {max_new_tokens} new tokens, greedy, median of {repeats} runs\n")
+    print_fn(f"prompt {shown!r}, {max_new_tokens} new token{'s' if max_new_tokens != 1 else ''}, greedy, median of {repeats} runs\n")
     rows, reference = [], None
     _, skipped = available_steps(llm)
     for setting in tour_settings(llm):

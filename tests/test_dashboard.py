@@ -283,3 +283,22 @@ def test_live_gpu_panel_on_the_default_model():
     finally:
         dash.close()
     assert llmlab_threads() == [] and torch.cuda.is_available()
+
+
+def test_lengths_given_in_code_are_checked_not_clamped(llm):
+    """dash.run(max_new_tokens=-1) used to run 1 token and leave the control at 1: now it is refused, like
+    LLM.generate, and nothing changes."""
+    dash = Dashboard(llm, traces=[], prompt_tokens=8, max_new_tokens=12)
+    try:
+        before = (dash.prompt_w.value, dash.new_w.value)
+        for kwargs, err in ((dict(max_new_tokens=-1), ValueError), (dict(max_new_tokens=0), ValueError),
+                            (dict(max_new_tokens=2.7), TypeError), (dict(prompt_tokens=True), TypeError),
+                            (dict(max_new_tokens=5000, prompt_tokens=8), ValueError)):
+            with pytest.raises(err):
+                dash.run(**kwargs)
+            assert (dash.prompt_w.value, dash.new_w.value) == before and not dash.running
+        assert dash.results == []
+        row = dash.run(max_new_tokens=5)
+        assert row["tokens"] == 5
+    finally:
+        dash.close()

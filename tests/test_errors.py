@@ -6,6 +6,7 @@ generated before any error was raised.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -868,7 +869,7 @@ def test_cli_prints_an_empty_continuation_as_text(good, tmp_path, capsys, monkey
     monkeypatch.setattr(LLM, "generate", eos_at_once)
     assert main(["generate", "The list", "--model", str(good[0]), "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
-    assert out == "The list\n" and "ended at EOS" in err and "1 tokens" in err
+    assert out == "The list\n" and "ended at EOS" in err and "1 token |" in err
 
 
 def test_preset_is_built_in_its_dtype(good, monkeypatch):
@@ -891,3 +892,107 @@ def test_preset_is_built_in_its_dtype(good, monkeypatch):
     monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 0.5), "host memory"))
     with pytest.raises(MemoryError, match="bfloat16"):
         LLM.from_preset("smollm2-135m", dtype="bf16", **kw)
+
+
+# --- found by a fresh user's run (session 21) --------------------------------------------------------------------
+
+@pytest.mark.parametrize("key,value", [("rms_norm_eps", -1), ("rms_norm_eps", 0), ("rope_theta", -1.0),
+                                       ("rope_theta", 0.0)])
+def test_config_values_that_make_the_forward_pass_nan_are_refused(good, tmp_path, key, value):
+    folder = copy_of(good, tmp_path)
+
+    def edit(cfg):
+        cfg[key] = value
+        if key == "rope_theta":  # transformers 5 writes it in rope_parameters too, which is read first
+            cfg["rope_parameters"]["rope_theta"] = value
+
+    edit_config(folder, edit)
+    name = {"rms_norm_eps": "norm_eps"}.get(key, key)
+    with pytest.raises(ValueError, match=rf"{name}={value!r}: .* finite number > 0"):
+        LLM.load(folder, device="cpu")
+    with pytest.raises(ValueError, match="norm_eps=nan"):
+        LLM.from_preset("smollm2-135m", device="cpu", norm_eps=float("nan"), n_layers=1, vocab_size=64)
+    still_works(good)
+
+
+def test_an_activation_other_than_silu_is_refused(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    edit_config(folder, lambda cfg: cfg.update({"hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="hidden_act 'gelu'.*only 'silu'"):
+        LLM.load(folder, device="cpu")
+    still_works(good)
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '"x"'])
+def test_config_json_that_is_not_an_object_names_the_file(good, tmp_path, text):
+    folder = copy_of(good, tmp_path)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=r"config.json holds a JSON \w+, not an object"):
+        LLM.load(folder, device="cpu")
+    still_works(good)
+
+
+def test_damaged_tokenizer_and_index_files_are_named(good, tmp_path, capsys):
+    folder = copy_of(good, tmp_path)
+    (folder / "tokenizer.json").write_text("garbage")
+    with pytest.raises(ValueError, match=r"tokenizer.json could not be read as a tokenizer"):
+        LLM.load(folder, device="cpu")
+    assert main(["generate", "x", "--model", str(folder), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmlab: error:") and "tokenizer.json" in err and err.count("\n") == 1
+    (folder / "tokenizer.json").unlink()
+    for text, why in (("garbage", "is not valid JSON"), ("{}", 'has no "weight_map"')):
+        (folder / "model.safetensors.index.json").write_text(text)
+        with pytest.raises(ValueError, match=f"model.safetensors.index.json {why}"):
+            LLM.load(folder, device="cpu")
+    still_works(good)
+
+
+def test_a_folder_named_like_a_weights_file_is_not_read(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").mkdir()
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights"):
+        LLM.load(folder, device="cpu")
+    still_works(good)
+
+
+def test_a_mistyped_local_path_is_named_as_one(good, tmp_path, monkeypatch):
+    """'data/pydoc-llama' looks like a hub id 'org/name'; offline the hub fails, and the message says that no
+    such local folder exists either, naming the nearest model folder."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(good[0], tmp_path / "data" / "models" / "tiny-llama")
+    with pytest.raises(FileNotFoundError, match=r"'data/tiny-lama' does not exist either .*'data/models/tiny-llama'"):
+        LLM.load("data/tiny-lama", device="cpu")
+    still_works(good)
+
+
+def test_a_cache_factory_must_return_a_cache(good):
+    with pytest.raises(TypeError, match="cache_factory returned NoneType, not a KV cache"):
+        good[1].generate(PROMPT, max_new_tokens=4, cache_factory=lambda *a: None)
+    still_works(good)
+
+
+def test_on_token_sees_the_step_that_ends_at_eos(good):
+    """on_token is called after every step, the one whose token is EOS included, as `token_ids` holds it."""
+    llm = good[1]
+    seen = []
+    g = llm.generate(PROMPT, max_new_tokens=40, stop_at_eos=False)
+    eos_at = g.token_ids[0][5]  # make the 6th generated token the "EOS": the run ends there
+    llm.config.eos_token_id, old = eos_at, llm.config.eos_token_id
+    try:
+        g = llm.generate(PROMPT, max_new_tokens=40, on_token=lambda step, toks: seen.append(toks[0]))
+    finally:
+        llm.config.eos_token_id = old
+    assert g.finish_reason == "eos" and seen == g.token_ids[0] and seen[-1] == eos_at
+    still_works(good)
+
+
+def test_nan_logits_are_an_error_not_token_0(good):
+    llm = LLM(copy.deepcopy(good[1].model), good[1].tokenizer, name="nan")
+    with torch.no_grad():
+        llm.model.norm.weight[3] = float("nan")
+    with pytest.raises(ValueError, match="logits hold NaN or inf"):
+        llm.generate(PROMPT, max_new_tokens=4)
+    still_works(good)

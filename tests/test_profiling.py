@@ -107,7 +107,7 @@ def test_profile_decode_on_cpu_writes_a_trace(llm, tmp_path):
 def test_profile_decode_errors(llm):
     with pytest.raises(ValueError, match="at least one decode step"):
         profile_decode(llm, n_steps=0)
-    with pytest.raises(ValueError, match="exceeds the context"):
+    with pytest.raises(ValueError, match=r"exceed the model.s context of 256 tokens: use a prompt of at most 247"):
         profile_decode(llm, n_steps=8, prompt_len=250)
     with pytest.raises(ValueError, match="unknown switch"):
         profile_decode(llm, n_steps=2, prompt_len=8, settings={"warp_drive": True})

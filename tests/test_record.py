@@ -196,6 +196,7 @@ def test_record_on_gpu_with_real_nvml(tmp_path):
     # last, as it needs a GPU nobody else uses: under pytest-xdist other workers' kernels fill the "idle" window
     # (call DA: idle 13.7%, decoding 9.0%), and then a rise cannot be seen
     if s["idle_gpu_util_pct_mean"] > 5:
-        pytest.skip(f"the GPU was busy before the decode (idle GPU-Util {s['idle_gpu_util_pct_mean']:.1f}%): another "
-                    f"process shares it, so the rise of GPU-Util while decoding cannot be measured; run this test alone")
+        pytest.skip(f"the GPU was busy before the decode (idle GPU-Util {s['idle_gpu_util_pct_mean']:.1f}%): "
+                    f"another process shares it, so the rise of GPU-Util while decoding cannot be measured; run this "
+                    f"test alone")
     assert s["gpu_util_pct_mean"] > s["idle_gpu_util_pct_mean"], "GPU-Util should rise while decoding"

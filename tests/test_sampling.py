@@ -165,3 +165,11 @@ def test_edge_settings_are_valid():
     check_sampling_args(1.0, 1, 1.0)  # top_p = 1 keeps everything
     out = draws(LOGITS, n=5000, temperature=1.0, top_p=1.0)
     assert set(out.tolist()) == set(range(6))
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    """logits / 1e-40 overflows to inf, and softmax(inf - inf) is NaN: the scores are shifted first, so the best
+    token keeps all the probability (found by a fresh user: it used to pick id 0, the EOS of the shipped model)."""
+    logits = torch.tensor([[1.0, 50.0, 3.0], [7.0, -2.0, 6.5]])
+    for t in (1e-38, 1e-40, 1e-45):
+        assert sample(logits, temperature=t, generator=torch.Generator().manual_seed(0)).tolist() == [1, 0]
