@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import numbers
 import os
 import sys
 
@@ -192,6 +194,16 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
     torch.cuda.synchronize()
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
     return [float(torch.quantile(times, q)) for q in quantiles]
+
+
+def check_eps(op: str, eps) -> float:
+    """`eps` as a float if it is a finite number >= 0 (RMSNorm's epsilon); else TypeError (a string, a bool) or
+    ValueError (negative, NaN, inf), naming the argument."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{op}: eps must be a number (RMSNorm's epsilon, e.g. 1e-5), got {eps!r}")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{op}: eps must be a finite number >= 0 (e.g. 1e-5), got {eps!r}")
+    return float(eps)
 
 
 def check_flag(op: str, name: str, value) -> bool:

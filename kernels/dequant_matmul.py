@@ -735,6 +735,14 @@ def _check_x(op: str, x: torch.Tensor, K: int, how: str = "") -> None:
                       f"once and use a dense matmul", stacklevel=3)
 
 
+def _check_are_tensors(op: str, **args) -> None:
+    """TypeError naming an argument that is not a tensor (a list of weights would fail later on `.dtype`)."""
+    for name, t in args.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}; quantize the weights with "
+                            f"quantize_int8 / quantize_int4, which return tensors")
+
+
 def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """y = x @ (w_q * scales[:, None])^T with int8 weights dequantized in registers.
 
@@ -758,6 +766,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
         ValueError: shape mismatches, M = 0. TypeError: wrong dtypes. Warns once for M > 16 (correct, slow).
     """
     check_tensors("int8_matmul", ACT_DTYPES, x=x)
+    _check_are_tensors("int8_matmul", w_q=w_q, scales=scales)
     if w_q.dtype != torch.int8 or not scales.is_floating_point():
         raise TypeError(f"int8_matmul: w_q must be int8 and scales float, got {w_q.dtype} and {scales.dtype}")
     if w_q.dim() != 2 or scales.shape != (w_q.shape[0],):
@@ -876,6 +885,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
         Triton GEMV answers instead; `gluon_gemv_status()` keeps the reason).
     """
     check_tensors("int4_matmul", ACT_DTYPES, x=x)
+    _check_are_tensors("int4_matmul", packed=packed, scales=scales)
     if packed.dtype != torch.uint8 or not scales.is_floating_point():
         raise TypeError(f"int4_matmul: packed must be uint8 (two 4-bit weights per byte) and scales float, got "
                         f"{packed.dtype} and {scales.dtype}")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._util import autotune_configs, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench
+from ._util import autotune_configs, check_eps, check_flag, check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
@@ -244,6 +244,7 @@ def fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor 
     if residual is not None:
         tensors["residual"] = residual
     check_tensors("fused_gemv", DTYPES, **tensors)
+    eps = check_eps("fused_gemv", eps)
     if len({t.dtype for t in tensors.values()}) != 1:
         raise TypeError("fused_gemv: x, weight, norm_weight and residual must share one dtype, got " +
                         ", ".join(f"{n} {t.dtype}" for n, t in tensors.items()))

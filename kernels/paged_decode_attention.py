@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, demo_needs_cuda, interpret_mode
+from ._util import check_flag, check_tensors, demo_needs_cuda, interpret_mode
 from .decode_attention import decode_attention_reference, merge_splits
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -164,6 +164,10 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
         if t.stride(-1) != 1:
             raise ValueError(f"paged_decode_attention: {name}'s last dimension must be contiguous")
+    check_lens = check_flag("paged_decode_attention", "check_lens", check_lens)
+    if block_tables.shape[1] == 0:
+        raise ValueError("paged_decode_attention: block_tables has no columns: each sequence needs at least one "
+                         "block id (a (B, max_blocks) table with max_blocks >= 1)")
     max_len = block_tables.shape[1] * bs
     if check_lens and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_len):
         raise ValueError(f"paged_decode_attention: seq_lens must lie in 1..{max_len} (max_blocks x block_size), "
@@ -183,6 +187,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     # the kernel reads block_tables[b, j] at b * stride(0) + j and seq_lens[b] at b: make both dense
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens.to(torch.int32).contiguous()
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"paged_decode_attention: scale must be a number (the softmax scale, default 1/sqrt(hd)), "
+                        f"got {scale!r}")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
 
     n_blocks = block_tables.shape[1]

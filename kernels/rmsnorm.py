@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._util import check_tensors, demo_needs_cuda
+from ._util import check_eps, check_tensors, demo_needs_cuda
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -65,20 +65,23 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, residual: 
     """Triton RMSNorm over the last dimension.
 
     Args:
-        x: (..., D) fp32 / fp16 / bf16 (fp32 only in the CPU interpreter); its last dimension must be contiguous.
+        x: (..., D) fp32 / fp16 / bf16 (fp32 only in the CPU interpreter); any strides (a last dimension that is
+            not contiguous is copied first).
         weight: (D,) same dtype as x.
-        eps: added to mean(x^2).
+        eps: added to mean(x^2); a finite number >= 0.
         residual: optional (..., D), same shape and dtype as x: normalize x + residual instead.
 
     Returns:
         y (same shape and dtype as x), or (y, h) with h = x + residual when `residual` is given.
 
     Raises:
-        ValueError: weight is not (D,), residual's shape differs, D is 0, or a device problem (see `check_tensors`).
-        TypeError: unsupported or mismatched dtypes.
+        ValueError: weight is not (D,), residual's shape differs, D is 0, eps negative or not finite, or a device
+            problem (see `check_tensors`).
+        TypeError: unsupported or mismatched dtypes, an eps that is not a number.
     """
     tensors = {"x": x, "weight": weight} | ({} if residual is None else {"residual": residual})
     check_tensors("rmsnorm", DTYPES, **tensors)
+    eps = check_eps("rmsnorm", eps)
     if len({t.dtype for t in tensors.values()}) != 1:
         raise TypeError("rmsnorm: x, weight (and residual) must share one dtype, got " +
                         ", ".join(f"{n}={t.dtype}" for n, t in tensors.items()))

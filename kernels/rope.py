@@ -72,20 +72,36 @@ def _rope_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     )
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory spans (first to last element they can reach) intersect in one storage. Spans,
+    not elements: q and k as interleaved views of one fused buffer would count as overlapping even if no element
+    is shared (the model's q and k are separate tensors)."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        return lo, lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotate q and k IN PLACE (two launches) and return them.
 
     Args:
         q: (B, H, T, hd); k: (B, Hkv, T, hd); any strides as long as the last dimension is contiguous (the
             model's `view(B, T, H, hd).transpose(1, 2)` qualifies). fp32 / fp16 / bf16 (fp32 in the interpreter).
-        cos, sin: (T, hd) or (B, T, hd), the model's tables (`RotaryEmbedding.forward`), any float dtype;
+        cos, sin: (T, hd) or (B, T, hd), the model's tables (`RotaryEmbedding.forward`), fp32 / fp16 / bf16;
             only [..., :hd/2] is read.
 
     Returns:
         (q, k), the same tensors, rotated.
 
     Raises:
-        ValueError: odd head_dim, mismatched B / T / hd, a last dimension that is not contiguous.
+        ValueError: odd head_dim, mismatched B / T / hd, a last dimension that is not contiguous, q and k that
+            share memory (one tensor passed twice would be rotated twice).
         TypeError: unsupported dtypes, q and k of different dtypes.
     """
     check_tensors("rope_", DTYPES, q=q, k=k, cos=cos, sin=sin)
@@ -105,6 +121,9 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if t.stride(-1) != 1:
             raise ValueError(f"rope_: {name}'s last dimension must be contiguous (stride 1), got {t.stride()}")
+    if _overlap(q, k):
+        raise ValueError("rope_: q and k share memory (the same tensor passed twice?): each element would be rotated "
+                         "twice; rotate one tensor with rope_one(x, cos, sin)")
     if cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     for x in (q, k):

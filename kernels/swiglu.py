@@ -51,7 +51,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate, up: (..., N), same shape and dtype (fp32 / fp16 / bf16; fp32 in the CPU interpreter).
 
     Returns:
-        (..., N) in the same dtype.
+        (..., N) in the same dtype (empty when the inputs are: no rows, or N = 0).
 
     Raises:
         ValueError: shapes differ; device problems (see `check_tensors`).
@@ -62,6 +62,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"swiglu: gate ({gate.dtype}) and up ({up.dtype}) must share one dtype")
     if gate.shape != up.shape or gate.dim() == 0:
         raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one (non-scalar) shape")
+    if gate.numel() == 0:  # no rows, or rows of length 0: nothing to compute (reshape(-1, 0) would fail)
+        return torch.empty_like(gate)
     N = gate.shape[-1]
     g2, u2 = gate.reshape(-1, N), up.reshape(-1, N)  # views when they can be (halves of a fused gate_up output)
     g2 = g2 if g2.stride(-1) == 1 else g2.contiguous()

@@ -187,6 +187,11 @@ def test_wrong_shapes_and_dtypes_are_clear_errors():
         int8_matmul(torch.randn(0, 32, device=DEV), w8, s8)
     with pytest.raises(TypeError, match="uint8"):
         int4_matmul(torch.randn(1, 32, device=DEV), w8[:, :16], torch.ones(8, 1, device=DEV))
+    with pytest.raises(TypeError, match="int8_matmul: w_q must be a torch.Tensor, got list"):
+        int8_matmul(torch.randn(1, 32, device=DEV), w8.tolist(), s8)
+    packed, s4 = quantize_int4(_w(8, 32), 32)
+    with pytest.raises(TypeError, match="int4_matmul: packed must be a torch.Tensor, got list"):
+        int4_matmul(torch.randn(1, 32, device=DEV), packed.tolist(), s4)
 
 
 @pytest.mark.parametrize("M", [1, 3])

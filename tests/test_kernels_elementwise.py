@@ -17,7 +17,7 @@ if not torch.cuda.is_available() and not interpret_mode():
     pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 
 from llmlab.kernels.rmsnorm import TritonRMSNorm, rmsnorm, rmsnorm_reference  # noqa: E402
-from llmlab.kernels.rope import rope_, rope_reference  # noqa: E402
+from llmlab.kernels.rope import rope_, rope_one, rope_reference  # noqa: E402
 from llmlab.kernels.swiglu import swiglu, swiglu_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -220,3 +220,20 @@ def test_interpreter_turned_on_after_the_kernels_were_imported_in_a_real_process
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ValueError: rmsnorm: TRITON_INTERPRET must be set before triton is imported" in proc.stdout, proc.stderr
+
+
+def test_bad_arguments_found_by_a_student_review():
+    """rope_ with one tensor as q and k would rotate it twice; swiglu of empty rows; eps that is not a number."""
+    x = torch.randn(1, 2, 3, 8, device=DEV)
+    a = torch.randn(3, 4, device=DEV).repeat(1, 2)
+    with pytest.raises(ValueError, match="q and k share memory.*rope_one"):
+        rope_(x, x, a.cos(), a.sin())
+    ref = rope_reference(x, a.cos(), a.sin())
+    torch.testing.assert_close(rope_one(x.clone(), a.cos(), a.sin()), ref)
+    for shape in ((3, 0), (0, 5)):
+        out = swiglu(torch.randn(*shape, device=DEV), torch.randn(*shape, device=DEV))
+        assert out.shape == shape
+    w = torch.ones(8, device=DEV)
+    for eps, err in (("1e-5", TypeError), (True, TypeError), (-1.0, ValueError), (float("nan"), ValueError)):
+        with pytest.raises(err, match="rmsnorm: eps must be"):
+            rmsnorm(torch.randn(2, 8, device=DEV), w, eps=eps)

@@ -80,6 +80,12 @@ def test_rejects_bad_inputs():
         paged_decode_attention(q, kp, vp, tables.float(), lens)
     with pytest.raises(ValueError, match="not a multiple"):
         paged_decode_attention(q[:, :3], kp, vp, tables, lens)
+    with pytest.raises(ValueError, match="block_tables has no columns"):
+        paged_decode_attention(q, kp, vp, tables[:, :0], lens, check_lens=False)
+    with pytest.raises(TypeError, match="scale must be a number"):
+        paged_decode_attention(q, kp, vp, tables, lens, scale="x")
+    with pytest.raises(TypeError, match="check_lens must be True or False"):
+        paged_decode_attention(q, kp, vp, tables, lens, check_lens="no")
 
 
 def test_strided_block_tables_and_lengths_are_read_as_their_values():

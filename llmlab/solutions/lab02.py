@@ -50,9 +50,12 @@ def check_decode_intensity(fn) -> None:
         for bpp in (2, 0.5):
             want = roofline.arithmetic_intensity(cfg, batch, ctx, bpp)
             got = fn(cfg, batch, ctx, bpp)
+            off = "" if got is None or not want else f" ({(got - want) / want:+.2e} relative)"
             assert got is not None and math.isclose(got, want, rel_tol=1e-6), (
-                f"{name}, batch {batch}, context {ctx}, {bpp} bytes/weight: expected {want:.4f} FLOP/byte, "
-                f"got {got}")
+                f"{name}, batch {batch}, context {ctx}, {bpp} bytes/weight: expected {want!r} FLOP/byte, "
+                f"got {got!r}{off}. A small miss is not rounding: count 2 FLOPs per token for each weight of a matrix multiply (q, k, v, o, "
+                f"gate, up, down, lm_head: not the norm weights, biases or the embedding lookup) plus attention over "
+                f"the cached tokens; bytes: every weight read once, plus each sequence's KV cache")
 
 
 def check_critical_batch(fn) -> None:
