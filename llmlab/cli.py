@@ -25,6 +25,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):  # also catches NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0")
+    return value
+
+
 def _writable_folder(out: str) -> None:
     """Create the folder `out` and write a scratch file in it, so that a bad --out fails before any work is done.
 
@@ -56,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="continue a prompt with the default model (offline)")
-    g.add_argument("prompt")
+    g.add_argument("prompt", help="the text to continue; one that starts with - goes last, after --: llmlab "
+                   "generate --max-new-tokens 8 -- \"-x\"")
     _model_args(g)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -80,11 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switch values of one recording, e.g. kv_cache=false,dtype=bf16; repeat for more "
                         "(default: KV cache on, and off, both bf16)")
     r.add_argument("--out-dir", default=None, help="folder for the traces (default data/traces/)")
-    r.add_argument("--duration", type=float, default=12.0, help="seconds of decoding per setting (default 12)")
-    r.add_argument("--prompt-tokens", type=int, default=128, help="random prompt ids per call (default 128)")
-    r.add_argument("--new-tokens", type=int, default=256, help="new tokens per generate call (default 256)")
-    r.add_argument("--idle", type=float, default=1.0, help="idle seconds sampled before and after (default 1)")
-    r.add_argument("--interval", type=float, default=0.1, help="sampler period, s (default 0.1 = 10 Hz)")
+    r.add_argument("--duration", type=_positive_seconds, default=12.0,
+                   help="seconds of decoding per setting (default 12)")
+    r.add_argument("--prompt-tokens", type=_positive_int, default=128, help="random prompt ids per call (default 128)")
+    r.add_argument("--new-tokens", type=_positive_int, default=256, help="new tokens per generate call (default 256)")
+    r.add_argument("--idle", type=_seconds, default=1.0, help="idle seconds sampled before and after (default 1)")
+    r.add_argument("--interval", type=_positive_seconds, default=0.1, help="sampler period, s (default 0.1 = 10 Hz)")
     r.add_argument("--device", default="cuda", help="cuda or cuda:N")
     r.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel timeline")
 

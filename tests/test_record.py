@@ -200,3 +200,11 @@ def test_record_on_gpu_with_real_nvml(tmp_path):
                     f"another process shares it, so the rise of GPU-Util while decoding cannot be measured; run this "
                     f"test alone")
     assert s["gpu_util_pct_mean"] > s["idle_gpu_util_pct_mean"], "GPU-Util should rise while decoding"
+
+@pytest.mark.parametrize("args", [["--idle", "-1"], ["--duration", "0"], ["--new-tokens", "-3"],
+                                  ["--prompt-tokens", "0"], ["--interval", "nan"]])
+def test_record_lengths_and_times_are_checked_by_the_parser(args, capsys):
+    """Refused before any model is built (they used to fail after the warm-up, as a time.sleep ValueError)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["record", *args])
+    assert e.value.code == 2 and f"argument {args[0]}" in capsys.readouterr().err
