@@ -135,6 +135,8 @@ def inspect() -> None:
     fn = int4_gemv_gluon_kernel
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     cases = [(4096, 8, 4, 1), (4096, 4, 4, 1), (4096, 8, 2, 2), (4096, 4, 2, 2), (14336, 4, 16, 1), (14336, 4, 8, 2)]
+    if os.environ.get("CASES"):  # e.g. CASES="14336,4,4,4;14336,2,4,4": K, R, warps, slots per thread
+        cases = [tuple(int(v) for v in c.split(",")) for c in os.environ["CASES"].split(";")]
     for K, R, NW, S in cases:
         constexprs = {"GROUP": 128, "R": R, "PDL": True, "ONE": bool(os.environ.get("ONE")), "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
                       "stride_wn": K // 8, "stride_sn": K // 128,
