@@ -563,7 +563,7 @@ def list_bench(directory: str | os.PathLike | None = None, device_contains: str 
         if device_contains and device_contains.lower() not in doc["device"].lower():
             continue
         docs.append(doc)
-    return sorted(docs, key=lambda d: d.get("date", ""))
+    return sorted(docs, key=lambda d: str(d.get("date") or ""))  # a file without a date sorts first
 
 
 def latest_ladder(workload: str, model_id: str | None = None, directory: str | os.PathLike | None = None) -> dict | None:

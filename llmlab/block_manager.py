@@ -26,6 +26,7 @@ block keeps its hash (and its contents) until it is handed out again, so a later
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from typing import Hashable, Sequence
 
@@ -38,6 +39,21 @@ class OutOfBlocks(MemoryError):
         super().__init__(
             f"{what} needs {needed} more KV blocks ({needed * block_size} token slots) but only {free} are free "
             f"(block_size={block_size}); free finished sequences, preempt one, or build the cache with more blocks")
+
+
+def _count_or_ids(tokens):
+    """A token count (int) or a list of int token ids (from a list, tuple or 1-D integer tensor), else TypeError.
+    A tensor becomes a list, so its full blocks hash (and are shared) like a list's."""
+    if isinstance(tokens, bool):
+        raise TypeError(f"tokens={tokens!r}: give a token count or a list of token ids")
+    if isinstance(tokens, numbers.Integral):
+        return int(tokens)
+    if hasattr(tokens, "tolist") and not isinstance(tokens, (list, tuple)):
+        tokens = tokens.tolist()
+    if not isinstance(tokens, (list, tuple)) or not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in tokens):
+        raise TypeError(f"tokens={tokens!r:.60}: give a token count (int) or token ids (a list of ints)")
+    return [int(t) for t in tokens]
 
 
 class BlockManager:
@@ -55,6 +71,10 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name}={value!r}: give a whole number, e.g. {name}=16")
+        num_blocks, block_size = int(num_blocks), int(block_size)
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be positive")
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -125,7 +145,11 @@ class BlockManager:
         return hits
 
     def can_allocate(self, tokens: int | Sequence[int]) -> bool:
-        """Whether `allocate(seq, tokens)` would succeed now (counting prefix-cache hits when ids are given)."""
+        """Whether `allocate(seq, tokens)` would succeed now (counting prefix-cache hits when ids are given); False
+        for no tokens, which allocate refuses."""
+        tokens = _count_or_ids(tokens)
+        if (tokens if isinstance(tokens, int) else len(tokens)) <= 0:
+            return False
         return self._allocate_cost(tokens) <= self.num_free
 
     def _allocate_cost(self, tokens: int | Sequence[int]) -> int:
@@ -147,6 +171,7 @@ class BlockManager:
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already allocated; free it first")
+        tokens = _count_or_ids(tokens)
         n = tokens if isinstance(tokens, int) else len(tokens)
         if n <= 0:
             raise ValueError(f"sequence {seq_id!r}: allocate at least one token (got {n})")
@@ -173,6 +198,10 @@ class BlockManager:
         if ids is None:
             return
         table, bs = self.tables[seq_id], self.block_size
+        if any(block not in self.block_hash for block in table[:first]):
+            # an earlier block was forgotten (`forget_prefix`: its K/V were never written), so what follows it was
+            # computed from garbage, and a hash chained from None would pass it off as a sequence's first block
+            return
         prev = self.block_hash.get(table[first - 1]) if first > 0 else None
         for i in range(first, self.lengths[seq_id] // bs):
             h = self._hash(prev, ids[i * bs:(i + 1) * bs])

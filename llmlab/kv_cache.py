@@ -79,12 +79,19 @@ class KVCache:
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write the new tokens' K/V at `positions` and return all cached K/V up to the last written position.
 
-        positions: (T,) int64, contiguous and increasing; k, v: (B, Hkv, T, hd).
+        positions: (T,) int64, contiguous and increasing, starting at or before `length` (a rewrite of earlier
+        positions truncates the cache there); k, v: (B, Hkv, T, hd).
         Returns k_all, v_all: (B, Hkv, S, hd) views with S = positions[-1] + 1.
+
+        Raises:
+            ValueError: a write past max_seq_len, or one starting after `length` (a gap of unwritten slots).
         """
         B, T = k.shape[0], k.shape[2]
         if layer == 0:  # every layer writes the same positions: read them from the tensor once per forward pass
             start = int(positions[0])
+            if start > self.length:  # the slots in between were never written: attention would read zeros
+                raise ValueError(f"the KV cache holds {self.length} tokens; a write at position {start} would leave a "
+                                 f"gap: write at position {self.length} (the next one) or earlier")
             if start + T > self.max_seq_len:
                 raise ValueError(
                     f"the KV cache holds {self.max_seq_len} tokens but position {start + T - 1} was written; "

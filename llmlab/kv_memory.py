@@ -267,6 +267,8 @@ def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch:
     """
     from .kv_cache import KVCache
 
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: time at least one decode step per context (a whole number >= 1)")
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     rows = []

@@ -131,6 +131,7 @@ class QuantizedKVCache:
                                  f"written; allocate a larger cache")
             tail = self.length - self.n_quant + T
             self._plan = (self.n_quant, max(0, tail - self.residual))  # (quantized before, tokens to spill now)
+            self._new_tails = {}  # layer -> its tail after this call, committed with the length at the last layer
         n_q, spill = self._plan
         k_tail = torch.cat([self.k_tail[layer][:B], k], dim=2)  # (B, Hkv, tail, hd) full precision
         v_tail = torch.cat([self.v_tail[layer][:B], v], dim=2)
@@ -142,8 +143,14 @@ class QuantizedKVCache:
             qv, sv = quantize(v_tail[:, :, :spill], self.kind)
             self.kq[layer][:B, :, n_q:n_q + spill], self.k_scale[layer][:B, :, n_q:n_q + spill] = qk, sk
             self.vq[layer][:B, :, n_q:n_q + spill], self.v_scale[layer][:B, :, n_q:n_q + spill] = qv, sv
-        self.k_tail[layer], self.v_tail[layer] = k_tail[:, :, spill:], v_tail[:, :, spill:]
+        # the tails are replaced only once every layer has run: a call cut short (an error, Ctrl-C) leaves the cache
+        # as it was, and a retry of the same positions appends once (the spilled slots above lie past n_quant, so
+        # writing them again is harmless)
+        self._new_tails[layer] = (k_tail[:, :, spill:], v_tail[:, :, spill:])
         if layer == len(self.kq) - 1:
+            for i, (kt, vt) in self._new_tails.items():
+                self.k_tail[i], self.v_tail[i] = kt, vt
+            self._new_tails = {}
             self.n_quant += spill
             self.length += T
         return k_all, v_all

@@ -21,7 +21,10 @@ place:
 
     from llmlab.ladder import LadderStep, register_step
     register_step(LadderStep("+int8", {"weights": "int8"}, "weight-only int8: half the bytes per token",
-                             weights="int8"))
+                             weights="int8"))   # with a "weights" switch registered first; until then, skipped
+
+The registries live in the Python process: `run_tour` / `run_bench` called after these lines climb the new rung
+(a notebook, a script); the `llmlab` command starts a new process with the built-in rungs only.
 
 `available_steps(llm)` resolves the ladder for one model on one device: it returns the runnable steps with their
 accumulated settings and, separately, the skipped ones with the reason (a switch not registered yet, a switch not

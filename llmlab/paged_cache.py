@@ -185,8 +185,12 @@ class PagedKVCache:
                                  f"stale tokens after it: write up to the row's end (slots reserved ahead, as "
                                  f"prefix reuse does, are fine), or reset() the cache to start again")
         bs = self.block_size
-        need = sum(max(0, -(-end // bs) - (len(self.blocks.block_table(b)) if b in self.blocks.tables else 0))
-                   for b in range(B))
+        need = 0
+        for b in range(B):
+            if b not in self.blocks.tables:
+                need += -(-end // bs)
+            elif end > self.blocks.length(b):  # counts the copy of a forked, partly filled last block too
+                need += max(0, self.blocks._append_cost(b, end - self.blocks.length(b)))
         if need > self.blocks.num_free:
             raise OutOfBlocks(need, self.blocks.num_free, bs, f"writing tokens {start}..{end - 1} of {B} rows")
 

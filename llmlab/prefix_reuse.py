@@ -153,7 +153,10 @@ def compare_ttft(model, messages: list[list[int]], max_new_tokens: int = 16, rep
 
     Raises:
         AssertionError: with check_replies, a mode produced a different reply.
+        ValueError: repeats that is not a whole number >= 1.
     """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: time each turn at least once (a whole number >= 1)")
     rows = []
     replies = {}
     for mode in ("none", "contiguous", "paged"):

@@ -52,7 +52,8 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
         ValueError: an unknown switch name, a value outside a switch's choices, a switch not available here (the
             message says why, and to leave it off), or switches that `LLM.generate` would refuse together (e.g. GPU
             sampling without the KV cache; `llmlab.engine.check_fast_paths`, same message). All checked before any
-            switch changes the model.
+            switch changes the model. Also: two switches on together that both set one generate argument (two
+            KV-cache layouts, each a cache_factory) — found while applying them; the original LLM is untouched.
     """
     unknown = set(settings) - set(SWITCHES)
     if unknown:
@@ -75,8 +76,18 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
                      torch_compile=values["torch_compile"], gpu_sampling=values["gpu_sampling"],
                      prefill_graphs=values["prefill_graphs"])
     kwargs: dict = {}
+    set_by: dict[str, str] = {}  # generate argument -> the switch that set it
     for key, switch in SWITCHES.items():
+        before = dict(kwargs)
         llm = switch.apply(llm, settings.get(key, switch.default), kwargs)
+        for arg, value in kwargs.items():
+            if arg in before and before[arg] is not value and arg in set_by:
+                # e.g. two switches that each pick the KV cache (cache_factory): the row would run the last one
+                # while its label names both
+                raise ValueError(f"switches {set_by[arg]!r} and {key!r} both set generate's {arg}: they cannot be on "
+                                 f"together; turn one of them off")
+            if arg not in before or before[arg] is not value:
+                set_by[arg] = key
     return llm, kwargs
 
 

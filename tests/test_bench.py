@@ -263,6 +263,9 @@ def test_list_bench_skips_invalid_files(tmp_path):
     docs = list_bench(tmp_path)
     assert [d["results"][0]["tokens_per_s"] for d in docs] == [12.5]
     assert list_bench(tmp_path, device_contains="h200") and not list_bench(tmp_path, device_contains="A100")
+    undated = json.loads((tmp_path / "a.json").read_text()) | {"date": None}
+    (tmp_path / "d.json").write_text(json.dumps(undated))  # valid, but no date: sorts first instead of crashing
+    assert [d["date"] for d in list_bench(tmp_path)][0] is None and len(list_bench(tmp_path)) == 2
 
 
 def test_latest_ladder_skips_partial_and_cpu_runs(tmp_path):

@@ -216,3 +216,28 @@ def test_prefix_hits_and_cached_free_blocks():
     bm.free(3), bm.free(4)
     bm.check()
     assert bm.num_free == 8
+
+
+def test_a_forgotten_prefix_is_not_reused_through_later_blocks():
+    """After forget_prefix, the sequence's later full blocks must not be registered as if they began a sequence
+    (their K/V came after unwritten ones): another sequence starting with the same ids reuses nothing."""
+    bm = BlockManager(8, 4)
+    bm.allocate("A", [1, 2, 3, 4, 5, 6])
+    bm.forget_prefix("A", 0)
+    bm.append("A", [7, 8])
+    assert bm.allocate("B", [5, 6, 7, 8, 9]) == 0
+    assert set(bm.block_table("B")).isdisjoint(bm.block_table("A"))
+
+
+def test_arguments_of_the_wrong_kind_are_named():
+    for args, err in (((4.5, 4), TypeError), (("4", 4), TypeError), ((4, 2.5), TypeError), ((0, 4), ValueError)):
+        with pytest.raises(err, match="num_blocks|block_size"):
+            BlockManager(*args)
+    bm = BlockManager(8, 4)
+    for bad in (2.5, "5", [1, 2.0], True):
+        with pytest.raises(TypeError, match="token count"):
+            bm.allocate("s", bad)
+    assert bm.can_allocate(-5) is False and bm.can_allocate([]) is False
+    torch = pytest.importorskip("torch")
+    bm.allocate("A", [1, 2, 3, 4, 5])
+    assert bm.allocate("B", torch.tensor([1, 2, 3, 4, 9])) == 4  # tensor ids share a prefix like a list's

@@ -94,3 +94,41 @@ def test_int8_kv_on_the_default_model():
     p_full = perplexity(llm.model, ids)
     p_int8 = perplexity(llm.model, ids, quantized_cache(32, "int8"))
     assert abs(p_int8 / p_full - 1) < 0.05, (p_full, p_int8)
+
+
+@pytest.mark.parametrize("cache_cls", ["quantized", "contiguous"])
+def test_a_forward_pass_cut_short_leaves_the_cache_as_it_was(cache_cls):
+    """An exception in layer 1 of a decode step (or Ctrl-C) must not leave layer 0's new token in the cache: the
+    retried step gives the logits of a clean run (the quantized cache used to append it twice to layer 0's tail)."""
+    model = tiny_model(seed=3, n_layers=3)
+    ids = prompt_ids(1, 10)
+    make = (lambda: QuantizedKVCache(model.config, 1, 64, torch.float32, "cpu", residual=4)) \
+        if cache_cls == "quantized" else (lambda: KVCache(model.config, 1, 64, torch.float32, "cpu"))
+    clean, cut = make(), make()
+    for cache in (clean, cut):
+        model(ids, torch.arange(10), kv_cache=cache)
+    token, pos = torch.tensor([[5]]), torch.tensor([10])
+    want = model(token, pos, kv_cache=clean)
+
+    def fail(*_):
+        raise RuntimeError("interrupted")
+
+    hook = model.layers[1].register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="interrupted"):
+            model(token, pos, kv_cache=cut)
+    finally:
+        hook.remove()
+    assert cut.length == 10
+    torch.testing.assert_close(model(token, pos, kv_cache=cut), want, rtol=0, atol=0)
+
+
+def test_a_contiguous_cache_refuses_a_gap():
+    model = tiny_model(seed=3, n_layers=2)
+    cache = KVCache(model.config, 1, 64, torch.float32, "cpu")
+    model(prompt_ids(1, 10), torch.arange(10), kv_cache=cache)
+    with pytest.raises(ValueError, match="holds 10 tokens; a write at position 13 would leave a gap"):
+        model(torch.tensor([[5]]), torch.tensor([13]), kv_cache=cache)
+    assert cache.length == 10
+    model(torch.tensor([[5]]), torch.tensor([10]), kv_cache=cache)
+    assert cache.length == 11

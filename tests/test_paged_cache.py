@@ -118,6 +118,28 @@ def test_fork_copy_on_write_copies_block_contents():
     assert t0[0] == t1[0] and t0[1] != t1[1]
 
 
+def test_a_refused_write_changes_nothing_when_forks_need_copies():
+    """Three rows share a half-full block and one block is free: each row's next token needs its own copy, so
+    the write is refused before any row moves to a copy (found by a review: row 0 used to be moved first)."""
+    from llmlab.block_manager import OutOfBlocks
+
+    config = tiny_config(n_layers=1)
+    cache = PagedKVCache(config, 3, 16, torch.float32, "cpu", block_size=4, num_blocks=3)
+    k = torch.randn(1, config.n_kv_heads, 6, config.head_dim)
+    cache.update(0, torch.arange(6), k, k)  # row 0: blocks [0, 1], the second half full; block 2 free
+    cache.blocks.fork(0, 1)
+    cache.blocks.fork(0, 2)
+    before = [list(cache.blocks.block_table(b)) for b in range(3)], [cache.blocks.length(b) for b in range(3)]
+    k3 = torch.randn(3, config.n_kv_heads, 1, config.head_dim)
+    with pytest.raises(OutOfBlocks):
+        cache.update(0, torch.tensor([6]), k3, k3)
+    assert ([list(cache.blocks.block_table(b)) for b in range(3)], [cache.blocks.length(b) for b in range(3)]) \
+        == before
+    k1 = torch.randn(1, config.n_kv_heads, 1, config.head_dim)
+    k_all, _ = cache.update(0, torch.tensor([6]), k1, k1)  # one row fits: it still works
+    assert torch.equal(k_all[0, :, :6], k[0]) and torch.equal(k_all[0, :, 6:], k1[0])
+
+
 def test_gather_shape():
     pool = torch.arange(4 * 1 * 2 * 1, dtype=torch.float32).view(4, 1, 2, 1)
     out = gather(pool, torch.tensor([[3, 1]]), 3)
@@ -190,3 +212,28 @@ def test_a_write_that_would_leave_stale_tokens_is_refused():
     with pytest.raises(ValueError, match="stale tokens"):
         cache.update(0, torch.tensor([5]), k[:, :, :1], k[:, :, :1])
     assert cache.blocks.length(0) == 12 and cache.length == 12
+
+
+def test_two_switches_that_both_pick_the_kv_cache_are_refused():
+    """A second KV-cache switch (here a quantized one, registered as a later lesson would) on together with
+    paged_kv: the row would run one cache while its label names both, so apply_switches refuses."""
+    import functools
+
+    from llmlab import switches
+    from llmlab.engine import LLM
+    from llmlab.kv_quant import QuantizedKVCache
+
+    def quant(llm, value, kwargs):
+        if value:
+            kwargs["cache_factory"] = functools.partial(QuantizedKVCache, residual=8)
+        return llm
+
+    switches.register(switches.Switch("test_quant_kv", "int8 KV", False, "int8 KV cache", quant))
+    try:
+        llm = LLM(tiny_model(seed=0), name="tiny")
+        with pytest.raises(ValueError, match="'paged_kv' and 'test_quant_kv' both set generate's cache_factory"):
+            switches.apply_switches(llm, {"paged_kv": True, "test_quant_kv": True})
+        for one in ("paged_kv", "test_quant_kv"):
+            assert "cache_factory" in switches.apply_switches(llm, {one: True})[1]
+    finally:
+        del switches.SWITCHES["test_quant_kv"]

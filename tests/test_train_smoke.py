@@ -141,3 +141,23 @@ def test_seq_len_beyond_the_context_names_the_fix(tmp_path):
     with pytest.raises(SystemExit, match=r"--seq-len 5000 exceeds the model's context length 1024; use --seq-len "
                                          r"1024 or less"):
         cli.main(["--out", str(tmp_path / "m"), "--device", "cpu", "--seq-len", "5000"])
+
+
+def test_bad_out_and_device_are_refused_before_training(tmp_path, monkeypatch):
+    """An --out that is a file or cannot be written, and a --device that is not one, used to fail after training
+    (the model lost) or with a raw traceback; now they are refused before any work."""
+    import llmlab.train.__main__ as cli
+
+    def no_training(*a, **k):
+        raise AssertionError("training started with a bad argument")
+
+    monkeypatch.setattr(cli, "prepare_data", no_training)
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    with pytest.raises(SystemExit, match="is a file; give a folder"):
+        cli.main(["--out", str(a_file), "--smoke", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="cannot write the model to"):
+        cli.main(["--out", str(a_file / "below"), "--smoke", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--device: unknown device 'gpu'"):
+        cli.main(["--out", str(tmp_path / "m"), "--smoke", "--device", "gpu"])
+    assert not list((tmp_path / "m").glob(".llmlab-write-test"))  # the probe file is removed

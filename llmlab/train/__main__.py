@@ -64,10 +64,21 @@ def check_out_folder(out: Path, overwrite: bool) -> None:
     config.json beside old shards would leave a folder that no longer loads).
 
     Raises:
-        SystemExit: `out` holds a model and `overwrite` is False (the message says how to proceed).
+        SystemExit: `out` holds a model and `overwrite` is False (the message says how to proceed); `out` is a file
+            or cannot be created or written (checked with a probe file, removed again).
     """
     out = Path(out)
-    if overwrite or not out.is_dir() or not ((out / "config.json").is_file() or any(out.glob("*.safetensors"))):
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"python -m llmlab.train: error: --out {out} is a file; give a folder for the model")
+    try:  # the folder must be creatable and writable before hours of training, not after
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".llmlab-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(f"python -m llmlab.train: error: cannot write the model to {out} ({e.strerror or e}); "
+                         f"give a folder you can write to with --out") from None
+    if overwrite or not ((out / "config.json").is_file() or any(out.glob("*.safetensors"))):
         return
     try:
         shipped = Path(out).resolve() == DEFAULT_MODEL_DIR.resolve()
@@ -102,6 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
         out = Path(tempfile.gettempdir()) / "pydoc-llama-smoke" if args.smoke else DEFAULT_MODEL_DIR
     if args.out is not None or not args.smoke:  # the smoke run's own temp folder is scratch space
         check_out_folder(out, args.overwrite)
+    try:
+        resolve_device(cfg.device)  # a bad --device fails here, not after the corpus is built
+    except ValueError as e:
+        raise SystemExit(f"python -m llmlab.train: error: --device: {e}") from None
     command = "python -m llmlab.train " + shlex.join(argv)
 
     threads = torch.get_num_threads()

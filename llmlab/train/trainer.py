@@ -224,9 +224,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    """'auto' -> cuda if available, else cpu; otherwise as `llmlab.engine.pick_device` (ValueError for a name
+    that is not a device, or 'cuda' without a CUDA GPU)."""
+    from ..engine import pick_device
+
+    return pick_device(None if name == "auto" else name)
 
 
 # -- the loop -----------------------------------------------------------------------------------------------
