@@ -492,7 +492,8 @@ def validate_bench(doc: dict) -> None:
     Required: TOP_KEYS (device and commit strings, versions a dict, peaks with numeric copy_GBps and bf16_TFLOPs,
     results a list); every row has all ROW_KEYS; workload/model/step/weights are strings; the metric columns are
     numbers or null; batch_size an int or null; tokens_per_s a number unless the row is a kernel micro-benchmark
-    (it has bw_fraction or speedup_vs_bf16).
+    (it has bw_fraction or speedup_vs_bf16); times, rates and memory not negative; format and version, where
+    present (older files lack them), this module's.
     """
     problems = []
     if not isinstance(doc, dict):
@@ -500,6 +501,12 @@ def validate_bench(doc: dict) -> None:
     for k in TOP_KEYS:
         if k not in doc:
             problems.append(f"missing top-level key {k!r}")
+    if "format" in doc and doc["format"] != FORMAT:  # files from before the field was written have none
+        problems.append(f"format is {doc['format']!r}, not {FORMAT!r}: not an llmlab bench file")
+    if "version" in doc and (isinstance(doc["version"], bool) or not isinstance(doc["version"], int)
+                             or not 1 <= doc["version"] <= VERSION):
+        problems.append(f"version {doc['version']!r}: this llmlab reads versions 1..{VERSION} (a newer file needs a "
+                        f"newer llmlab)")
     for k in ("device", "commit"):
         if k in doc and not isinstance(doc[k], str):
             problems.append(f"{k} must be a string")
@@ -535,6 +542,9 @@ def validate_bench(doc: dict) -> None:
         kernel = "bw_fraction" in row or "speedup_vs_bf16" in row
         if not kernel and not _is_num(row.get("tokens_per_s")):
             problems.append(f"results[{i}] ({row.get('step')}) has no tokens_per_s")
+        for k in ("tokens_per_s", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90", "peak_mem_GB"):
+            if _is_num(row.get(k)) and row[k] < 0:
+                problems.append(f"results[{i}].{k} is negative ({row[k]!r})")
     if problems:
         raise ValueError("invalid bench document: " + "; ".join(problems))
 

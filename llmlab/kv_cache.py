@@ -11,6 +11,8 @@ layout gpt-fast uses and the one a paged cache improves on (Kwon et al. 2023, ht
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .config import ModelConfig
@@ -27,7 +29,7 @@ def check_cache_args(config: ModelConfig, dtype, **counts) -> None:
         ValueError: a count below 1, or max_seq_len beyond config.max_seq_len.
     """
     for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy integers are whole numbers
             raise TypeError(f"{name}={value!r} ({type(value).__name__}): give a whole number, e.g. {name}=1")
     bad = [f"{name}={value}" for name, value in counts.items() if value <= 0]
     if bad:
@@ -58,6 +60,7 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
         check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len)
+        batch_size, max_seq_len = int(batch_size), int(max_seq_len)  # a numpy count as a plain int from here on
         device = torch.device(device)
         shape = (batch_size, config.n_kv_heads, max_seq_len, config.head_dim)
         per_layer = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()

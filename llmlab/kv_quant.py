@@ -84,6 +84,7 @@ class QuantizedKVCache:
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device,
                  residual: int = 32, kind: str = "int8"):
         check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len)
+        batch_size, max_seq_len = int(batch_size), int(max_seq_len)
         _check_residual(residual)
         qdtype = storage_dtype(kind)
         device = torch.device(device)

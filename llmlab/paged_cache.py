@@ -58,6 +58,8 @@ class PagedKVCache:
                  block_size: int = 16, num_blocks: int | None = None):
         check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len, block_size=block_size,
                          **({} if num_blocks is None else {"num_blocks": num_blocks}))
+        batch_size, max_seq_len, block_size = int(batch_size), int(max_seq_len), int(block_size)
+        num_blocks = None if num_blocks is None else int(num_blocks)
         if num_blocks is None:
             num_blocks = batch_size * math.ceil(max_seq_len / block_size)
         device = torch.device(device)

@@ -248,6 +248,13 @@ def test_validate_bench_finds_the_problems():
         validate_bench({**good, "results": [dict(good["results"][0], tokens_per_s=None)]})
     with pytest.raises(ValueError, match="peaks.copy_GBps"):
         validate_bench({**good, "peaks": {"bf16_TFLOPs": 1.0}})
+    with pytest.raises(ValueError, match="format is 'other'"):
+        validate_bench({**good, "format": "other"})
+    with pytest.raises(ValueError, match="version 99: this llmlab reads versions 1..1"):
+        validate_bench({**good, "version": 99})
+    with pytest.raises(ValueError, match=r"tokens_per_s is negative \(-5.0\)"):
+        validate_bench({**good, "results": [dict(good["results"][0], tokens_per_s=-5.0)]})
+    validate_bench({k: v for k, v in good.items() if k not in ("format", "version")})  # files from before them
 
 
 def test_list_bench_skips_invalid_files(tmp_path):
