@@ -227,9 +227,11 @@ class BlockManager:
 
     def can_append(self, seq_id: Hashable, n: int = 1) -> bool:
         """Whether `append(seq_id, n)` would succeed now."""
-        return self._append_cost(seq_id, n) <= self.num_free
+        return self.append_cost(seq_id, n) <= self.num_free
 
-    def _append_cost(self, seq_id: Hashable, n: int) -> int:
+    def append_cost(self, seq_id: Hashable, n: int) -> int:
+        """Free blocks that `append(seq_id, n)` would take: new blocks plus the copy of a forked, partly filled
+        last block."""
         table, length = self._table(seq_id), self.lengths[seq_id]
         cost = self.blocks_for(length + n) - len(table)
         if length % self.block_size and self.ref_count[table[-1]] > 1:
@@ -254,7 +256,7 @@ class BlockManager:
         if (ids is None) != (self.tokens[seq_id] is None):
             raise ValueError(f"sequence {seq_id!r} was allocated with {'a count' if ids else 'token ids'}: "
                              f"append the same kind")
-        cost = self._append_cost(seq_id, count)
+        cost = self.append_cost(seq_id, count)
         if cost > self.num_free:
             raise OutOfBlocks(cost, self.num_free, self.block_size, f"appending {count} token(s) to {seq_id!r}")
         copies = []

@@ -152,11 +152,9 @@ class ModelConfig:
 
         Raises:
             ValueError: an architecture llmlab does not implement, a hidden_act other than silu, a missing required
-                key, a value `ModelConfig` refuses, or a config that is not a JSON object.
+                key, or a value `ModelConfig` refuses (`checkpoint.load_config` refuses a file that is not an
+                object, naming it).
         """
-        if not isinstance(hf, dict):
-            raise ValueError(f"config.json holds {type(hf).__name__} {hf!r:.60}, not a JSON object of the model's "
-                             f"settings ({{\"hidden_size\": ..., ...}}): is it the right file?")
         archs = hf.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:

@@ -20,7 +20,7 @@ from .checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from .config import ModelConfig
 from .fast_generate import decode_mode, generate_fast
 from .generate import Generation, check_flags, check_seed, generate
-from .model import RMSNorm, Transformer
+from .model import Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -95,33 +95,16 @@ def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: 
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Transformer:
-    """`Transformer(config)`'s random weights (normal, std 0.02; norms 1), built in `dtype` on `device` without
-    an fp32 copy of the whole model: the model is laid out on the meta device, allocated in `dtype`, and each
-    weight is drawn in fp32 (from torch's global generator: seed it first) and rounded to `dtype` one tensor at a
-    time. An 8B-parameter preset in bf16 then needs ~16 GB, not the 32 GB of fp32-then-cast.
+    """A `Transformer(config)` with random weights (the distribution of `Transformer(config)`, not its values:
+    that one's layers draw torch's default init first), built in `dtype` on `device` without an fp32 copy of the
+    whole model: laid out on the meta device, allocated in `dtype`, then initialised by `Transformer._init_weights`,
+    which draws each matrix in fp32 (from torch's global generator: seed it first) and rounds it to `dtype`. An
+    8B-parameter preset in bf16 then needs ~16 GB, not the 32 GB of fp32-then-cast.
     """
     with torch.device("meta"):
         model = Transformer(config).to(dtype)
     model = model.to_empty(device=device)  # RotaryEmbedding recomputes its fp32 inv_freq here
-
-    drawn = set()
-
-    @torch.no_grad()
-    def init(module: torch.nn.Module) -> None:
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            module.weight.copy_(torch.empty(module.weight.shape, device=device).normal_(0.0, 0.02))
-            drawn.add(id(module.weight))
-            if getattr(module, "bias", None) is not None:
-                module.bias.zero_()
-                drawn.add(id(module.bias))
-        elif isinstance(module, RMSNorm):
-            module.weight.fill_(1.0)
-            drawn.add(id(module.weight))
-
-    model.apply(init)  # a tied lm_head is the embedding: drawn twice, like `Transformer._init_weights`
-    for name, p in model.named_parameters():
-        if id(p) not in drawn:  # to_empty left it as whatever the allocator held
-            raise AssertionError(f"random_model has no rule for {name}: add one beside Transformer._init_weights")
+    model.apply(Transformer._init_weights)  # a tied lm_head is the embedding: drawn twice, as in __init__
     return model.eval()
 
 

@@ -221,11 +221,18 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
 
     @staticmethod
+    @torch.no_grad()
     def _init_weights(module: nn.Module) -> None:
+        """normal(0, 0.02) matrices, zero biases, unit norms. Each matrix is drawn in fp32 and rounded to the
+        parameter's dtype, so a model laid out in bf16 and initialised here (`llmlab.engine.random_model`) gets
+        the weights of one built in fp32 and cast, without an fp32 copy of the whole model."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            w = module.weight
+            w.copy_(torch.empty(w.shape, dtype=torch.float32, device=w.device).normal_(0.0, 0.02))
             if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+                module.bias.zero_()
+        elif isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
 
     def forward(
         self,

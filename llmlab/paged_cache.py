@@ -192,7 +192,7 @@ class PagedKVCache:
             if b not in self.blocks.tables:
                 need += -(-end // bs)
             elif end > self.blocks.length(b):  # counts the copy of a forked, partly filled last block too
-                need += max(0, self.blocks._append_cost(b, end - self.blocks.length(b)))
+                need += max(0, self.blocks.append_cost(b, end - self.blocks.length(b)))
         if need > self.blocks.num_free:
             raise OutOfBlocks(need, self.blocks.num_free, bs, f"writing tokens {start}..{end - 1} of {B} rows")
 

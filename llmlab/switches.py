@@ -80,14 +80,12 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
     for key, switch in SWITCHES.items():
         before = dict(kwargs)
         llm = switch.apply(llm, settings.get(key, switch.default), kwargs)
-        for arg, value in kwargs.items():
-            if arg in before and before[arg] is not value and arg in set_by:
-                # e.g. two switches that each pick the KV cache (cache_factory): the row would run the last one
-                # while its label names both
+        for arg in [a for a, v in kwargs.items() if a not in before or before[a] is not v]:
+            if arg in set_by:  # e.g. two switches that each pick the KV cache (cache_factory): the row would run
+                # the last one while its label names both
                 raise ValueError(f"switches {set_by[arg]!r} and {key!r} both set generate's {arg}: they cannot be on "
                                  f"together; turn one of them off")
-            if arg not in before or before[arg] is not value:
-                set_by[arg] = key
+            set_by[arg] = key
     return llm, kwargs
 
 
