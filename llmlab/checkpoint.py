@@ -301,7 +301,11 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
         if t.untyped_storage().nbytes() != t.numel() * t.element_size():
             t = t.clone()  # a view into a larger tensor (the Triton switch fuses q/k/v): safetensors wants its own
         state["model." + name if name != "lm_head.weight" else name] = t
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    weights = folder / "model.safetensors"
+    save_file(state, str(weights), metadata={"format": "pt"})
+    umask = os.umask(0)  # safetensors creates the file owner-only (0600); give it the mode any other file gets
+    os.umask(umask)
+    weights.chmod(0o666 & ~umask)
     hf = model.config.to_hf_config()
     hf["torch_dtype"] = str(dtype or next(model.parameters()).dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

@@ -149,6 +149,8 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    if args.no_save and args.out:
+        raise ValueError("--no-save writes no file, so --out has nothing to name: drop one of them")
     out = None if args.no_save else (args.out or DEFAULT_OUT)
     if out is not None:
         _writable_folder(out)  # before the model loads and the first row runs

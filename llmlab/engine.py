@@ -244,7 +244,8 @@ class LLM:
         seed that is not an int, a sampling setting that is not a number, an on/off argument that is not a bool,
         an on_token that is not callable); the model is untouched by a failed call.
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
-        `paged_kv` switch); the fast paths keep their static cache.
+        `paged_kv` switch); the fast paths keep their static cache, so cache_factory with cuda_graphs,
+        torch_compile or gpu_sampling is a ValueError.
         """
         check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
@@ -258,6 +259,9 @@ class LLM:
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
+        if cache_factory is not None and (cuda_graphs or torch_compile or gpu_sampling):
+            raise ValueError("cache_factory runs on the eager path only, and cuda_graphs / torch_compile / "
+                             "gpu_sampling decode on their own static KV cache: drop cache_factory or those switches")
         if cuda_graphs or torch_compile or gpu_sampling:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,

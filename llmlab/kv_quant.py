@@ -186,12 +186,18 @@ def perplexity(model, ids: list[int] | torch.Tensor, cache_factory=None, prefill
 
     Token by token matters: a long prefill attends over the fresh full-precision K/V and would hide the cache's
     quantization; each decode step reads what the cache stored. cache_factory: None = the contiguous `KVCache`.
+    ids: N token ids, 2 <= N <= the model's context; prefill: 1 .. N - 1 tokens. Raises ValueError otherwise.
     """
     from .kv_cache import KVCache
 
     param = next(model.parameters())
-    ids = torch.as_tensor(ids, dtype=torch.long, device=param.device)[None]  # (1, N)
-    N = ids.shape[1]
+    ids = torch.as_tensor(ids, dtype=torch.long, device=param.device).reshape(1, -1)  # (1, N)
+    N, context = ids.shape[1], model.config.max_seq_len
+    if not 2 <= N <= context:
+        raise ValueError(f"perplexity needs 2 to {context} token ids (the model's context) and got {N}: one token "
+                         f"predicts nothing")
+    if isinstance(prefill, bool) or not isinstance(prefill, int) or not 1 <= prefill <= N - 1:
+        raise ValueError(f"prefill={prefill!r}: give 1 to {N - 1} tokens (the rest are decoded and scored)")
     cache = (cache_factory or KVCache)(model.config, 1, N, param.dtype, param.device)
     logits = [model(ids[:, :prefill], kv_cache=cache)]  # (1, prefill, V)
     for t in range(prefill, N - 1):
@@ -222,13 +228,19 @@ def quality_report(llm, prompt: str = "def fibonacci(n):", new_tokens: int = 64,
                    kinds=("int8", "fp8"), eval_tokens: int = 512) -> list[dict]:
     """Greedy agreement over `new_tokens` and perplexity on held-out text (first `eval_tokens` tokens) for each
     format vs the full-precision cache. One row per format (plus the full-precision baseline); a format this
-    PyTorch cannot store is left out. Raises ValueError for a bad residual or a kind other than 'int8' / 'fp8'
-    (before any work)."""
+    PyTorch cannot store is left out. Raises ValueError for a bad residual, a kind other than 'int8' / 'fp8',
+    new_tokens < 1 or eval_tokens outside 2 .. the model's context (before any work)."""
     _check_residual(residual)  # checked here: below, a ValueError of quantized_cache only means "format unavailable"
     unknown = [k for k in kinds if k not in QMAX]
     if isinstance(kinds, str) or unknown:
         raise ValueError(f"kinds={kinds!r}: give a tuple of KV quantization formats from {tuple(QMAX)}"
                          + (f" ({unknown} unknown)" if unknown and not isinstance(kinds, str) else ""))
+    context = llm.config.max_seq_len
+    if isinstance(eval_tokens, bool) or not isinstance(eval_tokens, int) or not 2 <= eval_tokens <= context:
+        raise ValueError(f"eval_tokens={eval_tokens!r}: perplexity is measured on 2 to {context} tokens of held-out "
+                         f"text (the model's context)")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise ValueError(f"new_tokens={new_tokens!r}: give a whole number of tokens, 1 or more")
     ref = llm.generate(prompt, max_new_tokens=new_tokens, stop_at_eos=False)
     ids = llm.encode(heldout_text())[:eval_tokens]
     ppl_ref = perplexity(llm.model, ids)

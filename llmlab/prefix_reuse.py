@@ -57,7 +57,8 @@ class Conversation:
         block_size: of the paged cache.
         max_seq_len: the longest conversation (default: the model's context).
 
-    Raises (from `say`): ValueError when the conversation would exceed max_seq_len.
+    Raises: ValueError for an unknown mode or a max_seq_len that is not 1 .. the model's context; from `say`,
+    ValueError when the conversation would exceed max_seq_len.
     """
 
     def __init__(self, model, mode: str = "contiguous", block_size: int = 16, max_seq_len: int | None = None):
@@ -66,7 +67,12 @@ class Conversation:
         self.model, self.mode = model, mode
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.max_seq_len = max_seq_len or model.config.max_seq_len
+        context = model.config.max_seq_len
+        if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                        or not 1 <= max_seq_len <= context):
+            raise ValueError(f"max_seq_len={max_seq_len!r}: give a whole number of tokens from 1 to the model's "
+                             f"context ({context}), or None for the whole context")
+        self.max_seq_len = context if max_seq_len is None else max_seq_len
         self.history: list[int] = []  # every token of the conversation (prompts and replies)
         self.cached = 0  # tokens of history whose K/V are in the cache (contiguous mode)
         self.cache = None

@@ -53,7 +53,9 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
             message says why, and to leave it off), or switches that `LLM.generate` would refuse together (e.g. GPU
             sampling without the KV cache; `llmlab.engine.check_fast_paths`, same message). All checked before any
             switch changes the model. Also: two switches on together that both set one generate argument (two
-            KV-cache layouts, each a cache_factory) — found while applying them; the original LLM is untouched.
+            KV-cache layouts, each a cache_factory), or a KV-cache layout (the paged cache) with a switch that decodes
+            on the static cache (CUDA graphs, torch.compile, GPU sampling) — found while applying them; the
+            original LLM is untouched.
     """
     unknown = set(settings) - set(SWITCHES)
     if unknown:
@@ -86,6 +88,11 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
                 raise ValueError(f"switches {set_by[arg]!r} and {key!r} both set generate's {arg}: they cannot be on "
                                  f"together; turn one of them off")
             set_by[arg] = key
+    fast = [set_by[a] for a in ("cuda_graphs", "torch_compile", "gpu_sampling") if kwargs.get(a)]
+    if kwargs.get("cache_factory") is not None and fast:  # as LLM.generate refuses them together
+        raise ValueError(f"switch {set_by['cache_factory']!r} picks a KV cache for the eager decode, and "
+                         f"with {', '.join(map(repr, fast))} on the decode runs on its own static KV cache: turn one "
+                         f"side off")
     return llm, kwargs
 
 

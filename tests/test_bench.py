@@ -295,7 +295,7 @@ def test_latest_ladder_skips_partial_and_cpu_runs(tmp_path):
     assert bench.latest_ladder("long", None, tmp_path) is None
 
 
-def test_cli_errors(capsys):
+def test_cli_errors(capsys, tmp_path):
     assert main(["bench", "--workload", "nope", "--no-save"]) == 2
     assert "unknown workload 'nope'; known workloads: chat, batch, long" in capsys.readouterr().err
     assert main(["bench", "--model", "llama-9b", "--no-save"]) == 2
@@ -305,6 +305,11 @@ def test_cli_errors(capsys):
     assert "unknown ladder step 'warp'" in capsys.readouterr().err
     assert main(["bench", "--workload", "long", "--no-save", "--device", "cpu"]) == 2
     assert "needs a context of 8192 tokens but pydoc-llama has 1024: it does not fit" in capsys.readouterr().err
+    assert main(["bench", "--workload", ",", "--no-save", "--device", "cpu"]) == 2
+    assert "names no workload" in capsys.readouterr().err
+    assert main(["bench", "--quick", "--no-save", "--out", str(tmp_path)]) == 2
+    assert "--no-save writes no file, so --out has nothing to name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
     assert main(["bench", "--workload", ",", "--no-save", "--device", "cpu"]) == 2
     assert "names no workload" in capsys.readouterr().err
     assert main(["bench", "--steps", " , ", "--no-save", "--device", "cpu"]) == 2

@@ -238,6 +238,8 @@ def test_load_in_bf16_and_save_in_bf16(folder, tmp_path):
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in f.keys())
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    modes = {f.name: f.stat().st_mode & 0o777 for f in tmp_path.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes  # safetensors alone wrote it 0600
     back = load_model(tmp_path)  # bf16 file -> fp32 model: exact upcast
     assert all(torch.equal(a.float(), b) for a, b in zip(half.state_dict().values(), back.state_dict().values()))
 

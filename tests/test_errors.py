@@ -503,6 +503,23 @@ def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_o
     still_works(good)
 
 
+def test_a_cache_factory_with_a_static_cache_path_is_refused(good):
+    """The fast paths decode on their own static KV cache: a cache_factory (the paged switch) with them used to be
+    dropped without a word, so the row said "paged" and ran the static cache."""
+    from llmlab.paged_cache import PagedKVCache
+    from llmlab.switches import apply_switches
+
+    _, llm, _ = good
+    for fast in ("gpu_sampling", "torch_compile"):
+        with pytest.raises(ValueError, match=f"cache_factory runs on the eager path only, and cuda_graphs / "
+                                             f"torch_compile / gpu_sampling decode on their own static KV cache"):
+            llm.generate(PROMPT, max_new_tokens=2, cache_factory=PagedKVCache, **{fast: True})
+        with pytest.raises(ValueError, match=f"switch 'paged_kv' picks a KV cache for the eager decode, and with "
+                                             f"'{fast}' on the decode runs on its own static KV cache"):
+            apply_switches(llm, {"paged_kv": True, fast: True})
+    still_works(good)
+
+
 def test_counts_and_kinds_of_the_memory_helpers():
     from llmlab import kv_memory, kv_quant
     from llmlab.kernels.dequant_matmul import quantize_int4, quantize_int8

@@ -8,7 +8,7 @@ import torch
 
 from llmlab.generate import generate
 from llmlab.kv_cache import KVCache
-from llmlab.kv_quant import (QuantizedKVCache, dequantize, greedy_agreement, perplexity, quantize,
+from llmlab.kv_quant import (QuantizedKVCache, dequantize, greedy_agreement, perplexity, quality_report, quantize,
                              quantized_cache)
 from tiny_models import prompt_ids, tiny_config, tiny_model
 
@@ -94,6 +94,18 @@ def test_int8_kv_on_the_default_model():
     p_full = perplexity(llm.model, ids)
     p_int8 = perplexity(llm.model, ids, quantized_cache(32, "int8"))
     assert abs(p_int8 / p_full - 1) < 0.05, (p_full, p_int8)
+    assert perplexity(llm.model, ids[:40], prefill=20) == pytest.approx(perplexity(llm.model, ids[:40]), rel=1e-4)
+    context = llm.config.max_seq_len
+    for bad in (ids[:1], [], ids * 20):  # one token used to give NaN; none, an error blaming max_seq_len
+        with pytest.raises(ValueError, match=rf"perplexity needs 2 to {context} token ids \(the model's context\)"):
+            perplexity(llm.model, bad)
+    with pytest.raises(ValueError, match=r"prefill=40: give 1 to 39 tokens"):
+        perplexity(llm.model, ids[:40], prefill=40)
+    for bad in (0, 1, context + 1):
+        with pytest.raises(ValueError, match=rf"eval_tokens={bad}: perplexity is measured on 2 to {context} tokens"):
+            quality_report(llm, eval_tokens=bad)
+    with pytest.raises(ValueError, match=r"new_tokens=0: give a whole number of tokens, 1 or more"):
+        quality_report(llm, new_tokens=0)
 
 
 @pytest.mark.parametrize("cache_cls", ["quantized", "contiguous"])

@@ -58,6 +58,12 @@ def test_conversation_too_long(model):
     c = Conversation(model, "contiguous", max_seq_len=40)
     with pytest.raises(ValueError, match="beyond max_seq_len=40"):
         c.say(MESSAGES[0], max_new_tokens=8)
+    context = model.config.max_seq_len
+    for bad in (0, -1, context + 1, 40.0, True):  # 0 used to mean "the whole context" without a word
+        with pytest.raises(ValueError, match=rf"max_seq_len={bad!r}: give a whole number of tokens from 1 to the "
+                                             rf"model's context \({context}\)"):
+            Conversation(model, "paged", max_seq_len=bad)
+    assert Conversation(model, "none").max_seq_len == context
 
 
 @pytest.mark.parametrize("mode", ["none", "contiguous", "paged"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -123,8 +124,9 @@ def export(folder: str | Path, cfg: TrainConfig, data: Data, res: TrainResult, c
     log(f"saved {folder} ({size_mb:.1f} MB); reloaded bf16 weights in fp32: held-out loss {ev['val_loss']:.4f}, "
         f"perplexity {ev['val_perplexity']:.2f}, {ev['val_bits_per_byte']:.3f} bits/byte")
     samples = [{"prompt": p, "completion": greedy(reloaded, data.tokenizer, p)} for p in SAMPLE_PROMPTS]
-    for s in samples:
-        log(f"--- greedy: {s['prompt']!r}\n{s['prompt']}{s['completion']}")
+    for s in samples:  # runs of blank lines (an undertrained model's favourite token) squeezed in the log only
+        text = re.sub(r"\n\s*\n(\s*\n)+", "\n\n", (s["prompt"] + s["completion"]).rstrip())
+        log(f"--- greedy: {s['prompt']!r}\n{text}")
 
     st = data.stats
     facts = {
