@@ -28,8 +28,9 @@ def _graph_ms(fns, reps: int = 20) -> float:
     the graph replayed `reps` times, the time divided by reps x len(fns).
 
     This is how the kernels run inside a decode step (`llmlab.cuda_graphs`): with the host's launch cost gone, the
-    time is the kernel's own. The distinct buffers add up to several times the L2 cache, so each call reads from
-    HBM as a model's layers do (one layer's K/V or weights are not the next layer's).
+    time is the kernel's own. The distinct buffers add up to 4x the L2 cache (at most 64 of them, so an op under
+    1/16 of L2 stays smaller), so each large call reads from HBM as a model's layers do (one layer's K/V or
+    weights are not the next layer's).
     """
     for fn in fns:  # compile (and autotune) outside the capture
         fn()
@@ -81,7 +82,8 @@ def _check(kernel, reference, tol: float = 2e-2) -> float:
 
 
 def _copies(nbytes: int, device: str) -> int:
-    """How many distinct buffers make the working set >= 4 x L2 (1 on a CPU)."""
+    """How many distinct buffers make the working set >= 4 x L2, at most 64 (1 on a CPU): an op under 1/16 of L2
+    runs from a working set below 4 x L2, partly from the L2."""
     if device != "cuda":
         return 1
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -225,7 +227,8 @@ def notes_for(device: str, smoke: bool) -> list[str]:
              "= inputs read once + outputs written once; speedup_vs_bf16 = dense x @ W.T time / kernel time"]
     if device == "cuda":
         notes.append("time_ms: GPU time per call from CUDA-graph replay (as inside a captured decode step), over "
-                     "distinct buffers adding up to >= 4x the L2 cache; time_ms_eager: the same call launched from "
+                     "distinct buffers adding up to >= 4x the L2 cache (at most 64 buffers: ops under 1/16 of L2 "
+                     "stay below it); time_ms_eager: the same call launched from "
                      "Python (triton.testing.do_bench), host launch cost included")
     else:
         notes.append("CPU run: time_ms is the wall-clock time per call (mean of 3 calls after a warm-up), the Triton "

@@ -4,8 +4,8 @@
     fused:  h = x + residual;  y = rmsnorm(h)          (returns y and h, as vLLM's `fused_add_rms_norm`)
 
 One program normalizes one row of D elements: it reads the row once, reduces it in fp32 in registers, and writes
-it once. PyTorch's eager version launches ~5 kernels (float, pow, mean, rsqrt, mul, cast, mul) that each read and
-write the row again. The sum of squares is taken in fp32, so fp16 rows around +-1000 (squares ~1e6, beyond fp16's
+it once. PyTorch's eager version runs ~7 operators (float, pow, mean, rsqrt, mul, cast, mul), most of them a kernel that
+reads and writes the row again. The sum of squares is taken in fp32, so fp16 rows around +-1000 (squares ~1e6, beyond fp16's
 65504) stay finite.
 """
 
@@ -25,8 +25,8 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
     """PyTorch reference, the same math as `llmlab.model.RMSNorm` (normalize in fp32, cast, times weight).
 
     Bytes: eager PyTorch moves each row ~8 times (x -> fp32 copy, its square, the mean, the product, the cast,
-    the weight product: each a full read + write). The fused kernel moves 2 x rows x D x elem (+2 more with
-    the residual: read it, write the sum). Returns y, or (y, h) when `residual` is given.
+    the weight product: each a full read + write). The fused kernel moves 2 x rows x D x elem plus the weight's D x elem once
+    (+2 x rows x D x elem with the residual: read it, write the sum). Returns y, or (y, h) when `residual` is given.
     """
     h = x if residual is None else x + residual
     h32 = h.float()

@@ -104,8 +104,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, Hkv, S, hd) -> (B, Hkv * n_rep, S, hd): query head i reads KV head i // n_rep.
 
-    Written as expand + reshape (the same values as `repeat_interleave(n_rep, dim=1)`): shapes only, so it never
-    asks the GPU for anything and can be captured in a CUDA graph.
+    Written as expand + reshape (the same values as `repeat_interleave(n_rep, dim=1)`): the expand is a view, and
+    the reshape copies it into n_rep x the KV bytes — a GPU kernel with fixed shapes and no host sync, so it can be
+    captured in a CUDA graph. The fused decode kernels (`llmlab.kernels`) read each KV head once instead.
     """
     if n_rep == 1:
         return x

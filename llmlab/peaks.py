@@ -4,8 +4,8 @@ MBU and MFU (`llmlab.roofline`) divide by a peak. Two peaks are worth knowing:
 
 * the datasheet's (H200 SXM: 4800 GB/s, 989 dense bf16 TFLOP/s) — what the hardware is sold as;
 * the measured one — what a simple kernel actually reaches: a large device-to-device copy (bytes read +
-  written) and a large bf16 matmul. On the course's H200 the course notes measured 4277 GB/s and 804 TFLOP/s
-  (an 8192^3 matmul), 89% and 81% of the datasheet; `measure_peaks` there gave 4085-4250 GB/s and 633-684
+  written) and a large bf16 matmul. On the course's H200 a one-off measurement for the course gave 4277 GB/s and
+  804 TFLOP/s (an 8192^3 matmul), 89% and 81% of the datasheet; `measure_peaks` there gave 4085-4252 GB/s and 633-684
   TFLOP/s (its matmul is smaller; `data/bench/*.json` "peaks"). A decode step cannot beat the copy, so the
   measured bandwidth is the fair denominator.
 
