@@ -710,7 +710,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             interrupted run keeps what it measured ("complete": false).
         quick: `Workload.quick_new_tokens` new tokens and (unless `repeats` is given) 1 timed repeat.
         repeats: timed runs per row after one warm-up run; the median is reported (default 3, quick 1).
-        time_budget_s: rows that would start after this many seconds are skipped (reason recorded).
+        time_budget_s: rows that would start after this many seconds (counted from this call's start: a model
+            load and the peaks' measurement count) are skipped (reason recorded); the first row always runs.
         llm: an already loaded LLM to use instead of loading `model`; `model` is then only its id in the file
             ('default' -> the LLM's name).
         peaks_cache: the measured peaks' cache file (default `llmlab.peaks.default_cache_path()`).
@@ -797,6 +798,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             save_bench(doc, path)
 
     def over_budget(name: str) -> bool:
+        if not doc["results"]:  # the first row always runs, however long it and the setup before it take
+            return False
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
             doc["skipped"].append({"step": name, "reason": f"time budget of {time_budget_s:.0f} s used up"})
             print_fn(f"  {name}: skipped, time budget used up")

@@ -19,13 +19,15 @@ the free list. Operations:
 
 Prefix sharing (multi-turn chat, a shared system prompt): when token ids are given, every FULL block gets a hash
 of its tokens chained with the hash of the block before it (so equal hashes mean equal whole prefixes, as vLLM's
-automatic prefix caching does). `allocate` reuses a cached block with the same hash instead of taking a new one and
+automatic prefix caching does). The hash is SHA-256: with Python's 64-bit `hash()` two prompts can be crafted to
+collide, and a collision would hand one request another's K/V (vLLM moved to SHA-256 for this, CVE-2025-25183). `allocate` reuses a cached block with the same hash instead of taking a new one and
 returns how many leading tokens are therefore already in the cache: the caller prefills only the rest. A freed
 block keeps its hash (and its contents) until it is handed out again, so a later request can still hit it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections import deque
 from typing import Hashable, Sequence
@@ -83,8 +85,8 @@ class BlockManager:
         self.tables: dict[Hashable, list[int]] = {}  # seq id -> block table
         self.lengths: dict[Hashable, int] = {}  # seq id -> tokens stored
         self.tokens: dict[Hashable, list[int] | None] = {}  # seq id -> its token ids (None: counts only)
-        self.block_hash: dict[int, int] = {}  # block -> hash of its full prefix (full blocks only)
-        self.hash_to_block: dict[int, int] = {}  # prefix hash -> block holding it
+        self.block_hash: dict[int, bytes] = {}  # block -> hash of its full prefix (full blocks only)
+        self.hash_to_block: dict[bytes, int] = {}  # prefix hash -> block holding it
 
     # -- sizes ----------------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -128,8 +130,11 @@ class BlockManager:
             self.free_list.append(block)  # keeps its hash: a later request may still reuse its contents
 
     @staticmethod
-    def _hash(prev: int | None, block_tokens: Sequence[int]) -> int:
-        return hash((prev, tuple(block_tokens)))
+    def _hash(prev: bytes | None, block_tokens: Sequence[int]) -> bytes:
+        """SHA-256 of the previous block's hash and this block's token ids (8 bytes each, little-endian)."""
+        h = hashlib.sha256(prev or b"")
+        h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in block_tokens))
+        return h.digest()
 
     # -- operations -----------------------------------------------------------------------------------------
     def _prefix_hits(self, token_ids: Sequence[int]) -> list[int]:

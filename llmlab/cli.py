@@ -185,8 +185,11 @@ def _profile(args) -> int:
     from .record import parse_setting
 
     trace = check_trace_path(args.trace) if args.trace else None  # before any model is loaded or step profiled
-    llm, _, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     settings = parse_setting(args.setting) if args.setting else {}
+    if args.dtype is not None and settings.get("dtype") not in (None, args.dtype):
+        raise ValueError(f"--dtype {args.dtype} and --setting dtype={settings['dtype']} disagree (the setting would "
+                         f"win): give the dtype once")
+    llm, _, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     s = profile_decode(llm, n_steps=args.steps, settings=settings, prompt_len=args.prompt_tokens,
                        batch=args.batch, trace_path=trace)
     print(format_summary(s))

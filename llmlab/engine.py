@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -108,6 +110,30 @@ def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
     return model.eval()
 
 
+def generation_eos(folder: Path, eos: int | list[int] | None) -> int | list[int] | None:
+    """config.json's EOS id(s) `eos` plus those the folder's generation_config.json lists: Hugging Face's
+    `generate` stops at the latter (chat models often list their end-of-turn token only there). One id stays an int.
+
+    Raises ValueError for a generation_config.json that is not JSON or whose eos_token_id is not an id or ids.
+    """
+    file = Path(folder) / "generation_config.json"
+    if not file.is_file():
+        return eos
+    try:
+        extra = json.loads(file.read_text()).get("eos_token_id")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{file} is not a JSON object ({e}): copy it again from the model's source, or delete it "
+                         f"(config.json's eos_token_id is then used)") from None
+    ids = []
+    for value in (eos, extra):
+        value = [] if value is None else [value] if isinstance(value, int) else value
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise ValueError(f"eos_token_id {value!r} ({file.name} or config.json) is not a token id or a list of "
+                             f"them: fix the file")
+        ids += [i for i in value if i not in ids]
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
 class LLM:
     """A decoder plus (optionally) its tokenizer, on one device in one dtype.
 
@@ -138,11 +164,15 @@ class LLM:
             tokenizer = load_tokenizer(folder)
         except FileNotFoundError:
             tokenizer = None
+        model.config.eos_token_id = generation_eos(folder, model.config.eos_token_id)
         return cls(model, tokenizer, name=folder.name)
 
     @classmethod
     def from_preset(cls, preset: str, device=None, dtype=None, seed: int = 0, **overrides) -> "LLM":
         """A real model's shape with RANDOM weights (normal, std 0.02): right for timing, useless for text.
+
+        The weights are drawn from `seed` (the same seed, the same weights); torch's global random state is left as
+        the caller had it.
 
         Raises:
             ValueError: unknown preset name (the message lists the presets); a seed outside torch's range.
@@ -157,8 +187,9 @@ class LLM:
         check_weights_fit(config, dev, dt, f"building preset {preset!r}",
                           "use a smaller preset, or the default model (`--model default`, `llmlab.load()`), or a "
                           "machine with more memory (or a GPU with enough free memory)")
-        torch.manual_seed(seed)
-        model = random_model(config, dev, dt)
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):  # the caller's RNG state stays
+            torch.manual_seed(seed)
+            model = random_model(config, dev, dt)
         return cls(model, None, name=f"{config.name} (random weights)", random_weights=True)
 
     # -- properties -------------------------------------------------------------------------------------
@@ -191,8 +222,12 @@ class LLM:
         return LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
 
     def encode(self, text: str) -> list[int]:
+        """Text -> token ids (with BOS where the tokenizer's post-processor adds one). Raises ValueError without a
+        tokenizer or for text that is not valid Unicode; TypeError for anything but a str."""
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer: pass token ids (a list of ints) instead of text")
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes text (a str), not {type(text).__name__}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:  # a lone surrogate, e.g. from a badly decoded file: the tokenizer's TypeError
@@ -201,10 +236,18 @@ class LLM:
                              f"drop that character") from None
         return self.tokenizer.encode(text).ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids) -> str:
+        """Token ids (a list of ints, or a 1-D tensor / array of them) -> text. Raises ValueError without a
+        tokenizer or for a batch (decode each row: `Generation.texts`)."""
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer to turn ids back into text")
-        return self.tokenizer.decode(ids)
+        if hasattr(ids, "tolist"):  # a tensor or numpy array
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            ids = [ids]
+        if any(isinstance(i, (list, tuple)) for i in ids):
+            raise ValueError("decode takes one sequence of ids, not a batch: decode each row")
+        return self.tokenizer.decode(list(ids))
 
     # -- generation -------------------------------------------------------------------------------------
     def generate(

@@ -49,7 +49,9 @@ class Generation:
         return max(len(t) for t in self.token_ids)
 
     def metrics(self) -> RunMetrics:
-        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.roofline.RunMetrics`."""
+        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.roofline.RunMetrics`. Its tokens_per_s
+        counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
+        below counts the tokens kept."""
         return RunMetrics.from_step_times([ms / 1e3 for ms in self.step_ms], batch=len(self.token_ids))
 
     @property
@@ -70,7 +72,9 @@ class Generation:
 
     @property
     def tokens_per_s(self) -> float:
-        """Generated tokens per second over the whole call (prefill included), summed over the batch."""
+        """Generated tokens per second over the whole call (prefill included), summed over the batch: the tokens
+        kept, so a row that stopped at EOS counts only up to it (`metrics().tokens_per_s` counts every step of every
+        row, as the decode ran them)."""
         n = sum(len(t) for t in self.token_ids)
         return n / (self.total_ms / 1e3) if self.total_ms > 0 else float("nan")
 
@@ -210,6 +214,8 @@ def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch
                          f"takes text)")
     if ids.dim() != 2:
         raise ValueError(f"the prompt has shape {tuple(ids.shape)}; give {what}")
+    if ids.shape[0] == 0:
+        raise ValueError(f"the prompt has shape {tuple(ids.shape)}: a batch of no sequences; give {what}")
     ids = ids.to(torch.long)
     check_lengths(ids.shape[1], max_new_tokens, model.config.max_seq_len)
     check_token_ids(ids, model.config.vocab_size)

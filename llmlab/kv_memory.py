@@ -128,9 +128,13 @@ def available_memory(device) -> tuple[int, str]:
     ("GPU memory is free"). CPU: MemAvailable from /proc/meminfo (Linux), else available pages x page size from
     os.sysconf, and no more than what this container's memory limit (cgroup) leaves ("host memory is
     available"). A reading that is missing or not positive counts as unknown: 2^62 bytes, so nothing is refused.
+    Raises ValueError for a CUDA device on a machine without one.
     """
     device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():  # else an AssertionError deep in torch ("not compiled with CUDA")
+            raise ValueError(f"device {str(device)!r}: this machine has no CUDA GPU that PyTorch can use; use "
+                             f"device='cpu'")
         free, _total = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return free + max(0, cached), "GPU memory is free"

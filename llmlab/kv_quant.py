@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +98,7 @@ class QuantizedKVCache:
                    f"{max_seq_len} tokens)", "lower the batch size or max_seq_len (in generate: fewer prompts, a "
                    "shorter prompt or a smaller max_new_tokens; the cache holds prompt + new tokens)")
         self.config, self.batch_size, self.max_seq_len = config, batch_size, max_seq_len
-        self.residual, self.kind, self.dtype = residual, kind, dtype
+        self.residual, self.kind, self.dtype = int(residual), kind, dtype  # a numpy count becomes a plain int
         L = config.n_layers
         self.kq = [torch.zeros(shape, dtype=qdtype, device=device) for _ in range(L)]
         self.vq = [torch.zeros(shape, dtype=qdtype, device=device) for _ in range(L)]
@@ -163,7 +164,7 @@ class QuantizedKVCache:
 
 
 def _check_residual(residual) -> None:
-    if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+    if isinstance(residual, bool) or not isinstance(residual, numbers.Integral) or residual < 0:
         raise ValueError(f"residual={residual!r}: the full-precision window must be a whole number of tokens >= 0 "
                          f"(0 = quantize everything), e.g. 32")
 

@@ -246,7 +246,8 @@ class Transformer(nn.Module):
 
         Args:
             input_ids: (B, T) int64 token ids.
-            positions: (T,) int64 absolute positions of these tokens; default 0..T-1 (a fresh sequence). With a
+            positions: (T,) int64 absolute positions of these tokens; default 0..T-1 (a fresh sequence: with a
+                cache that already holds tokens, positions must be given). With a
                 static cache also (B, T): one position per row (the rows of a decode batch may be at different
                 lengths).
             kv_cache: None (attend only within input_ids: training, and the no-cache reference) or a cache object
@@ -259,13 +260,18 @@ class Transformer(nn.Module):
             logits: (B, T, V), or (B, 1, V) with last_only, in the model's dtype.
 
         Raises:
-            ValueError: empty input_ids.
+            ValueError: empty input_ids; no positions with a KV cache that already holds tokens.
         """
         B, T = input_ids.shape
-        if positions is None:
-            positions = torch.arange(T, device=input_ids.device)
         if T == 0:
             raise ValueError("input_ids is empty: give at least one token")
+        if positions is None:
+            held = getattr(kv_cache, "length", 0)
+            if isinstance(held, int) and held > 0:  # 0..T-1 here would silently rewrite the cache from the start
+                raise ValueError(f"the KV cache already holds {held} tokens and no positions were given: pass "
+                                 f"positions=torch.arange({held}, {held} + T) to continue the sequence (or positions "
+                                 f"from 0 to start it over)")
+            positions = torch.arange(T, device=input_ids.device)
         x = self.embed_tokens(input_ids)  # (B, T, D)
         cos, sin = self.rope(positions, x.dtype)  # (T, hd), or (B, T, hd) for per-row positions
         mask = None

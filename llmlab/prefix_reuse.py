@@ -52,7 +52,7 @@ class Conversation:
     """A greedy multi-turn chat over token ids, with or without KV reuse between turns.
 
     Args:
-        model: a `Transformer`.
+        model: a `Transformer`, or an `llmlab.LLM` (its `.model` is used).
         mode: 'none' | 'contiguous' | 'paged' (see the module docstring).
         block_size: of the paged cache.
         max_seq_len: the longest conversation (default: the model's context).
@@ -64,6 +64,9 @@ class Conversation:
     def __init__(self, model, mode: str = "contiguous", block_size: int = 16, max_seq_len: int | None = None):
         if mode not in ("none", "contiguous", "paged"):
             raise ValueError(f"mode={mode!r}: use 'none', 'contiguous' or 'paged'")
+        model = getattr(model, "model", model)  # an LLM wraps the Transformer
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"model is a {type(model).__name__}: give an llmlab Transformer or LLM")
         self.model, self.mode = model, mode
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -91,6 +94,8 @@ class Conversation:
     def say(self, message: list[int], max_new_tokens: int = 32, eos_token_id: int | None = None) -> Turn:
         """Append `message` (token ids) to the conversation and generate a greedy reply (appended too).
 
+        eos_token_id: None, one id or a list of ids (as `LLM.eos_token_id`): the reply stops after any of them.
+
         Raises:
             TypeError / ValueError: as `llmlab.generate.prepare_prompt` for the message (not token ids, empty, ids
                 outside the vocabulary) and max_new_tokens; ValueError for more than one sequence or the
@@ -101,6 +106,7 @@ class Conversation:
         ids = prepare_prompt(self.model, message, max_new_tokens)  # types, emptiness, vocabulary, max_new_tokens
         if ids.shape[0] != 1:
             raise ValueError(f"message must be one sequence of token ids, got a batch of {ids.shape[0]}")
+        stop = set() if eos_token_id is None else set(torch.as_tensor(eos_token_id).flatten().tolist())  # id or ids
         prompt = self.history + ids[0].tolist()
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ValueError(f"the conversation would reach {len(prompt) + max_new_tokens} tokens, beyond "
@@ -123,7 +129,7 @@ class Conversation:
             _sync(self.device)
             ttft = (time.perf_counter() - t0) * 1e3
             pos = len(prompt)
-            while len(reply) < max_new_tokens and reply[-1] != eos_token_id:
+            while len(reply) < max_new_tokens and reply[-1] not in stop:
                 if self.mode == "paged":
                     for src, dst in cache.blocks.append(0, [reply[-1]]):
                         cache.copy_block(src, dst)

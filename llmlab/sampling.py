@@ -50,7 +50,7 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
     if temperature is None or not 0 <= temperature < math.inf:  # also catches NaN
         raise ValueError(f"temperature={temperature} is invalid: use 0 for greedy decoding or a finite positive "
                          f"number")
-    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+    if top_k is not None and (not math.isfinite(top_k) or int(top_k) != top_k or top_k < 1):
         raise ValueError(f"top_k={top_k} is invalid: use a whole number >= 1, or None to keep every token")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} is outside (0, 1]: use e.g. 0.9, or None (= 1.0) to keep every token")

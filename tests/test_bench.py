@@ -396,6 +396,15 @@ def test_the_peaks_line_says_where_the_peaks_come_from(tmp_path):
     assert doc["peaks"]["cached"] is False
 
 
+def test_a_zero_time_budget_still_runs_the_first_row():
+    """--time-budget 0 used to skip every row, the first too, and write a file of the roofline alone."""
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    doc = run_bench("chat", "tiny", steps=["no_kv_cache", "eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lambda *a: None, measured_peaks=_fake_peaks(), time_budget_s=0)
+    assert [r["step"] for r in doc["results"] if r["step"] != "roofline"] == ["no_kv_cache"]
+    assert {"step": "eager", "reason": "time budget of 0 s used up"} in doc["skipped"]
+
+
 def test_a_roofline_mfu_above_100_percent_is_explained_below_the_table():
     """The roofline row is a bandwidth-only ceiling: where doing the arithmetic at its speed would need more than
     the measured matmul rate (MFU > 100%), a note below the table says so and gives the compute ceiling."""

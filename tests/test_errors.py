@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -362,6 +363,8 @@ def test_tensor_prompts(good):
     assert llm.generate(torch.tensor(rows[0]), max_new_tokens=4, stop_at_eos=False).token_ids == [got[0]]
     with pytest.raises(ValueError, match=r"the prompt has shape \(1, 1, 3\)"):
         llm.generate(torch.ones(1, 1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"the prompt has shape \(0, 3\): a batch of no sequences"):
+        llm.generate(torch.zeros(0, 3, dtype=torch.long))  # was a RuntimeError from min() of nothing
     for scalar in (torch.tensor(5), 123):
         with pytest.raises(ValueError, match=r"a single number .*also takes text"):
             llm.generate(scalar)
@@ -909,6 +912,64 @@ def test_preset_is_built_in_its_dtype(good, monkeypatch):
     monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 0.5), "host memory"))
     with pytest.raises(MemoryError, match="bfloat16"):
         LLM.from_preset("smollm2-135m", dtype="bf16", **kw)
+
+
+def test_eos_ids_of_generation_config_stop_generation_too(good, tmp_path):
+    """Chat models often list their end-of-turn id only in generation_config.json, where Hugging Face's generate
+    reads it: it was never read, so generation ran past it."""
+    folder = copy_of(good, tmp_path)
+    _, _, before = good
+    stop_at = before[0][3]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, stop_at]}))
+    llm = LLM.load(folder, device="cpu")
+    assert llm.eos_token_id == [0, stop_at]
+    assert llm.generate(PROMPT, max_new_tokens=16).token_ids[0] == before[0][:before[0].index(stop_at) + 1]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    assert LLM.load(folder, device="cpu").eos_token_id == 0  # one id stays an int
+    (folder / "generation_config.json").write_text("{nope")
+    with pytest.raises(ValueError, match=r"generation_config.json is not a JSON object .*copy it again"):
+        LLM.load(folder, device="cpu")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": "2"}))
+    with pytest.raises(ValueError, match=r"eos_token_id '2' .* is not a token id or a list of them"):
+        LLM.load(folder, device="cpu")
+    still_works(good)
+
+
+def test_encode_and_decode_take_what_they_say(good):
+    llm = good[1]
+    ids = llm.encode("import os")
+    assert llm.decode(torch.tensor(ids)) == llm.decode(ids) == llm.decode(numpy.array(ids))  # was a TypeError
+    for bad in (123, b"import os"):
+        with pytest.raises(TypeError, match=f"encode takes text \\(a str\\), not {type(bad).__name__}"):
+            llm.encode(bad)
+    with pytest.raises(ValueError, match="decode takes one sequence of ids, not a batch: decode each row"):
+        llm.decode([ids, ids])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine WITHOUT a CUDA GPU")
+def test_a_cuda_cache_on_a_machine_without_one_says_so():
+    from llmlab.paged_cache import PagedKVCache
+
+    cfg = ModelConfig.from_preset("smollm2-135m")
+    for cls in (KVCache, PagedKVCache):  # was torch's AssertionError "Torch not compiled with CUDA enabled"
+        with pytest.raises(ValueError, match="device 'cuda': this machine has no CUDA GPU that PyTorch can use"):
+            cls(cfg, 1, 16, torch.float32, "cuda")
+
+
+def test_from_preset_leaves_the_callers_random_state_alone():
+    """from_preset used to call torch.manual_seed(seed): every draw after it was the same whatever the caller had
+    seeded. The weights still follow `seed`."""
+    kw = dict(device="cpu", dtype="fp32", n_layers=1, vocab_size=256, max_seq_len=64)
+    torch.manual_seed(1234)
+    want = torch.rand(4)
+    torch.manual_seed(1234)
+    a = LLM.from_preset("smollm2-135m", seed=5, **kw).model
+    assert torch.equal(torch.rand(4), want)
+    torch.manual_seed(99)
+    b = LLM.from_preset("smollm2-135m", seed=5, **kw).model
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    c = LLM.from_preset("smollm2-135m", seed=6, **kw).model
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
 
 
 # --- found by a fresh user's run (session 21) --------------------------------------------------------------------

@@ -144,3 +144,20 @@ def test_a_contiguous_cache_refuses_a_gap():
     assert cache.length == 10
     model(torch.tensor([[5]]), torch.tensor([10]), kv_cache=cache)
     assert cache.length == 11
+
+
+@pytest.mark.parametrize("cache_cls", ["contiguous", "quantized"])
+def test_a_cache_that_holds_tokens_needs_positions(cache_cls):
+    """Without positions the next token defaulted to position 0: the contiguous cache took that as a rewrite, kept
+    one token and gave wrong logits without a word."""
+    model = tiny_model(seed=3, n_layers=2)
+    make = KVCache if cache_cls == "contiguous" else quantized_cache(4, "int8")
+    cache = make(model.config, 1, 64, torch.float32, "cpu")
+    model(prompt_ids(1, 10), kv_cache=cache)  # a fresh cache: 0..T-1 is right
+    with pytest.raises(ValueError, match=r"the KV cache already holds 10 tokens and no positions were given: pass "
+                                         r"positions=torch.arange\(10, 10 \+ T\)"):
+        model(torch.tensor([[5]]), kv_cache=cache)
+    assert cache.length == 10
+    want = model(torch.cat([prompt_ids(1, 10), torch.tensor([[5]])], 1))[:, -1:]
+    tol = 0.05 if cache_cls == "quantized" else 1e-5  # int8 K/V round; the contiguous cache is the same math
+    torch.testing.assert_close(model(torch.tensor([[5]]), torch.tensor([10]), kv_cache=cache), want, rtol=tol, atol=tol)

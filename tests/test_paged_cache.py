@@ -242,12 +242,14 @@ def test_two_switches_that_both_pick_the_kv_cache_are_refused():
 def test_numpy_counts_build_the_caches():
     """generate takes numpy integers; the caches do too (their message used to say 'give a whole number')."""
     np = pytest.importorskip("numpy")
-    from llmlab.kv_quant import QuantizedKVCache
+    from llmlab.kv_quant import QuantizedKVCache, quantized_cache
 
     cfg = tiny_config()
     for cache in (KVCache(cfg, np.int64(2), np.int64(32), torch.float32, "cpu"),
                   PagedKVCache(cfg, np.int64(2), np.int64(32), torch.float32, "cpu", block_size=np.int64(8)),
-                  QuantizedKVCache(cfg, np.int64(2), np.int64(32), torch.float32, "cpu")):
+                  QuantizedKVCache(cfg, np.int64(2), np.int64(32), torch.float32, "cpu"),
+                  quantized_cache(np.int64(4))(cfg, 2, 32, torch.float32, "cpu")):
         assert type(cache.max_seq_len) is int and cache.max_seq_len == 32
+    assert type(cache.residual) is int and cache.residual == 4
     with pytest.raises(TypeError, match="batch_size=2.5"):
         KVCache(cfg, 2.5, 32, torch.float32, "cpu")

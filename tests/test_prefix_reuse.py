@@ -114,3 +114,19 @@ def test_a_message_as_an_array_tensor_or_generator(model):
         assert Conversation(model, "paged").say(message, max_new_tokens=4).reply == want
     with pytest.raises(TypeError, match="holds float32 values"):
         Conversation(model, "paged").say(torch.tensor(MESSAGES[1]).float(), max_new_tokens=4)
+
+
+def test_a_list_of_eos_ids_stops_the_reply_and_an_llm_is_accepted(model):
+    """Llama-3 style models list several EOS ids: a list was compared with each token as a whole and never
+    stopped the reply."""
+    from llmlab.engine import LLM
+
+    free = Conversation(model, "none").say(MESSAGES[0], max_new_tokens=8).reply
+    stop_at = free[2]
+    for eos in (stop_at, [10**6, stop_at], (stop_at,)):
+        reply = Conversation(model, "contiguous").say(MESSAGES[0], max_new_tokens=8, eos_token_id=eos).reply
+        assert reply == free[:free.index(stop_at) + 1], (eos, reply)
+    assert Conversation(LLM(model, name="tiny"), "paged").say(MESSAGES[0], max_new_tokens=8).reply == free
+    with pytest.raises(TypeError, match="model is a str: give an llmlab Transformer or LLM"):
+        Conversation("llama", "none")
+

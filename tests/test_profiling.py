@@ -160,6 +160,19 @@ def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path
     assert "--trace " in err  # the fix: an example of a path that works
 
 
+def test_profile_refuses_two_dtypes(capsys, monkeypatch):
+    """--dtype fp32 with --setting dtype=fp16 ran fp16 without a word."""
+    import llmlab.bench
+
+    def no_loading(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(llmlab.bench, "load_bench_model", no_loading)
+    assert main(["profile", "--device", "cpu", "--dtype", "fp32", "--setting", "dtype=fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype fp32 and --setting dtype=fp16 disagree (the setting would win): give the dtype once" in err
+
+
 def test_profile_decode_checks_the_trace_path_first(llm, tmp_path):
     (tmp_path / "f").write_text("a file")
     with pytest.raises(ValueError, match=r"f is a file, not a folder"):

@@ -148,6 +148,8 @@ def test_half_precision_logits_are_accepted():
     (dict(temperature=1.0, top_k=0), "top_k"),
     (dict(temperature=1.0, top_k=-3), "top_k"),
     (dict(temperature=1.0, top_k=1.5), "top_k"),
+    (dict(temperature=1.0, top_k=math.inf), "top_k"),  # was an OverflowError from int(inf)
+    (dict(temperature=1.0, top_k=math.nan), "top_k"),
     (dict(temperature=1.0, top_p=0.0), "top_p"),
     (dict(temperature=1.0, top_p=-0.1), "top_p"),
     (dict(temperature=1.0, top_p=1.5), "top_p"),
