@@ -140,7 +140,7 @@ def load_config(folder: Path) -> ModelConfig:
     if not isinstance(hf, dict):
         raise ValueError(f"{cfg_file} holds a JSON {type(hf).__name__}, not an object of the model's settings "
                          f"({{\"hidden_size\": ..., ...}}): is it the right file?")
-    return ModelConfig.from_hf_config(hf, name=folder.name)
+    return ModelConfig.from_hf_config(hf, name=folder.name, source=str(cfg_file))
 
 
 def check_weights_fit(config: ModelConfig, device, dtype: torch.dtype, what: str, fix: str) -> None:
@@ -174,7 +174,9 @@ def load_model(
         KeyError: a weight the model needs is not in the checkpoint, or the checkpoint has a tensor the model does
             not expect (the message names it).
         ValueError: a tensor's shape differs from what config.json implies (the message names it and both shapes);
-            config.json is not valid JSON, lacks a required key or names an unsupported architecture; a weights
+            config.json is not valid JSON, lacks a required key, holds a bad value (`ModelConfig.from_hf_config`)
+            or names an unsupported architecture; two weight files hold the same tensor (a stray extra file in a
+            folder without model.safetensors.index.json: the message names the tensor and both files); a weights
             file is not valid safetensors (damaged, or a git-lfs pointer: the message says which and the fix); a
             weight holding NaN or inf, in the file or after the cast to `dtype` (the message says which);
             an empty model name (`resolve`).
@@ -190,6 +192,7 @@ def load_model(
     if config.tie_embeddings:
         expected.pop("lm_head.weight")
     tensors: dict[str, torch.Tensor] = {}
+    read_from: dict[str, tuple[str, Path]] = {}  # name -> (key, file) it was read from: no file may overwrite another
     for file in files:
         try:
             f = safe_open(str(file), framework="pt")
@@ -205,6 +208,9 @@ def load_model(
                         continue  # old checkpoints stored RoPE buffers; llmlab recomputes them
                     raise KeyError(f"unexpected tensor {key!r} in {file.name}: the model built from config.json has "
                                    f"no such parameter (is config.json from another model?)")
+                if name in read_from:
+                    raise ValueError(_duplicate_tensor(folder, read_from[name], (key, file)))
+                read_from[name] = (key, file)
                 t = f.get_tensor(key)
                 if t.shape != expected[name]:
                     raise ValueError(f"shape mismatch for {key!r} in {file.name}: checkpoint has {tuple(t.shape)}, "
@@ -219,6 +225,20 @@ def load_model(
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(dtype=dtype).eval()
+
+
+def _duplicate_tensor(folder: Path, first: tuple[str, Path], second: tuple[str, Path]) -> str:
+    """Why two weight files that both hold one tensor (`first` and `second`: (key, file) each) are refused (the later
+    one would silently replace the earlier one's weights), and what to do about it."""
+    (key_a, file_a), (key_b, file_b) = first, second
+    keys = repr(key_a) if key_a == key_b else f"{key_a!r} / {key_b!r}"
+    if (folder / "model.safetensors.index.json").is_file():
+        fix = ("model.safetensors.index.json lists both files, yet each tensor belongs to one shard: the index or a "
+               "shard is from another model; download or copy the checkpoint again")
+    else:
+        fix = ("without a model.safetensors.index.json every *.safetensors file in the folder is read, so one of "
+               "them is a stray (an older copy, another model's weights): remove the one that does not belong")
+    return f"tensor {keys} is in both {file_a.name} and {file_b.name} in {folder}: {fix}"
 
 
 def _check_finite(t: torch.Tensor, original: torch.Tensor, key: str, file: Path, dtype: torch.dtype) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,8 +33,11 @@ class ModelConfig:
 
     Raises:
         ValueError: a size that is not an int >= 1; dim not divisible by n_heads (without head_dim);
-            n_heads not a multiple of n_kv_heads; an odd head_dim; a rope_scaling type other than 'llama3';
-            a norm_eps or rope_theta that is not a finite number > 0.
+            n_heads not a multiple of n_kv_heads; an odd head_dim; a rope_scaling that is not a dict, of a type
+            other than 'llama3', or a 'llama3' one lacking a key the model reads (factor, low_freq_factor,
+            high_freq_factor, original_max_position_embeddings) or holding one that is not a finite number > 0
+            (or high_freq_factor <= low_freq_factor); a norm_eps or rope_theta that is not a finite number > 0;
+            a tie_embeddings or attention_bias that is not a bool; a sliding_window that is not None or an int >= 1.
     """
 
     vocab_size: int = 32000
@@ -87,12 +91,26 @@ class ModelConfig:
                     or value <= 0:
                 raise ValueError(f"{name}={value!r}: {what}; it must be a finite number > 0 (otherwise the forward "
                                  f"pass can turn NaN and the model generates token 0 forever)")
+        for name in ("tie_embeddings", "attention_bias"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} ({type(value).__name__}): it must be True or False (a string "
+                                 f"such as 'false' is truthy and would silently count as True)")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"sliding_window={window!r}: the local attention window is a number of tokens >= 1 "
+                             f"(e.g. 4096), or None for full attention; a window of 0 or less would mask every key")
         if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict):
+                raise ValueError(f"rope_scaling={self.rope_scaling!r}: it must be a dict such as {_LLAMA3_ROPE}, "
+                                 f"or None for plain RoPE")
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if kind not in ("default", "llama3"):
                 raise ValueError(
                     f"rope_scaling type {kind!r} is not supported by llmlab; supported: 'llama3' (or none)"
                 )
+            if kind == "llama3":
+                _check_llama3_rope(self.rope_scaling, "rope_scaling")
 
     # -- derived sizes ----------------------------------------------------------------------------------
     @property
@@ -127,8 +145,12 @@ class ModelConfig:
 
         Raises:
             ValueError: unknown preset (the message lists the known ones and the nearest match).
-            TypeError: an override that is not a field of ModelConfig (the message lists the fields).
+            TypeError: a name that is not a string (e.g. None; the message lists the known presets); an override
+                that is not a field of ModelConfig (the message lists the fields).
         """
+        if not isinstance(name, str):
+            raise TypeError(f"the preset name is {name!r} ({type(name).__name__}); give one of the known presets as "
+                            f"a string: {', '.join(sorted(PRESETS))}")
         key = name.lower()
         if key not in PRESETS:
             close = difflib.get_close_matches(key, PRESETS, n=1)
@@ -144,34 +166,70 @@ class ModelConfig:
         return cls(name=key, **params)
 
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any], name: str = "custom") -> "ModelConfig":
+    def from_hf_config(cls, hf: dict[str, Any], name: str = "custom", source: str = "config.json") -> "ModelConfig":
         """Read a Hugging Face `config.json` dict (Llama, Mistral, Qwen2 families).
 
         Handles both the transformers-4 keys (`rope_theta`, `rope_scaling`) and the transformers-5 key
-        (`rope_parameters`).
+        (`rope_parameters`). `"architectures"` may be a list of class names or a single name. The sliding window
+        follows transformers: Mistral windows every layer; Qwen2 only with `use_sliding_window` true, and then only
+        the layers from `max_window_layers` on (or those `layer_types` marks "sliding_attention"); Llama never.
+        `source` names the file in error messages (`checkpoint.load_config` passes its path).
 
         Raises:
             ValueError: an architecture llmlab does not implement, a hidden_act other than silu, a missing required
-                key, or a value `ModelConfig` refuses (`checkpoint.load_config` refuses a file that is not an
-                object, naming it).
+                key; a count (vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+                head_dim, intermediate_size, max_position_embeddings) that is not an int >= 1; a boolean field
+                (tie_word_embeddings, use_sliding_window, attention_bias) that is not true or false; a rope_scaling /
+                rope_parameters that is not an object, or a 'llama3' one lacking a key or holding a bad value; a
+                Qwen2 config whose sliding window covers some layers but not all (llmlab has one window for every
+                layer); or a value `ModelConfig` refuses. Every message starts with `source`
+                (`checkpoint.load_config` refuses a file that is not an object, naming it).
         """
         archs = hf.get("architectures") or ["LlamaForCausalLM"]
+        if isinstance(archs, str):
+            archs = [archs]  # one class name instead of a one-element list: read it as that list
+        if not isinstance(archs, list):
+            raise ValueError(f"{source}: \"architectures\" is {archs!r}; it must be a list of class names such as "
+                             f"[\"LlamaForCausalLM\"]")
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"architecture {arch!r} is not supported; llmlab implements {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ValueError(f"{source}: architecture {arch!r} is not supported; llmlab implements "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         act = hf.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
-            raise ValueError(f"config.json has hidden_act {act!r}; llmlab's MLP is SwiGLU, silu(gate) * up: only "
+            raise ValueError(f"{source} has hidden_act {act!r}; llmlab's MLP is SwiGLU, silu(gate) * up: only "
                              f"'silu' models load")
+        for key in _HF_COUNTS:
+            if key not in hf:
+                if key in _HF_REQUIRED:
+                    raise ValueError(f"{source} is missing the required key {key!r}")
+                continue
+            value = hf[key]
+            if value is None and key in ("num_key_value_heads", "head_dim"):
+                continue  # null, as transformers writes it: derived from the head count below
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{source}: \"{key}\" is {value!r}; it must be a whole number >= 1 (e.g. "
+                                 f"\"{key}\": {_HF_COUNT_EXAMPLES[key]}): copy config.json again from the model's "
+                                 f"source")
+        for key in ("tie_word_embeddings", "use_sliding_window", "attention_bias"):
+            if key in hf and not isinstance(hf[key], bool):
+                raise ValueError(f"{source}: \"{key}\" is {hf[key]!r} ({type(hf[key]).__name__}), not true or "
+                                 f"false; write it unquoted, \"{key}\": true or \"{key}\": false (a quoted "
+                                 f"\"false\" would count as true)")
+        n_heads = hf["num_attention_heads"]
+        dim = hf["hidden_size"]
+        rope_key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+        rope = hf.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"{source}: \"{rope_key}\" is {rope!r}; it must be an object such as "
+                             f"{json.dumps(_LLAMA3_ROPE)}, or null for plain RoPE")
+        rope = dict(rope)
+        rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind == "llama3":
+            _check_llama3_rope(rope, f"{source}: \"{rope_key}\"")
+        sliding = _hf_sliding_window(hf, arch, source)
         try:
-            n_heads = hf["num_attention_heads"]
-            dim = hf["hidden_size"]
-            rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-            rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-            kind = rope.get("rope_type", rope.get("type", "default"))
-            sliding = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "MistralForCausalLM") else None
             return cls(
                 vocab_size=hf["vocab_size"],
                 dim=dim,
@@ -192,8 +250,8 @@ class ModelConfig:
                 name=name,
                 architecture=arch,
             )
-        except KeyError as e:
-            raise ValueError(f"config.json is missing the required key {e.args[0]!r}") from None
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def to_hf_config(self) -> dict[str, Any]:
         """The `config.json` dict that transformers reads back into the same model."""
@@ -225,7 +283,10 @@ class ModelConfig:
         if self.rope_scaling is not None:
             hf["rope_scaling"] = dict(self.rope_scaling)
         if self.architecture == "Qwen2ForCausalLM":
-            hf["use_sliding_window"] = False
+            hf["use_sliding_window"] = self.sliding_window is not None
+            if self.sliding_window is not None:
+                hf["sliding_window"] = self.sliding_window
+                hf["max_window_layers"] = 0  # Qwen2 windows the layers from this index on: all of them
         if self.architecture == "MistralForCausalLM":
             hf["sliding_window"] = self.sliding_window
         return hf
@@ -235,6 +296,79 @@ class ModelConfig:
 
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+# config.json's counts, each a whole number >= 1 (with an example for the error message); the first five are required
+_HF_COUNT_EXAMPLES = {
+    "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "intermediate_size": 11008, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096,
+}
+_HF_COUNTS = tuple(_HF_COUNT_EXAMPLES)
+_HF_REQUIRED = _HF_COUNTS[:5]
+
+# What `model.rope_inv_freq` reads from a 'llama3' rope_scaling, with Llama 3.2's values as examples
+_LLAMA3_KEYS = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def _check_llama3_rope(rope: dict[str, Any], where: str) -> None:
+    """Refuse a 'llama3' RoPE scaling that `model.rope_inv_freq` cannot compute from: a missing key (a bare KeyError
+    at model build), or a value that is not a finite number > 0 (a string gives a TypeError about Tensor and str;
+    0 divides by zero). `where` names it in the message ("rope_scaling", or the file and its key)."""
+    example = ", ".join(f"{k!r}: {v}" for k, v in _LLAMA3_KEYS.items())
+    missing = [k for k in _LLAMA3_KEYS if k not in rope]
+    if missing:
+        raise ValueError(f"{where} of type 'llama3' lacks {', '.join(map(repr, missing))}: llama3 RoPE needs all of "
+                         f"{', '.join(_LLAMA3_KEYS)} (Llama 3.2's: {example}); copy them from the model's original "
+                         f"config.json")
+    for key, value in ((k, rope[k]) for k in _LLAMA3_KEYS):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{where} has {key}={value!r} ({type(value).__name__}); it must be a finite number > 0, "
+                             f"e.g. {key}: {_LLAMA3_KEYS[key]} (unquoted in config.json)")
+    if rope["high_freq_factor"] <= rope["low_freq_factor"]:
+        raise ValueError(f"{where} has high_freq_factor={rope['high_freq_factor']} <= low_freq_factor="
+                         f"{rope['low_freq_factor']}: llama3 RoPE blends the frequencies between the two, so "
+                         f"high_freq_factor must be the larger (Llama 3's: 4.0 and 1.0)")
+
+
+def _hf_sliding_window(hf: dict[str, Any], arch: str, source: str) -> Any:
+    """The sliding window transformers applies to every layer of this config.json, or None (full attention).
+
+    Mistral windows every layer (`MistralConfig` has no use_sliding_window); Llama none. Qwen2 windows only with
+    `use_sliding_window` true, and then the layers that `layer_types` marks "sliding_attention", by default those
+    with index >= `max_window_layers` (28 when absent: `Qwen2Config`'s default). llmlab's layers share one window,
+    so a Qwen2 config that windows some layers but not others is refused. The window itself is checked by
+    ModelConfig (None or an int >= 1). Counts and booleans are checked before this runs.
+    """
+    if arch == "MistralForCausalLM":
+        return hf.get("sliding_window")
+    window = hf.get("sliding_window")
+    if arch != "Qwen2ForCausalLM" or not hf.get("use_sliding_window", False) or window is None:
+        return None  # Qwen2Config drops sliding_window unless use_sliding_window is true; LlamaConfig has none
+    n_layers = hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        first = hf.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"{source}: \"max_window_layers\" is {first!r}; it must be a whole number >= 0 (the "
+                             f"index of the first layer with a sliding window)")
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+        which = f"max_window_layers={first} with num_hidden_layers={n_layers}"
+    elif not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ValueError(f"{source}: \"layer_types\" is {layer_types!r}; it must be a list of num_hidden_layers="
+                         f"{n_layers} entries, each \"full_attention\" or \"sliding_attention\"")
+    else:
+        which = "its layer_types list"
+    windowed = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not windowed:
+        return None
+    if len(windowed) == n_layers:
+        return window
+    raise ValueError(f"{source}: use_sliding_window is true and {which} gives {len(windowed)} of the {n_layers} "
+                     f"layers (from layer {windowed[0]}) a sliding window of {window} tokens and the others "
+                     f"full attention; llmlab applies one attention kind to every layer, so this per-layer mix is not "
+                     f"supported. The window changes nothing while prompt plus output stay within {window} tokens: "
+                     f"for those, set \"use_sliding_window\": false (full attention on every layer)")
+
 
 _LLAMA3_ROPE = {
     "rope_type": "llama3",

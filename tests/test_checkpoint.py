@@ -64,6 +64,41 @@ def test_sharded_checkpoint_with_a_missing_shard(tmp_path):
         load_model(tmp_path)
 
 
+def test_sharded_checkpoint_without_an_index_loads(tmp_path):
+    """Without model.safetensors.index.json every *.safetensors file is read: shards with distinct names load."""
+    hf = hf_model("qwen2", seed=2)
+    hf.save_pretrained(tmp_path, max_shard_size="200KB")
+    (tmp_path / "model.safetensors.index.json").unlink()
+    assert len(list(tmp_path.glob("*.safetensors"))) >= 2
+    ids = prompt_ids()
+    with torch.no_grad():
+        assert (load_model(tmp_path)(ids) - hf_reference(hf, ids)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("stray_key", ["model.norm.weight", "norm.weight"])
+def test_stray_weight_file_holding_the_same_tensor_is_refused(folder, tmp_path, stray_key):
+    """A second file with a tensor of the same name used to overwrite the first one's weights silently."""
+    for f in folder.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    good = load_file(str(folder / "model.safetensors"))["model.norm.weight"]
+    save_file({stray_key: torch.zeros_like(good)}, str(tmp_path / "old-copy.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor 'model.norm.weight'.* is in both model.safetensors and "
+                                         r"old-copy.safetensors .*remove the one that does not belong"):
+        load_model(tmp_path)
+
+
+def test_shards_of_an_index_holding_the_same_tensor_are_refused(tmp_path):
+    hf_model("llama", seed=2).save_pretrained(tmp_path, max_shard_size="200KB")
+    first, second = sorted(tmp_path.glob("*.safetensors"))[:2]
+    for shard in (first, second):
+        state = load_file(str(shard))
+        state["model.norm.weight"] = torch.ones(128)
+        save_file(state, str(shard), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"tensor 'model.norm.weight' is in both {first.name} and {second.name}"
+                                         rf".*index.json lists both files"):
+        load_model(tmp_path)
+
+
 def test_tied_checkpoint_storing_lm_head_and_old_rope_buffers_loads(tmp_path, hf_llama):
     """Some tied checkpoints store lm_head.weight too, old ones store rotary_emb.inv_freq: both are skipped."""
     hf_llama.save_pretrained(tmp_path)
