@@ -55,8 +55,8 @@ def _int4_prune(configs, named_args, **kwargs):
 # -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
 
 def _check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
-    """A weight that can be quantized: a 2-D float tensor of finite values (one NaN or inf makes its row's or
-    group's scale NaN or inf, and every output that reads it NaN)."""
+    """A weight that can be quantized: a non-empty 2-D float tensor of finite values (one NaN or inf makes its row's
+    or group's scale NaN or inf, and every output that reads it NaN)."""
     what = "the weight" if name is None else f"the weight {name!r}"
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{op}: {what} is a {type(w).__name__}, not a tensor; give a 2-D float (N, K) tensor, e.g. "
@@ -64,6 +64,9 @@ def _check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"{op}: {what} must be a 2-D float (N, K) tensor (out_features x in_features, as "
                          f"nn.Linear.weight), got {w.dtype} of shape {tuple(w.shape)}")
+    if w.numel() == 0:
+        raise ValueError(f"{op}: {what} has shape {tuple(w.shape)}, no values to quantize: give at least one row "
+                         f"and one column")
     bad = ~torch.isfinite(w)
     if bad.any():
         row, col = bad.nonzero()[0].tolist()

@@ -250,11 +250,14 @@ class BlockManager:
         before writing (non-empty only when the partly filled last block was shared by a fork).
 
         Raises:
-            KeyError: unknown sequence. ValueError: n < 1, or ids given/missing inconsistently.
+            KeyError: unknown sequence. ValueError: n < 1, or ids given/missing inconsistently. TypeError: n is
+            neither a count (an int, numpy's too) nor token ids (a bool or a string is neither).
             OutOfBlocks: not enough free blocks (nothing is changed).
         """
-        ids = None if isinstance(n, int) else list(n)
-        count = n if ids is None else len(ids)
+        if isinstance(n, (bool, str, bytes)) or not (isinstance(n, numbers.Integral) or hasattr(n, "__iter__")):
+            raise TypeError(f"append takes a count (an int) or token ids, not {n!r}")
+        ids = None if isinstance(n, numbers.Integral) else [int(t) for t in n]
+        count = int(n) if ids is None else len(ids)
         if count < 1:
             raise ValueError(f"append at least one token (got {count})")
         table = self._table(seq_id)

@@ -241,3 +241,18 @@ def test_arguments_of_the_wrong_kind_are_named():
     torch = pytest.importorskip("torch")
     bm.allocate("A", [1, 2, 3, 4, 5])
     assert bm.allocate("B", torch.tensor([1, 2, 3, 4, 9])) == 4  # tensor ids share a prefix like a list's
+
+
+def test_append_takes_a_count_or_token_ids_and_names_anything_else():
+    np = pytest.importorskip("numpy")
+    bm = BlockManager(8, 4)
+    bm.allocate("s", 3)
+    assert bm.append("s", np.int64(2)) == [] and bm.length("s") == 5  # numpy's ints are counts
+    bm.allocate("t", [1, 2, 3])
+    assert bm.append("t", np.array([7, 8])) == [] and bm.length("t") == 5  # an array is token ids
+    for bad in (True, 2.5, None, "3"):
+        for seq in ("s", "t"):
+            with pytest.raises(TypeError, match=r"append takes a count \(an int\) or token ids"):
+                bm.append(seq, bad)
+    assert bm.length("s") == 5 and bm.length("t") == 5  # nothing changed
+    bm.check()

@@ -557,6 +557,11 @@ def test_counts_and_kinds_of_the_memory_helpers():
         quantize_int4(torch.randn(4, 128), 64.0)
     with pytest.raises(TypeError, match="quantize_int8: the weight is a list, not a tensor"):
         quantize_int8([[1.0]])
+    for empty in (torch.randn(4, 0), torch.randn(0, 64)):  # were an IndexError / RuntimeError from amax
+        with pytest.raises(ValueError, match=r"has shape \(\d+, \d+\), no values to quantize"):
+            quantize_int8(empty)
+        with pytest.raises(ValueError, match=r"has shape \(\d+, \d+\), no values to quantize"):
+            quantize_int4(empty, 32)
     from llmlab.kernels.dequant_matmul import dequantize_int4, dequantize_int8
 
     w_q, scales = quantize_int8(torch.randn(4, 64))
