@@ -68,14 +68,16 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 
 
 def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: bool = False,
-                     torch_compile: bool = False, gpu_sampling: bool = False, prefill_graphs: bool = False) -> None:
+                     torch_compile: bool = False, gpu_sampling: bool = False, prefill_graphs: bool = False,
+                     cache_factory: bool = False) -> None:
     """Refuse `LLM.generate` switches that cannot run on `device` or together, before any work: shared by
     `LLM.generate` and `llmlab.switches.apply_switches` (which checks before any switch changes the model).
 
     Raises:
         ValueError: cuda_graphs or prefill_graphs on a model not on a CUDA GPU (turn them off), prefill_graphs
             without cuda_graphs on a CUDA model (turn cuda_graphs on too), cuda_graphs / torch_compile /
-            gpu_sampling without the KV cache (turn it on, or them off).
+            gpu_sampling without the KV cache (turn it on, or them off), or with a cache_factory (True: one is
+            given; the fast paths decode on their own static KV cache).
     """
     graphs = [name for name, on in (("cuda_graphs", cuda_graphs), ("prefill_graphs", prefill_graphs)) if on]
     if graphs and device.type != "cuda":
@@ -94,6 +96,9 @@ def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: 
                          f"{', '.join(f'{name}=True' for name in fast)}), but use_cache=False turns the cache off: "
                          f"turn the KV cache on (use_cache=True, the kv_cache switch) or turn {' and '.join(fast)} "
                          f"off")
+    if fast and cache_factory:
+        raise ValueError("cache_factory runs on the eager path only, and cuda_graphs / torch_compile / "
+                         "gpu_sampling decode on their own static KV cache: drop cache_factory or those switches")
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Transformer:
@@ -282,7 +287,8 @@ class LLM:
         Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
         generates from it), one longer than the context, bad sampling settings, or a seed outside
         -2**63 .. 2**64 - 1 (and for the switches `check_fast_paths` refuses: the fast switches without the KV
-        cache, cuda_graphs or prefill_graphs on a model not on a CUDA GPU, prefill_graphs without cuda_graphs);
+        cache, cuda_graphs or prefill_graphs on a model not on a CUDA GPU, prefill_graphs without cuda_graphs,
+        a cache_factory with a fast switch);
         TypeError for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or
         seed that is not an int, a sampling setting that is not a number, an on/off argument that is not a bool,
         an on_token that is not callable); the model is untouched by a failed call.
@@ -294,7 +300,8 @@ class LLM:
                     torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
                     prefill_graphs=prefill_graphs)
         check_fast_paths(self.device, use_cache=use_cache, cuda_graphs=cuda_graphs, torch_compile=torch_compile,
-                         gpu_sampling=gpu_sampling, prefill_graphs=prefill_graphs)
+                         gpu_sampling=gpu_sampling, prefill_graphs=prefill_graphs,
+                         cache_factory=cache_factory is not None)
         # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
         # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
@@ -302,9 +309,6 @@ class LLM:
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
-        if cache_factory is not None and (cuda_graphs or torch_compile or gpu_sampling):
-            raise ValueError("cache_factory runs on the eager path only, and cuda_graphs / torch_compile / "
-                             "gpu_sampling decode on their own static KV cache: drop cache_factory or those switches")
         if cuda_graphs or torch_compile or gpu_sampling:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,

@@ -89,7 +89,7 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
                                  f"together; turn one of them off")
             set_by[arg] = key
     fast = [set_by[a] for a in ("cuda_graphs", "torch_compile", "gpu_sampling") if kwargs.get(a)]
-    if kwargs.get("cache_factory") is not None and fast:  # as LLM.generate refuses them together
+    if kwargs.get("cache_factory") is not None and fast:  # as `check_fast_paths` refuses in generate, by switch name
         raise ValueError(f"switch {set_by['cache_factory']!r} picks a KV cache for the eager decode, and "
                          f"with {', '.join(map(repr, fast))} on the decode runs on its own static KV cache: turn one "
                          f"side off")

@@ -520,6 +520,11 @@ def test_a_cache_factory_with_a_static_cache_path_is_refused(good):
         with pytest.raises(ValueError, match=f"switch 'paged_kv' picks a KV cache for the eager decode, and with "
                                              f"'{fast}' on the decode runs on its own static KV cache"):
             apply_switches(llm, {"paged_kv": True, fast: True})
+    from llmlab.engine import check_fast_paths  # the shared check generate runs first, before the prompt is encoded
+
+    with pytest.raises(ValueError, match="cache_factory runs on the eager path only"):
+        check_fast_paths(llm.device, gpu_sampling=True, cache_factory=True)
+    check_fast_paths(llm.device, cache_factory=True)  # the eager path takes a cache_factory
     still_works(good)
 
 
