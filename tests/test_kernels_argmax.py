@@ -1,4 +1,4 @@
-"""The one-launch greedy argmax (kernels/argmax.py) against torch.argmax, and the decode step that uses it.
+"""The one-launch greedy argmax (llmlab/kernels/argmax.py) against torch.argmax, and the decode step that uses it.
 
 On a CPU the kernel runs in Triton's interpreter (fp32, fp16); bf16 and CUDA-graph replay are `gpu`-marked. The
 rows are views into wider buffers whose extra columns hold a huge value, so a masked lane that read past V would

@@ -1,4 +1,4 @@
-"""The one-token GEMV with a fused RMSNorm / SwiGLU prologue and residual epilogue (kernels/fused_gemv.py) against
+"""The one-token GEMV with a fused RMSNorm / SwiGLU prologue and residual epilogue (llmlab/kernels/fused_gemv.py) against
 the unfused PyTorch ops.
 
 On a CPU the kernel runs in Triton's interpreter in fp32 (fp16 too: numpy has it); bf16 is `gpu`-marked. Sizes

@@ -1,4 +1,4 @@
-"""The int4 GEMV in Gluon (kernels/int4_gemv_gluon.py), int4_matmul's M = 1 path on CUDA GPUs.
+"""The int4 GEMV in Gluon (llmlab/kernels/int4_gemv_gluon.py), int4_matmul's M = 1 path on CUDA GPUs.
 
 CPU: the interpreter does not run Gluon, so here the kernel is compiled for Hopper (sm_90) without running it: its
 layout conversions that must move no data are asserted at compile time (`assert_trivial`), so a wrong layout fails

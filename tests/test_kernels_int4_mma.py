@@ -1,4 +1,4 @@
-"""The tensor-core int4 GEMV (`kernels/int4_mma_gemv.py`): the mma-order repacking on CPU, the kernel on a GPU.
+"""The tensor-core int4 GEMV (`llmlab/kernels/int4_mma_gemv.py`): the mma-order repacking on CPU, the kernel on a GPU.
 
 The CPU tests check the repacking two ways: it round-trips, and a plain emulation of what the PTX does with each
 lane's registers — written from the PTX ISA's fragment table for mma.m16n8k16, not from the repacking's own index

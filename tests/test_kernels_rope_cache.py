@@ -1,4 +1,4 @@
-"""The fused RoPE + KV-cache write (kernels/rope_cache.py) against the unfused PyTorch ops."""
+"""The fused RoPE + KV-cache write (llmlab/kernels/rope_cache.py) against the unfused PyTorch ops."""
 
 from __future__ import annotations
 

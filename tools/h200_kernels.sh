@@ -12,8 +12,6 @@ PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs"
   git rev-parse HEAD 2>/dev/null || echo "commit: (not a git checkout)"
 } 2>&1 | tee "$OUT/device.txt"
 
-# kernels/ installs as llmlab.kernels; from a plain checkout (PYTHONPATH=$PWD) make the name resolve too
-python3 -c "import llmlab.kernels" 2>/dev/null || ln -sfn ../kernels llmlab/kernels
 
 $PYTEST tests/test_kernels_*.py 2>&1 | tee "$OUT/kernel_tests.log"
 python3 -m llmlab.kernels.bench_kernels --out "$OUT" 2>&1 | tee "$OUT/kernel_bench.log"

@@ -38,5 +38,3 @@ finish() {
   python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
   echo "commit: ${LLMLAB_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
 } 2>&1 | tee -a "$LOG"
-# kernels/ installs as llmlab.kernels; from a plain checkout make the name resolve too
-python3 -c "import llmlab.kernels" 2>/dev/null || ln -sfn ../kernels llmlab/kernels

@@ -1,8 +1,8 @@
 """Triton kernels for CUDA GPUs, one op per file, each beside its PyTorch reference.
 
-This folder installs as `llmlab.kernels` (see `[tool.setuptools.package-dir]` in pyproject.toml), never as a
-top-level `kernels` module: an unrelated PyPI package already owns that name. Import it as
-`from llmlab import kernels` or `import llmlab.kernels`.
+Import it as `import llmlab.kernels` or `from llmlab import kernels`. It lives inside the package, not in a
+top-level folder, because a top-level module named `kernels` would shadow Hugging Face's `kernels` package, which
+transformers imports (tests/test_import_names.py checks that the repository exposes no such module).
 
     rmsnorm.py                 RMSNorm, optionally fused with the residual add
     swiglu.py                  silu(gate) * up

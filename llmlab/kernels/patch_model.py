@@ -18,8 +18,8 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
   method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
-  residual adds ride inside the GEMVs that read their outputs (`kernels/fused_gemv.py`), seven launches per layer;
-* the decode step's greedy token (`llmlab.cuda_graphs.decode_step`): one launch (`kernels/argmax.py`) instead of
+  residual adds ride inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`), seven launches per layer;
+* the decode step's greedy token (`llmlab.cuda_graphs.decode_step`): one launch (`llmlab/kernels/argmax.py`) instead of
   ~6 PyTorch kernels (call AX, same-process A/B: 869 -> 855 us per step; 849 with the graph's outputs no longer
   copied, `llmlab.cuda_graphs`).
 
@@ -266,7 +266,7 @@ def _one_token_fusable(model, h: torch.Tensor) -> bool:
 
 
 def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
-    """A batch-1 decode step on a static cache with every small op inside a GEMV (`kernels/fused_gemv.py`).
+    """A batch-1 decode step on a static cache with every small op inside a GEMV (`llmlab/kernels/fused_gemv.py`).
 
     Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
     cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV + SwiGLU (the epilogue
@@ -323,7 +323,7 @@ def gemv_weights(model) -> dict:
 
 def _greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The decode step's greedy pick (`llmlab.cuda_graphs.decode_step` calls it while the switch is on):
-    (B, V) logits -> (B,) int64, in one launch (`kernels/argmax.py`) instead of ~6 PyTorch kernels."""
+    (B, V) logits -> (B,) int64, in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels."""
     from llmlab.sampling import argmax_rows
 
     if not _kernel_ok(logits):

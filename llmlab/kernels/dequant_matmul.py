@@ -802,7 +802,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     return y
 
 
-# M = 1 on a CUDA GPU: the same input-stationary GEMV written in Gluon (kernels/int4_gemv_gluon.py), whose per-chunk
+# M = 1 on a CUDA GPU: the same input-stationary GEMV written in Gluon (llmlab/kernels/int4_gemv_gluon.py), whose per-chunk
 # row sums cost 2 barriers and no per-row butterflies (Triton's reduction above: 3 barriers and 5 shuffle steps per
 # row). Measured on the H200 (calls CN-CS): 9.9 us at 14336 x 4096 against this file's 12.6 us, and 13.1 us at 4096
 # x 14336 against the K-walking GEMV's 14.0 us. It takes rows of up to `int4_gemv_gluon.MAX_K` weights (longer rows
@@ -814,7 +814,7 @@ _GLUON_OFF: dict = {}  # cuda:i -> None where the Gluon GEMV is used, else the r
 
 
 def _gluon():
-    """kernels/int4_gemv_gluon.py, imported at first use on a GPU: importing Gluon takes ~0.1 s, which runs on a CPU
+    """llmlab/kernels/int4_gemv_gluon.py, imported at first use on a GPU: importing Gluon takes ~0.1 s, which runs on a CPU
     (the interpreter, Binder) never need."""
     from . import int4_gemv_gluon
     return int4_gemv_gluon
@@ -874,7 +874,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
         (M, N) in x's dtype, accumulated in fp32.
 
     Contiguous packed rows (4-byte aligned): M = 1 runs the input-stationary GEMV, in Gluon on a CUDA GPU
-    (kernels/int4_gemv_gluon.py; `gluon_gemv_status()` says whether it is used), else in Triton
+    (llmlab/kernels/int4_gemv_gluon.py; `gluon_gemv_status()` says whether it is used), else in Triton
     (`_int4_gemv_is_kernel`; the K-walking `_int4_gemv_kernel` for K > IS_MAX_K); M > 1 the word-reading
     tensor-core tile kernel; other layouts the byte-wise tl.dot kernel, which reads any strides.
 
