@@ -418,7 +418,9 @@ def peaks_dict(device: torch.device, cache_path=None) -> dict:
 
 def peaks_record(p) -> dict:
     """A `llmlab.peaks.Peaks` in the bench file's shape: copy_GBps, bf16_TFLOPs, matmul_dtype, the datasheet's,
-    measured_at, cached (read from the cache file rather than measured for this run) and a note.
+    measured_at, cached (read from the cache file rather than measured for this run), how steady the measurement
+    was (verdict "steady"/"noisy"/None, noise_reasons, copy_spread, matmul_spread, repeats, attempts, cpu_wait: see
+    `Peaks`) and a note.
 
     On a CPU `bf16_TFLOPs` holds the fp32 matmul rate (`matmul_dtype` says which); `note` says so.
     """
@@ -428,7 +430,22 @@ def peaks_record(p) -> dict:
         note += f" (the key keeps its name for comparability; this device's rate is {p.matmul_dtype})"
     return {"copy_GBps": p.copy_bw_gb_s, "bf16_TFLOPs": p.matmul_tflops, "matmul_dtype": p.matmul_dtype,
             "datasheet_GBps": p.datasheet_bw_gb_s, "datasheet_TFLOPs": p.datasheet_tflops,
-            "measured_at": p.measured_at, "cached": p.cached, "note": note}
+            "measured_at": p.measured_at, "cached": p.cached, "verdict": p.verdict,
+            "noise_reasons": list(p.noise_reasons), "copy_spread": p.copy_spread, "matmul_spread": p.matmul_spread,
+            "repeats": p.repeats, "attempts": p.attempts, "cpu_wait": p.cpu_wait, "note": note}
+
+
+def peaks_line(p) -> str:
+    """The "peaks:" line printed before a bench's rows: a `llmlab.peaks.Peaks`'s figures, where they come from
+    (`Peaks.source`) and how far to trust them (`Peaks.trust`), e.g. "peaks: copy 34 GB/s, matmul 0.20 TFLOP/s
+    (float32), measured now, saved to <file>; spread 2% (copy), 1% (matmul) over 5 repeats: steady"."""
+    line = (f"peaks: copy {p.copy_bw_gb_s:.0f} GB/s, matmul {p.matmul_tflops:.2f} TFLOP/s ({p.matmul_dtype}), "
+            f"{p.source()}")
+    if p.trust():
+        line += f"; {p.trust()}"
+    if p.cached:
+        line += "; --refresh-peaks measures them again"
+    return line
 
 
 def bench_document(results: list[dict], *, device: str, peaks: dict, notes: list[str] | None = None,
@@ -717,7 +734,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         peaks_cache: the measured peaks' cache file (default `llmlab.peaks.default_cache_path()`).
         measured_peaks: a `llmlab.peaks.Peaks` to use instead of reading or measuring them (e.g.
             `measure_peaks(device, refresh=True)`: measured again, the cache rewritten); `peaks_cache` is then unused.
-            The printed "peaks:" line says where they come from (measured now, or the cache file and its date).
+            The printed "peaks:" line (`peaks_line`) says where they come from and how steady they were.
 
     Raises:
         ValueError: unknown workload, model or step; a workload longer than the model's context (the message
@@ -762,6 +779,10 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
              "prompts: random token ids (seed 0), the same for every row",
              "mbu/mfu count the bytes/FLOPs of a KV-cache decode step (weights once + each sequence's KV cache) "
              "over the decode steps only (TPOT), against the measured peaks"]
+    if measured_peaks.verdict == "noisy":
+        why = "; ".join(measured_peaks.noise_reasons)
+        notes.append(f"the peaks were measured while the machine looked busy ({why}): they may read low, and "
+                     f"mbu/mfu high")
     if len(groups) > 1:
         notes.append(f"llmlab rows: the engine cannot batch prompts of different lengths yet (no padding mask), so "
                      f"the {wl.n_requests} requests run as {len(groups)} batches of equal-length prompts ("
@@ -809,9 +830,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     quick_note = f"; --quick: {new_tokens} new tokens" if quick else ""
     print_fn(f"llmlab bench — {wl.name} ({wl.description}{quick_note}) on {model_id} "
              f"[{cfg.num_params() / 1e6:.1f}M params, {str(llm.dtype).removeprefix('torch.')}] | {dev_name}")
-    print_fn(f"peaks: copy {peaks['copy_GBps']:.0f} GB/s, matmul {peaks['bf16_TFLOPs']:.2f} TFLOP/s "
-             f"({peaks['matmul_dtype']}), {measured_peaks.source()}"
-             + ("; --refresh-peaks measures them again" if measured_peaks.cached else ""))
+    print_fn(peaks_line(measured_peaks))
     for s, why in skipped:
         print_fn(f"  {s.name}: skipped — {why}")
 

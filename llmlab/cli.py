@@ -11,25 +11,76 @@ import warnings
 from pathlib import Path
 
 
+SEED_RANGE = (-2**63, 2**64 - 1)  # what a torch generator takes (llmlab.generate.SEED_RANGE)
+
+# Argument types: each refuses a bad value while the arguments are parsed, before torch is imported or a model
+# loaded. argparse prefixes the message with the flag ("argument --repeats: ...") and exits with status 2.
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give one such as 8") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give one such as 0.8") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number: give 1 or more")
     return value
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not value >= 0:  # also catches NaN
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0: give e.g. 1")
     return value
 
 
 def _positive_seconds(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not value > 0 or value == float("inf"):  # also catches NaN
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0")
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0: give e.g. 0.5")
     return value
+
+
+def _temperature(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value < float("inf"):  # also catches NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a temperature: give 0 for greedy decoding or a finite "
+                                          f"positive number, e.g. 0.8")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 1:  # also catches NaN
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1]: give e.g. 0.9, or leave it out to keep every "
+                                          f"token")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _whole_number(text)
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{value} is outside the seeds a torch generator takes (-2**63 .. "
+                                          f"2**64 - 1): give e.g. 0")
+    return value
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"the prompt {text!r} is empty or only whitespace: give some text to "
+                                          f"continue, e.g. \"The list\"")
+    return text
 
 
 def _writable_folder(out: str) -> None:
@@ -50,95 +101,134 @@ def _writable_folder(out: str) -> None:
                          f"JSON files") from None
 
 
+DTYPE_HELP = "weights and activations (default: bf16 on CUDA, fp32 on CPU)"
+DEVICE_HELP = "auto (cuda if present), cpu, cuda, cuda:1, ... (default: %(default)s)"
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
-                   help="'default' (shipped in data/models/), a local Hugging Face folder, or a hub id")
-    p.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
-                   help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")
+                   help="'default' (shipped in data/models/), a local Hugging Face folder, or a hub id "
+                        "(default: %(default)s)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help=DTYPE_HELP)
+
+
+def _subcommand(sub, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand whose `--help` starts with the same line as its entry in `llmlab --help`."""
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmlab", description="Why LLM inference leaves a GPU idle — measured.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="continue a prompt with the default model (offline)")
-    g.add_argument("prompt", help="the text to continue; one that starts with - goes last, after --: llmlab "
-                   "generate --max-new-tokens 8 -- \"-x\"")
+    g = _subcommand(sub, "generate", "continue a prompt with the default model (offline)")
+    g.add_argument("prompt", type=_prompt, help="the text to continue; one that starts with - goes last, after --: "
+                   "llmlab generate --max-new-tokens 8 -- \"-x\"")
     _model_args(g)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=64,
+                   help="tokens to generate, at most (default: %(default)s)")
+    g.add_argument("--temperature", type=_temperature, default=0.0,
+                   help="0 = greedy; higher samples more freely (default: %(default)s)")
+    g.add_argument("--top-k", type=_positive_int, default=None,
+                   help="sample from the k most likely tokens only (default: all tokens)")
+    g.add_argument("--top-p", type=_top_p, default=None,
+                   help="sample from the most likely tokens that make up this probability, in (0, 1] (default: "
+                        "all tokens)")
+    g.add_argument("--seed", type=_seed, default=None, help="seed of the sampler (default: none, a different "
+                                                             "sample each run)")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole sequence every step (default: use the KV cache)")
 
-    t = sub.add_parser("tour", help="the main job: each setting's TTFT, TPOT and tokens/s on the default model")
+    t = _subcommand(sub, "tour", "the main job: each setting's TTFT, TPOT and tokens/s on the default model")
     _model_args(t)
-    t.add_argument("--prompt", default="The list")
-    t.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    t.add_argument("--repeats", type=_positive_int, default=3)
+    t.add_argument("--prompt", type=_prompt, default="The list",
+                   help="the text every setting continues (default: %(default)r)")
+    t.add_argument("--max-new-tokens", type=_positive_int, default=128,
+                   help="tokens generated per run, greedy, not stopping at EOS (default: %(default)s)")
+    t.add_argument("--repeats", type=_positive_int, default=3,
+                   help="timed runs per setting after one warm-up; the table shows their median "
+                        "(default: %(default)s)")
 
-    r = sub.add_parser("record", help="on an NVIDIA GPU: record GPU-Util / SM activity / DRAM bandwidth traces of "
-                                      "a decode into data/traces/ (replayed by the dashboard where there is no GPU)")
+    r = _subcommand(sub, "record", "on an NVIDIA GPU: record GPU-Util / SM activity / DRAM bandwidth traces of a "
+                                   "decode into data/traces/ (replayed by the dashboard where there is no GPU)")
     r.add_argument("--model", default=None,
-                   help="a checkpoint instead of a preset: 'default' (shipped), a local folder, or a hub id")
-    r.add_argument("--preset", default="llama-3.2-1b", help="model shape with random bf16 weights (default llama-3.2-1b)")
+                   help="a checkpoint instead of a preset: 'default' (shipped), a local folder, or a hub id "
+                        "(default: none, the --preset)")
+    r.add_argument("--preset", default="llama-3.2-1b",
+                   help="model shape with random bf16 weights (default: %(default)s)")
     r.add_argument("--setting", action="append", default=None, metavar="KEY=VALUE,...",
                    help="switch values of one recording, e.g. kv_cache=false,dtype=bf16; repeat for more "
                         "(default: KV cache on, and off, both bf16)")
-    r.add_argument("--out-dir", default=None, help="folder for the traces (default data/traces/)")
+    r.add_argument("--out-dir", default=None, help="folder for the traces (default: data/traces/)")
     r.add_argument("--duration", type=_positive_seconds, default=12.0,
-                   help="seconds of decoding per setting (default 12)")
-    r.add_argument("--prompt-tokens", type=_positive_int, default=128, help="random prompt ids per call (default 128)")
-    r.add_argument("--new-tokens", type=_positive_int, default=256, help="new tokens per generate call (default 256)")
-    r.add_argument("--idle", type=_seconds, default=1.0, help="idle seconds sampled before and after (default 1)")
-    r.add_argument("--interval", type=_positive_seconds, default=0.1, help="sampler period, s (default 0.1 = 10 Hz)")
-    r.add_argument("--device", default="cuda", help="cuda or cuda:N")
-    r.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel timeline")
+                   help="seconds of decoding per setting (default: %(default)s)")
+    r.add_argument("--prompt-tokens", type=_positive_int, default=128,
+                   help="random prompt ids per call (default: %(default)s)")
+    r.add_argument("--new-tokens", type=_positive_int, default=256,
+                   help="new tokens per generate call (default: %(default)s)")
+    r.add_argument("--idle", type=_seconds, default=1.0,
+                   help="idle seconds sampled before and after (default: %(default)s)")
+    r.add_argument("--interval", type=_positive_seconds, default=0.1,
+                   help="sampler period, s (default: %(default)s = 10 Hz)")
+    r.add_argument("--device", default="cuda", help="cuda or cuda:N (default: %(default)s)")
+    r.add_argument("--no-profile", action="store_true",
+                   help="skip the torch.profiler kernel timeline (default: record it)")
 
-    b = sub.add_parser("bench", help="workloads x the optimization ladder, with Hugging Face peers and the roofline; "
-                                     "one JSON file per run into data/bench/")
+    b = _subcommand(sub, "bench", "workloads x the optimization ladder, with Hugging Face peers and the roofline; "
+                                  "one JSON file per run into data/bench/")
     b.add_argument("--workload", default="chat",
-                   help="chat, batch, long, a comma-separated list, or 'all' (default chat)")
+                   help="chat, batch, long, a comma-separated list, or 'all' (default: %(default)s)")
     b.add_argument("--model", default="default",
-                   help="'default' (shipped), a preset with random weights (e.g. llama-3.2-1b), or a model folder")
-    b.add_argument("--steps", default="all", help="ladder steps, comma-separated, e.g. eager,+cuda_graphs (default "
-                                                  "all: every rung that can run here; the others are listed with the "
-                                                  "reason)")
-    b.add_argument("--peers", action="store_true", help="also run Hugging Face generate: eager and static cache")
-    b.add_argument("--out", default=None, help="folder for the JSON files (default data/bench/)")
-    b.add_argument("--no-save", action="store_true", help="print the table only")
-    b.add_argument("--quick", action="store_true", help="few new tokens and one timed repeat (tests, CPU smoke runs)")
+                   help="'default' (shipped), a preset with random weights (e.g. llama-3.2-1b), or a model folder "
+                        "(default: %(default)s)")
+    b.add_argument("--steps", default="all", help="ladder steps, comma-separated, e.g. eager,+cuda_graphs (default: "
+                                                  "all: every rung that can run here; the others are listed with "
+                                                  "the reason)")
+    b.add_argument("--peers", action="store_true",
+                   help="also run Hugging Face generate: eager and static cache (default: off)")
+    b.add_argument("--out", default=None, help="folder for the JSON files (default: data/bench/)")
+    b.add_argument("--no-save", action="store_true", help="print the table only (default: save a JSON file)")
+    b.add_argument("--quick", action="store_true",
+                   help="few new tokens and one timed repeat (tests, CPU smoke runs; default: off)")
     b.add_argument("--repeats", type=_positive_int, default=None,
-                   help="timed runs per row, median reported (default 3)")
+                   help="timed runs per row, median reported (default: 3)")
     b.add_argument("--time-budget", type=_seconds, default=None, metavar="S",
                    help="skip rows that would start after S seconds (per workload; S >= 0); the first row "
-                        "always runs, however long it takes")
-    b.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
-    b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
-                   help="weights and activations (default: bf16 on CUDA, fp32 on CPU)")
+                        "always runs, however long it takes (default: no budget)")
+    b.add_argument("--device", default="auto", help=DEVICE_HELP)
+    b.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help=DTYPE_HELP)
     b.add_argument("--refresh-peaks", action="store_true",
                    help="measure the device's peak copy bandwidth and matmul rate again and rewrite their cache "
                         "file (~/.cache/llmlab/peaks.json, or $LLMLAB_PEAKS_CACHE), e.g. when they were measured "
                         "while the machine was busy; by default they are read from it (the 'peaks:' line says "
                         "which, with the file and the date measured)")
 
-    pr = sub.add_parser("profile", help="torch.profiler over a few decode steps: kernels and launches per token, "
-                                        "GPU idle gaps, and a Chrome trace for https://ui.perfetto.dev")
-    pr.add_argument("--model", default="default", help="'default', a preset (random weights) or a model folder")
+    pr = _subcommand(sub, "profile", "torch.profiler over a few decode steps: kernels and launches per token, GPU "
+                                     "idle gaps, and a Chrome trace for https://ui.perfetto.dev")
+    pr.add_argument("--model", default="default",
+                    help="'default', a preset (random weights) or a model folder (default: %(default)s)")
     pr.add_argument("--setting", default="", metavar="KEY=VALUE,...",
                     help="switch values, e.g. cuda_graphs=true (default: the defaults)")
-    pr.add_argument("--steps", type=_positive_int, default=8, help="decode steps to profile (default 8)")
-    pr.add_argument("--prompt-tokens", type=_positive_int, default=128)
-    pr.add_argument("--batch", type=_positive_int, default=1)
-    pr.add_argument("--trace", default=None, help="Chrome trace file to write (.json or .json.gz)")
-    pr.add_argument("--device", default="auto")
-    pr.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    pr.add_argument("--steps", type=_positive_int, default=8, help="decode steps to profile (default: %(default)s)")
+    pr.add_argument("--prompt-tokens", type=_positive_int, default=128,
+                    help="random prompt ids prefilled before the profiled steps (default: %(default)s)")
+    pr.add_argument("--batch", type=_positive_int, default=1,
+                    help="sequences decoded together (default: %(default)s)")
+    pr.add_argument("--trace", default=None,
+                    help="Chrome trace file to write, .json or .json.gz (default: none written)")
+    pr.add_argument("--device", default="auto", help=DEVICE_HELP)
+    pr.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help=DTYPE_HELP)
     return parser
 
 
 def _bench(args) -> int:
+    if args.no_save and args.out:
+        raise ValueError("--no-save writes no file, so --out has nothing to name: drop one of them")
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    if not steps:
+        raise ValueError(f"--steps {args.steps!r} names no ladder step; give 'all' or comma-separated rungs "
+                         f"(see llmlab/ladder.py, e.g. eager,+cuda_graphs)")
     from .bench import DEFAULT_OUT, WORKLOADS, NothingToRun, load_bench_model, plan_steps, run_bench
     from .peaks import measure_peaks
 
@@ -149,15 +239,9 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
-    if args.no_save and args.out:
-        raise ValueError("--no-save writes no file, so --out has nothing to name: drop one of them")
     out = None if args.no_save else (args.out or DEFAULT_OUT)
     if out is not None:
         _writable_folder(out)  # before the model loads and the first row runs
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    if not steps:
-        raise ValueError(f"--steps {args.steps!r} names no ladder step; give 'all' or comma-separated rungs "
-                         f"(see llmlab/ladder.py, e.g. eager,+cuda_graphs)")
     llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     try:
         plan_steps(llm, steps, args.peers)  # before the peaks are measured and any file is written

@@ -139,6 +139,15 @@ def generation_eos(folder: Path, eos: int | list[int] | None) -> int | list[int]
     return None if not ids else ids[0] if len(ids) == 1 else ids
 
 
+def check_text_prompt(prompt: str) -> None:
+    """Raise ValueError for a text prompt that is empty or only whitespace: the model would continue from the
+    tokenizer's start token (BOS) alone, producing text unrelated to anything the user asked for."""
+    if not prompt.strip():
+        raise ValueError(f"the prompt {prompt!r} is empty or only whitespace: give some text to continue, e.g. "
+                         f"llm.generate(\"The list\"); to generate from the start token alone, pass its id: "
+                         f"llm.generate(llm.encode(\"\"))")
+
+
 class LLM:
     """A decoder plus (optionally) its tokenizer, on one device in one dtype.
 
@@ -284,8 +293,8 @@ class LLM:
         prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
         a length bucket (`llmlab.cuda_graphs`).
         top_k / top_p at temperature 0 (greedy) have no effect: a UserWarning says so (`warn_greedy_filters`).
-        Raises ValueError for an empty prompt (no token ids: empty text still holds the tokenizer's BOS, and
-        generates from it), one longer than the context, bad sampling settings, or a seed outside
+        Raises ValueError for an empty prompt (text that is empty or only whitespace, `check_text_prompt`, or no
+        token ids), one longer than the context, bad sampling settings, or a seed outside
         -2**63 .. 2**64 - 1 (and for the switches `check_fast_paths` refuses: the fast switches without the KV
         cache, cuda_graphs or prefill_graphs on a model not on a CUDA GPU, prefill_graphs without cuda_graphs,
         a cache_factory with a fast switch);
@@ -304,6 +313,8 @@ class LLM:
                          cache_factory=cache_factory is not None)
         # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
         # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
+        if isinstance(prompt, str):
+            check_text_prompt(prompt)
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         if self.random_weights and isinstance(prompt, str):
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)

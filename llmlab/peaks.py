@@ -12,9 +12,16 @@ MBU and MFU (`llmlab.roofline`) divide by a peak. Two peaks are worth knowing:
 `measure_peaks()` measures once per (device name, torch version) and caches the result in a JSON file
 (`~/.cache/llmlab/peaks.json`, or `$XDG_CACHE_HOME/llmlab/peaks.json`; override with the `cache_path` argument
 or the `LLMLAB_PEAKS_CACHE` environment variable). On a CPU it measures the same two things, sized down to run
-in well under 2 s (fp32 matmul; bf16 matmul on CPUs is slow and unrepresentative). The cached numbers are
-kept until asked to measure again (`refresh=True`, `llmlab bench --refresh-peaks`): peaks measured while the
-machine was busy read low, and make every MBU/MFU computed against them read high.
+in well under 2 s (fp32 matmul; bf16 matmul on CPUs is slow and unrepresentative).
+
+Peaks measured while the machine is busy read low (a 2-core CPU: copy 17 GB/s with one core taken, 34-40 idle),
+and make every MBU/MFU computed against them read high. So each measurement is judged (`judge`): "noisy" when its
+repeats spread out (`spread`: the median repeat well behind the fastest), when on a CPU its threads waited for a
+core another process held (Linux schedstat; a steady load slows every repeat alike and leaves no spread), or when
+on a GPU in DATASHEET the copy reaches under half the datasheet's bandwidth; else "steady". A noisy measurement is
+repeated (MAX_ATTEMPTS in all); if it stays noisy it is saved marked "noisy" and measured again on the next call.
+Only steady entries are read back from the cache, until asked to measure again (`refresh=True`, `llmlab bench
+--refresh-peaks`); entries of an older format (no "version", no verdict) are measured again.
 
 Sources: NVIDIA datasheets (URLs in `DATASHEET`); the STREAM "copy" convention of counting bytes read + bytes
 written (J. McCalpin, https://www.cs.virginia.edu/stream/); gpt-fast's measured-bandwidth reporting.
@@ -29,7 +36,7 @@ import re
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -92,6 +99,14 @@ def datasheet_for(device_name: str) -> GpuSpec | None:
 
 # -- measurement -------------------------------------------------------------------------------------------------
 
+# A measurement is "noisy" (the machine looked busy) when any of these is exceeded; see `judge`.
+MAX_SPREAD = 0.2  # `spread`; idle, it read 0-0.04 on an H200 and up to 0.13 on a 2-core CPU (2026-12-04)
+MAX_CPU_WAIT = 0.1  # share of the measuring threads' time spent waiting for a CPU held by another process
+MIN_DATASHEET_FRACTION = 0.5  # copy bandwidth vs the datasheet's (GPUs reach ~0.7-0.9)
+MAX_ATTEMPTS = 3  # measurements per `measure_peaks` call while they stay noisy
+RETRY_PAUSE_S = 0.5  # pause before measuring again
+CACHE_VERSION = 2  # of a cache entry; entries without "version" (format 1) had no verdict and are measured again
+
 
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
@@ -104,12 +119,90 @@ def _device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def _median_time_s(fn, device: torch.device, repeats: int, warmup: int = 2, warmup_s: float = 0.0) -> float:
-    """Median seconds of `fn()` over `repeats` timed calls: CUDA events on a GPU, perf_counter on a CPU.
+@dataclass(frozen=True)
+class Timing:
+    """One measurement's timed repeats.
+
+    work: bytes moved (copy) or FLOP (matmul) per call; times_s: seconds of each timed call; cpu_wait: the share
+    (0-1) of the measuring threads' time spent runnable but waiting for a CPU, warm-up included (None on a GPU or
+    where Linux's /proc/<pid>/task/<tid>/schedstat is not available).
+    """
+
+    work: float
+    times_s: tuple[float, ...]
+    cpu_wait: float | None = None
+
+    @property
+    def rate(self) -> float:
+        """work per second at the median time (bytes/s or FLOP/s)."""
+        return self.work / statistics.median(self.times_s)
+
+    @property
+    def spread(self) -> float:
+        """`spread(self.times_s)`."""
+        return spread(self.times_s)
+
+
+def spread(times_s) -> float:
+    """How far the median repeat falls behind the fastest: 1 - min(times_s) / median(times_s), in [0, 1).
+
+    0.03: the median call ran at 97% of the fastest one's rate. A busy machine slows some repeats and not others,
+    so the spread grows; a single slow repeat does not move it. Raises ValueError for no times or a time <= 0.
+    """
+    times_s = list(times_s)
+    if not times_s or min(times_s) <= 0:
+        raise ValueError(f"spread needs positive times, got {times_s}")
+    return 1.0 - min(times_s) / statistics.median(times_s)
+
+
+def judge(copy: Timing, matmul: Timing, datasheet_bw_gb_s: float | None = None) -> tuple[str, tuple[str, ...]]:
+    """The verdict on one measurement of both peaks: ("steady", ()) or ("noisy", reasons).
+
+    Noisy when a spread exceeds MAX_SPREAD, when the measuring threads waited for a CPU more than MAX_CPU_WAIT of
+    the time (another process had the cores: the copy then reads steadily low, with no spread to show it), or when
+    the copy reaches less than MIN_DATASHEET_FRACTION of `datasheet_bw_gb_s` (GB/s; pass it for a GPU in
+    DATASHEET only). Each reason is a short phrase, e.g. "copy spread 45%".
+    """
+    reasons = []
+    for name, t in (("copy", copy), ("matmul", matmul)):
+        if t.spread > MAX_SPREAD:
+            reasons.append(f"{name} spread {t.spread:.0%}")
+    waits = [t.cpu_wait for t in (copy, matmul) if t.cpu_wait is not None]
+    if waits and max(waits) > MAX_CPU_WAIT:
+        reasons.append(f"the measuring threads waited {max(waits):.0%} of the time for a CPU")
+    if datasheet_bw_gb_s and copy.rate / 1e9 < MIN_DATASHEET_FRACTION * datasheet_bw_gb_s:
+        reasons.append(f"copy {copy.rate / 1e9:.0f} GB/s is {copy.rate / 1e9 / datasheet_bw_gb_s:.0%} of the "
+                       f"datasheet's {datasheet_bw_gb_s:.0f}")
+    return ("noisy" if reasons else "steady"), tuple(reasons)
+
+
+def _runqueue_wait_s() -> float | None:
+    """Seconds this process's threads have waited, runnable, for a CPU (sum of field 2 of Linux's
+    /proc/self/task/*/schedstat); None where that is not readable."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total, found = 0, False
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            found = True
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstat
+            continue
+    return total / 1e9 if found else None
+
+
+def _time_repeats(fn, device: torch.device, repeats: int, warmup: int = 2,
+                  warmup_s: float = 0.0) -> tuple[tuple[float, ...], float | None]:
+    """Seconds of each of `repeats` timed calls of `fn()` (CUDA events on a GPU, perf_counter on a CPU), and on a
+    CPU the share of the measuring threads' time spent waiting for a CPU (`Timing.cpu_wait`; None on a GPU).
 
     Untimed warm-up: at least `warmup` calls and at least `warmup_s` seconds (a GPU needs ~0.1 s to raise its
     clocks from idle).
     """
+    wait0 = _runqueue_wait_s() if device.type == "cpu" else None
     t0 = time.perf_counter()
     done = 0
     while done < warmup or time.perf_counter() - t0 < warmup_s:
@@ -129,10 +222,39 @@ def _median_time_s(fn, device: torch.device, repeats: int, warmup: int = 2, warm
             times.append(start.elapsed_time(end) / 1e3)  # ms -> s
     else:
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            times.append(time.perf_counter() - t)
+    cpu_wait = None
+    wait1 = _runqueue_wait_s() if wait0 is not None else None
+    if wait1 is not None:
+        wall = time.perf_counter() - t0
+        cpu_wait = min(1.0, max(0.0, (wait1 - wait0) / (wall * torch.get_num_threads())))
+    return tuple(times), cpu_wait
+
+
+def _default_repeats(device: torch.device) -> int:
+    return 10 if device.type == "cuda" else 5
+
+
+def time_copy(device: str | torch.device | None = None, nbytes: int | None = None,
+              repeats: int | None = None) -> Timing:
+    """The repeats of `dst.copy_(src)` behind `measure_copy_bandwidth` (same arguments); work = 2 x nbytes."""
+    device = _device(device)
+    if nbytes is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            nbytes = min(2 << 30, free // 8)
+        else:
+            nbytes = 64 << 20
+    repeats = repeats or _default_repeats(device)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    times, wait = _time_repeats(lambda: dst.copy_(src), device, repeats,
+                                warmup_s=0.25 if device.type == "cuda" else 0.0)
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    return Timing(moved, times, wait)
 
 
 def measure_copy_bandwidth(device: str | torch.device | None = None, nbytes: int | None = None,
@@ -148,20 +270,29 @@ def measure_copy_bandwidth(device: str | torch.device | None = None, nbytes: int
 
     Raises ValueError for an unsupported device. Allocates 2 x nbytes (freed on return).
     """
+    return time_copy(device, nbytes, repeats).rate / 1e9
+
+
+def _matmul_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def time_matmul(device: str | torch.device | None = None, n: int | None = None, dtype: torch.dtype | None = None,
+                repeats: int | None = None) -> Timing:
+    """The repeats of an n x n matmul behind `measure_matmul_tflops` (same arguments); work = 2 n^3 FLOP."""
     device = _device(device)
-    if nbytes is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            nbytes = min(2 << 30, free // 8)
-        else:
-            nbytes = 64 << 20
-    repeats = repeats or (10 if device.type == "cuda" else 5)
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    t = _median_time_s(lambda: dst.copy_(src), device, repeats, warmup_s=0.25 if device.type == "cuda" else 0.0)
-    moved = 2 * src.numel() * src.element_size()
-    del src, dst
-    return moved / t / 1e9
+    n = n or (8192 if device.type == "cuda" else 1024)
+    dtype = dtype or _matmul_dtype(device)
+    repeats = repeats or _default_repeats(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    times, wait = _time_repeats(lambda: torch.matmul(a, b, out=out), device, repeats,
+                                warmup_s=0.25 if device.type == "cuda" else 0.0)
+    return Timing(2 * n**3, times, wait)
 
 
 def measure_matmul_tflops(device: str | torch.device | None = None, n: int | None = None,
@@ -169,27 +300,12 @@ def measure_matmul_tflops(device: str | torch.device | None = None, n: int | Non
     """Dense matmul rate (TFLOP/s) of an n x n @ n x n product: 2 n^3 FLOP / median time.
 
     Defaults: CUDA — n=8192 in bf16 (fp16 where bf16 is unsupported, e.g. T4), 10 repeats; CPU — n=1024 in fp32,
-    3 repeats (~0.1-1 s in total on a laptop/CI core count).
+    5 repeats (~0.1-1 s in total on a laptop/CI core count).
     A large matmul is power-limited: on the course's H200 it read 625-770 TFLOP/s from run to run (SM clock
     dropping to ~1500 MHz at 600+ W), so treat the number as +-10%.
     Raises ValueError for an unsupported device.
     """
-    device = _device(device)
-    if device.type == "cuda":
-        n = n or 8192
-        dtype = dtype or (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
-        repeats = repeats or 10
-    else:
-        n = n or 1024
-        dtype = dtype or torch.float32
-        repeats = repeats or 3
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    t = _median_time_s(lambda: torch.matmul(a, b, out=out), device, repeats,
-                       warmup_s=0.25 if device.type == "cuda" else 0.0)
-    return 2 * n**3 / t / 1e12
+    return time_matmul(device, n, dtype, repeats).rate / 1e12
 
 
 # -- the cached record -------------------------------------------------------------------------------------------
@@ -205,6 +321,11 @@ class Peaks:
     DATASHEET or is a CPU); cached (True if read from the cache file rather than measured now); cache_path (the
     file they were read from or saved to; None if measured but not saved, the file could not be written).
     `source()` says which, in words.
+
+    How far to trust them (`judge`; None where not judged, e.g. a hand-made Peaks): copy_spread and matmul_spread
+    (`spread` of the kept attempt's repeats); repeats (timed calls per measurement); cpu_wait (the larger of the two
+    measurements' `Timing.cpu_wait`); attempts (measurements made, at most MAX_ATTEMPTS); verdict ("steady" or
+    "noisy"); noise_reasons (`judge`'s reasons, empty when steady). `trust()` says it in words.
     """
 
     device_name: str
@@ -217,15 +338,49 @@ class Peaks:
     datasheet_tflops: float | None = None
     cached: bool = False
     cache_path: str | None = None
+    copy_spread: float | None = None
+    matmul_spread: float | None = None
+    repeats: int | None = None
+    cpu_wait: float | None = None
+    attempts: int | None = None
+    verdict: str | None = None
+    noise_reasons: tuple[str, ...] = ()
+
+    @property
+    def steady(self) -> bool:
+        """True when judged steady; False when noisy or not judged."""
+        return self.verdict == "steady"
 
     def source(self) -> str:
         """Where the numbers come from, for a printed line: "read from <file> (measured <measured_at>)",
-        "measured now, saved to <file>", or "measured now (not saved: the cache file could not be written)"."""
+        "measured now, saved to <file>" (+ " marked noisy: measured again next time" when noisy), or "measured now
+        (not saved: the cache file could not be written)"."""
         if self.cached:
             return f"read from {self.cache_path} (measured {self.measured_at})"
         if self.cache_path is None:
             return "measured now (not saved: the cache file could not be written)"
-        return f"measured now, saved to {self.cache_path}"
+        noisy = " marked noisy: measured again next time" if self.verdict == "noisy" else ""
+        return f"measured now, saved to {self.cache_path}{noisy}"
+
+    def trust(self) -> str:
+        """How far to trust the numbers, for a printed line; "" when not judged (verdict None). E.g.
+        "spread 2% (copy), 1% (matmul) over 5 repeats: steady", or "spread 60% (copy), 9% (matmul) over 5
+        repeats, 3 attempts: noisy (copy spread 60%): the machine looks busy, MBU and MFU may read high; measure
+        again when it is idle"."""
+        if self.verdict is None:
+            return ""
+
+        def pct(x):
+            return "?" if x is None else f"{x:.0%}"
+
+        text = f"spread {pct(self.copy_spread)} (copy), {pct(self.matmul_spread)} (matmul) over {self.repeats} repeats"
+        if self.attempts and self.attempts > 1:
+            text += f", {self.attempts} attempts"
+        if self.steady:
+            return text + ": steady"
+        why = f" ({'; '.join(self.noise_reasons)})" if self.noise_reasons else ""
+        return (f"{text}: {self.verdict}{why}: the machine looks busy, MBU and MFU may read high; measure again when "
+                f"it is idle")
 
 
 def default_cache_path() -> Path:
@@ -279,6 +434,60 @@ def _write_cache(path: Path, data: dict) -> None:
         raise
 
 
+_STORED = [f.name for f in fields(Peaks) if f.name not in ("cached", "cache_path")]
+
+
+def _trusted_entry(entry, path: Path) -> Peaks | None:
+    """The cache entry as a Peaks (cached=True), or None when it is to be measured again: not a steady
+    format-2 entry, or missing a field."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("version"), int) or entry["version"] < CACHE_VERSION:
+        return None
+    if entry.get("verdict") != "steady":
+        return None
+    try:
+        p = Peaks(**{k: entry[k] for k in _STORED if k in entry}, cached=True, cache_path=str(path))
+    except TypeError:  # a required field is missing
+        return None
+    return replace(p, noise_reasons=tuple(p.noise_reasons))
+
+
+def _measure(device: torch.device, name: str) -> Peaks:
+    """Up to MAX_ATTEMPTS measurements (RETRY_PAUSE_S apart) until one is steady; else the one with the highest
+    copy rate, marked noisy."""
+    sheet = datasheet_for(name) if device.type == "cuda" else None
+    # a MIG slice has a share of the GPU's bandwidth: no datasheet bound for it
+    bound = sheet.bandwidth_gb_s if sheet and not re.search(r"\bMIG\b", name) else None
+    dtype = _matmul_dtype(device)
+    tried = []
+    for attempt in range(MAX_ATTEMPTS):
+        if attempt:
+            time.sleep(RETRY_PAUSE_S)
+        copy, matmul = time_copy(device), time_matmul(device, dtype=dtype)
+        verdict, reasons = judge(copy, matmul, bound)
+        tried.append((copy, matmul, verdict, reasons))
+        if verdict == "steady":
+            break
+    copy, matmul, verdict, reasons = tried[-1] if verdict == "steady" else max(tried, key=lambda t: t[0].rate)
+    waits = [t.cpu_wait for t in (copy, matmul) if t.cpu_wait is not None]
+    return Peaks(
+        device_name=name,
+        torch_version=torch.__version__,
+        copy_bw_gb_s=copy.rate / 1e9,
+        matmul_tflops=matmul.rate / 1e12,
+        matmul_dtype=str(dtype).removeprefix("torch."),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        datasheet_bw_gb_s=sheet.bandwidth_gb_s if sheet else None,
+        datasheet_tflops=(sheet.bf16_tflops or sheet.fp16_tflops) if sheet else None,
+        copy_spread=copy.spread,
+        matmul_spread=matmul.spread,
+        repeats=len(copy.times_s),
+        cpu_wait=max(waits) if waits else None,
+        attempts=len(tried),
+        verdict=verdict,
+        noise_reasons=reasons,
+    )
+
+
 def measure_peaks(device: str | torch.device | None = None, cache_path: str | os.PathLike | None = None,
                   refresh: bool = False) -> Peaks:
     """Measured copy bandwidth and matmul rate of `device`, cached per (device name, torch version).
@@ -288,39 +497,26 @@ def measure_peaks(device: str | torch.device | None = None, cache_path: str | os
         cache_path: the JSON cache file; default `default_cache_path()`. Several devices share one file.
         refresh: measure again even if cached, and overwrite the entry.
 
-    Returns a `Peaks` (cached=True when read from the file; cache_path names the file, see `Peaks.source`). The
-    first call on an H200 takes ~2 s; on a CPU well under 2 s. A missing or corrupt cache file is (re)written; an
-    unwritable one only loses the caching.
+    Returns a `Peaks` (cached=True when read from the file; cache_path names the file, see `Peaks.source`;
+    `Peaks.trust` says how steady the measurement was). Only a steady entry is read back: a noisy one, or one
+    written by an older llmlab (no verdict), is measured again. A noisy measurement is measured again up to
+    MAX_ATTEMPTS times in all; if it stays noisy, the attempt with the highest copy rate is returned and saved
+    with verdict "noisy". The first call takes ~1 s on an H200, well under 1 s on an idle CPU (up to ~2.5 s
+    while the machine is busy). A missing or corrupt cache file is (re)written; an unwritable one only loses the
+    caching.
     Raises ValueError for an unsupported device.
     """
     device = _device(device)
     path = Path(cache_path) if cache_path is not None else default_cache_path()
     name = device_name(device)
     key = _cache_key(name)
-    cache = _read_cache(path)
-    if not refresh and isinstance(cache.get(key), dict):
-        try:
-            return Peaks(**{**cache[key], "cached": True, "cache_path": str(path)})
-        except TypeError:  # an entry written by another llmlab version: measure again
-            pass
-    sheet = datasheet_for(name) if device.type == "cuda" else None
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
-    peaks = Peaks(
-        device_name=name,
-        torch_version=torch.__version__,
-        copy_bw_gb_s=measure_copy_bandwidth(device),
-        matmul_tflops=measure_matmul_tflops(device, dtype=dtype),
-        matmul_dtype=str(dtype).removeprefix("torch."),
-        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        datasheet_bw_gb_s=sheet.bandwidth_gb_s if sheet else None,
-        datasheet_tflops=(sheet.bf16_tflops or sheet.fp16_tflops) if sheet else None,
-    )
-    record = asdict(peaks)
-    record.pop("cached")
-    record.pop("cache_path")
+    if not refresh:
+        cached = _trusted_entry(_read_cache(path).get(key), path)
+        if cached is not None:
+            return cached
+    peaks = _measure(device, name)
+    record = {k: v for k, v in asdict(peaks).items() if k in _STORED}
+    record["version"] = CACHE_VERSION
     cache = _read_cache(path)  # re-read: another process may have added a device meanwhile
     cache[key] = record
     try:

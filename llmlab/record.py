@@ -301,7 +301,9 @@ def _peaks_dict(device: torch.device) -> dict:
     p = measure_peaks(device)
     return {"copy_bw_gb_s": p.copy_bw_gb_s, "matmul_tflops": p.matmul_tflops, "matmul_dtype": p.matmul_dtype,
             "datasheet_bw_gb_s": p.datasheet_bw_gb_s, "datasheet_tflops": p.datasheet_tflops,
-            "measured_at": p.measured_at, "mbu_divides_by": "copy_bw_gb_s (measured device-to-device copy)"}
+            "measured_at": p.measured_at, "verdict": p.verdict, "noise_reasons": list(p.noise_reasons),
+            "copy_spread": p.copy_spread, "mbu_divides_by": "copy_bw_gb_s (measured device-to-device copy)",
+            "trust": p.trust()}
 
 
 def summary_table(traces: list[Trace]) -> str:
@@ -351,7 +353,7 @@ def record(model: str | None = None, preset: str = DEFAULT_PRESET, settings: lis
     print_fn(f"llmlab record: {llm!r}")
     peaks = _peaks_dict(dev)
     print_fn(f"peaks: copy {peaks['copy_bw_gb_s']:.0f} GB/s measured (datasheet {peaks['datasheet_bw_gb_s']}), "
-             f"matmul {peaks['matmul_tflops']:.0f} TFLOP/s")
+             f"matmul {peaks['matmul_tflops']:.0f} TFLOP/s; {peaks['trust']}")
     name = envinfo.device_name(dev)
     traces, paths = [], []
     for s in settings or DEFAULT_SETTINGS:

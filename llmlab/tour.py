@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import LLM
+from .checkpoint import DEFAULT_MODEL_DIR, resolve
+from .engine import LLM, check_text_prompt
 from .envinfo import device_name
 from .generate import format_ms
 from .ladder import LADDER, available_steps
@@ -43,6 +44,14 @@ def device_line(llm: LLM) -> str:
     return f"device: {device_name(llm.device)} | dtype: {str(llm.dtype).removeprefix('torch.')} | torch {torch.__version__}"
 
 
+def default_model_note(llm: LLM) -> str:
+    """The line printed above the shipped default model's sample text: what the model is, so that its text is read
+    as what it is."""
+    return (f"({llm.name} is a {llm.config.num_params() / 1e6:.1f}M-parameter toy model trained on Python's "
+            f"documentation: its text below is babble in the style of help() pages; the tour measures speed, not "
+            f"the quality of the text)")
+
+
 def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The list",
              max_new_tokens: int = 128, repeats: int = 3, print_fn=print) -> list[dict]:
     """Run every setting `repeats` times (after one warm-up) and print a table of medians.
@@ -50,8 +59,11 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
     the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
     max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
+    Raises ValueError for a prompt that is empty or only whitespace, before the model loads.
     """
-    llm = LLM.load(model, device=device, dtype=dtype)
+    check_text_prompt(prompt)
+    folder = resolve(model)
+    llm = LLM.load(folder, device=device, dtype=dtype)
     print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
              f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
     print_fn(device_line(llm))
@@ -92,5 +104,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     for step, why in skipped:
         print_fn(f"{step.label:<16}skipped: {why}")
     sample = (prompt + rows[-1]["text"]).strip()
-    print_fn("\n" + (sample[:300] + " ..." if len(sample) > 300 else sample))
+    print_fn("")
+    if folder.resolve() == DEFAULT_MODEL_DIR.resolve():
+        print_fn(default_model_note(llm))
+    print_fn(sample[:300] + " ..." if len(sample) > 300 else sample)
     return rows

@@ -354,21 +354,26 @@ def test_cli_bench_prints_the_table(tmp_path, capsys, monkeypatch):
 
     cache = tmp_path / "peaks.json"
     monkeypatch.setenv("LLMLAB_PEAKS_CACHE", str(cache))
-    monkeypatch.setattr(peaks, "measure_copy_bandwidth", lambda *a, **k: 1.5)  # measured on a busy machine
-    monkeypatch.setattr(peaks, "measure_matmul_tflops", lambda *a, **k: 0.0025)
+
+    def fake_machine(copy_gb_s, matmul_tflops):  # steady timed repeats at these rates
+        monkeypatch.setattr(peaks, "time_copy", lambda *a, **k: peaks.Timing(copy_gb_s * 1e9, (1.0,) * 5, 0.0))
+        monkeypatch.setattr(peaks, "time_matmul", lambda *a, **k: peaks.Timing(matmul_tflops * 1e12, (1.0,) * 5, 0.0))
+
+    fake_machine(1.5, 0.0025)  # a steady load that went unnoticed: low, and judged steady
     peaks.measure_peaks("cpu")
-    monkeypatch.setattr(peaks, "measure_copy_bandwidth", lambda *a, **k: 12.5)
-    monkeypatch.setattr(peaks, "measure_matmul_tflops", lambda *a, **k: 0.25)
+    fake_machine(12.5, 0.25)
     out_dir = tmp_path / "out"
     assert main(["bench", "--workload", "chat", "--quick", "--steps", "eager", "--device", "cpu",
                  "--out", str(out_dir), "--refresh-peaks"]) == 0
     out = capsys.readouterr().out
     assert "tokens/s" in out and "roofline" in out and "eager" in out
-    assert f"peaks: copy 12 GB/s, matmul 0.25 TFLOP/s (float32), measured now, saved to {cache}\n" in out
+    assert (f"peaks: copy 12 GB/s, matmul 0.25 TFLOP/s (float32), measured now, saved to {cache}; spread 0% (copy), "
+            f"0% (matmul) over 5 repeats: steady\n") in out
     files = list(out_dir.glob("*.json"))
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
     assert doc["peaks"]["copy_GBps"] == 12.5 and doc["peaks"]["cached"] is False
+    assert doc["peaks"]["verdict"] == "steady" and doc["peaks"]["copy_spread"] == 0.0
     assert peaks.measure_peaks("cpu").copy_bw_gb_s == 12.5  # the cache was rewritten
 
 
@@ -377,21 +382,39 @@ def _fake_peaks(**fields):
 
     return Peaks(**{"device_name": "CPU: test", "torch_version": torch.__version__, "copy_bw_gb_s": 10.0,
                     "matmul_tflops": 0.1, "matmul_dtype": "float32", "measured_at": "2026-01-02T03:04:05Z",
-                    "cached": True, "cache_path": "/cache/peaks.json", **fields})
+                    "cached": True, "cache_path": "/cache/peaks.json", "copy_spread": 0.03, "matmul_spread": 0.01,
+                    "repeats": 5, "attempts": 1, "verdict": "steady", **fields})
 
 
 def test_the_peaks_line_says_where_the_peaks_come_from(tmp_path):
+    """... and how far to trust them: the repeats' spread and the verdict; a noisy measurement is also noted in
+    the file."""
     llm = LLM(tiny_model(seed=0), name="tiny")
     lines = []
-    run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm, print_fn=lines.append,
-              measured_peaks=_fake_peaks())
+    doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lines.append, measured_peaks=_fake_peaks())
     assert lines[1] == ("peaks: copy 10 GB/s, matmul 0.10 TFLOP/s (float32), read from /cache/peaks.json (measured "
-                        "2026-01-02T03:04:05Z); --refresh-peaks measures them again")
+                        "2026-01-02T03:04:05Z); spread 3% (copy), 1% (matmul) over 5 repeats: steady; "
+                        "--refresh-peaks measures them again")
+    assert doc["peaks"]["verdict"] == "steady" and not any("looked busy" in n for n in doc["notes"])
     lines.clear()
     doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
-                    print_fn=lines.append, peaks_cache=tmp_path / "peaks.json")
-    assert lines[1].endswith(f"(float32), measured now, saved to {tmp_path / 'peaks.json'}")
-    assert doc["peaks"]["cached"] is False
+                    print_fn=lines.append, measured_peaks=_fake_peaks(
+                        cached=False, copy_spread=0.6, attempts=3, verdict="noisy",
+                        noise_reasons=("copy spread 60%",)))
+    assert lines[1] == ("peaks: copy 10 GB/s, matmul 0.10 TFLOP/s (float32), measured now, saved to /cache/peaks.json "
+                        "marked noisy: measured again next time; spread 60% (copy), 1% (matmul) over 5 repeats, 3 "
+                        "attempts: noisy (copy spread 60%): the machine looks busy, MBU and MFU may read high; "
+                        "measure again when it is idle")
+    assert doc["peaks"]["verdict"] == "noisy" and doc["peaks"]["noise_reasons"] == ["copy spread 60%"]
+    assert ("the peaks were measured while the machine looked busy (copy spread 60%): they may read low, and "
+            "mbu/mfu high") in doc["notes"]
+    lines.clear()
+    doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
+                    print_fn=lines.append, peaks_cache=tmp_path / "peaks.json")  # measured here: any verdict
+    assert f"(float32), measured now, saved to {tmp_path / 'peaks.json'}" in lines[1]
+    assert re.search(r"over 5 repeats(, \d attempts)?: (steady|noisy)", lines[1]), lines[1]
+    assert doc["peaks"]["cached"] is False and doc["peaks"]["verdict"] in ("steady", "noisy")
 
 
 def test_a_zero_time_budget_still_runs_the_first_row():

@@ -451,10 +451,10 @@ def test_cli_missing_model_exits_2(good, tmp_path, capsys):
 
 
 def test_cli_bad_setting_exits_2(good, capsys):
-    code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--temperature", "1",
-                 "--top-p", "1.5"])
+    with pytest.raises(SystemExit) as e:  # refused while the arguments are parsed, before the model loads
+        main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--temperature", "1", "--top-p", "1.5"])
     _, err = capsys.readouterr()
-    assert code == 2 and "top_p=1.5" in err
+    assert e.value.code == 2 and "argument --top-p: 1.5 is outside (0, 1]" in err
     code = main(["generate", "def ", "--model", str(good[0]), "--device", "cpu", "--max-new-tokens", "1000"])
     _, err = capsys.readouterr()
     assert code == 2 and "exceeds the model's context of 256 tokens" in err
