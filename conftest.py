@@ -1,6 +1,6 @@
 """Setup for the whole test session, tests/ and labs/ alike (tests/conftest.py applies to tests/ only).
 
-The measured device peaks (`llmlab.peaks.measure_peaks`) go to a temporary cache file for the session, not to the
+The measured device peaks (`llmlab.measure.peaks.measure_peaks`) go to a temporary cache file for the session, not to the
 user's ~/.cache/llmlab/peaks.json: the tests and labs 02, 05 and 07 measure them, and numbers measured while the
 test suite loads the machine read low and would be kept for every later `llmlab bench` run. It is set here, at
 import time, in the environment, so the notebook kernels nbval starts (subprocesses) inherit it too. It replaces a

@@ -10,8 +10,10 @@ import torch.
 
 import importlib
 import importlib.util
+from pathlib import Path
 
 __version__ = "0.1.0"
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the clone: data/models, data/bench, data/traces live here
 
 _LAZY = {  # name -> the submodule that defines it
     "LLM": "engine",

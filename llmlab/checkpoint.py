@@ -15,11 +15,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ModelConfig
-from .kv_memory import check_fits, element_size
-from .model import Transformer
+from llmlab import REPO_ROOT
+from llmlab.config import ModelConfig
+from llmlab.cache.sizing import check_fits, element_size
+from llmlab.model import Transformer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_NAME = "pydoc-llama"
 DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / DEFAULT_MODEL_NAME
 _FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors",
@@ -63,7 +63,7 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
             raise FileNotFoundError(f"{path} is a file; give the folder that holds config.json and *.safetensors")
         return path
     text = str(name_or_path)
-    from .config import PRESETS
+    from llmlab.config import PRESETS
 
     if text.lower() in PRESETS:
         raise FileNotFoundError(f"{text!r} is a preset — a model shape with random weights and no tokenizer, not a "
@@ -147,7 +147,7 @@ def check_weights_fit(config: ModelConfig, device, dtype: torch.dtype, what: str
     """Raise MemoryError BEFORE materializing weights that cannot fit in the free memory of `device`.
 
     One copy of the parameters (`config.num_params()`) in `dtype` is compared with
-    `kv_memory.available_memory(device)` (CUDA free memory, or the host's, container limit included), as the KV
+    `sizing.available_memory(device)` (CUDA free memory, or the host's, container limit included), as the KV
     caches do. The message names `what`, the size needed and available, and `fix`. Raises nothing when it fits.
     """
     n = config.num_params()

@@ -229,8 +229,8 @@ def _bench(args) -> int:
     if not steps:
         raise ValueError(f"--steps {args.steps!r} names no ladder step; give 'all' or comma-separated rungs "
                          f"(see llmlab/ladder.py, e.g. eager,+cuda_graphs)")
-    from .bench import DEFAULT_OUT, WORKLOADS, NothingToRun, load_bench_model, plan_steps, run_bench
-    from .peaks import measure_peaks
+    from llmlab.measure.bench import DEFAULT_OUT, WORKLOADS, NothingToRun, load_bench_model, plan_steps, run_bench
+    from llmlab.measure.peaks import measure_peaks
 
     names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
     if not names:
@@ -264,9 +264,9 @@ def _bench(args) -> int:
 
 
 def _profile(args) -> int:
-    from .bench import load_bench_model
-    from .profiling import check_trace_path, format_summary, profile_decode
-    from .record import parse_setting
+    from llmlab.measure.bench import load_bench_model
+    from llmlab.measure.profiling import check_trace_path, format_summary, profile_decode
+    from llmlab.telemetry.record import parse_setting
 
     trace = check_trace_path(args.trace) if args.trace else None  # before any model is loaded or step profiled
     settings = parse_setting(args.setting) if args.setting else {}
@@ -298,14 +298,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "record":
-        from .record import run_from_args
+        from llmlab.telemetry.record import run_from_args
 
         return run_from_args(args)
     try:
         if args.command == "generate":
-            from .engine import LLM
-            from .generate import format_ms
-            from .tour import device_line
+            from llmlab.engine import LLM
+            from llmlab.generate import format_ms
+            from llmlab.tour import device_line
 
             llm = LLM.load(args.model, device=args.device, dtype=args.dtype)
             if llm.tokenizer is None:
@@ -320,7 +320,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"\n[{llm.name} | {device_line(llm)} | {n}{eos} | TTFT {g.ttft_ms:.1f} ms | "
                   f"TPOT {format_ms(g.tpot_ms, unit=' ms')} | {g.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
         elif args.command == "tour":
-            from .tour import run_tour
+            from llmlab.tour import run_tour
 
             run_tour(args.model, device=args.device, dtype=args.dtype, prompt=args.prompt,
                      max_new_tokens=args.max_new_tokens, repeats=args.repeats)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
-from .config import ModelConfig
-from .fast_generate import decode_mode, generate_fast
-from .generate import Generation, check_flags, check_seed, generate
-from .model import Transformer
+from llmlab.checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
+from llmlab.config import ModelConfig
+from llmlab.runtime.fast_generate import decode_mode, generate_fast
+from llmlab.generate import Generation, check_flags, check_seed, generate
+from llmlab.model import Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -288,10 +288,10 @@ class LLM:
         first row's, and `.texts` holds one per row), `.token_ids`, `.ttft_ms`,
         `.tpot_ms`, `.tokens_per_s`. `on_token(step, tokens)` is called after each step (return True to stop).
         cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
-        `llmlab.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
+        `llmlab.runtime.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
         `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
         prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
-        a length bucket (`llmlab.cuda_graphs`).
+        a length bucket (`llmlab.runtime.cuda_graphs`).
         top_k / top_p at temperature 0 (greedy) have no effect: a UserWarning says so (`warn_greedy_filters`).
         Raises ValueError for an empty prompt (text that is empty or only whitespace, `check_text_prompt`, or no
         token ids), one longer than the context, bad sampling settings, or a seed outside
@@ -301,7 +301,7 @@ class LLM:
         TypeError for arguments of the wrong type (a prompt that is not text or int token ids, a max_new_tokens or
         seed that is not an int, a sampling setting that is not a number, an on/off argument that is not a bool,
         an on_token that is not callable); the model is untouched by a failed call.
-        cache_factory (eager path only): the KV cache class, e.g. `llmlab.paged_cache.PagedKVCache` (the
+        cache_factory (eager path only): the KV cache class, e.g. `llmlab.cache.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache, so cache_factory with cuda_graphs,
         torch_compile or gpu_sampling is a ValueError.
         """

@@ -38,8 +38,9 @@ def git_commit() -> str:
     if os.environ.get("LLMLAB_COMMIT"):
         return os.environ["LLMLAB_COMMIT"]
     try:
-        root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+        from llmlab import REPO_ROOT
+
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                               timeout=5).stdout.strip() or "-"
     except (OSError, subprocess.SubprocessError):
         return "-"

@@ -21,11 +21,11 @@ from typing import Callable
 
 import torch
 
-from .kv_cache import KVCache
-from .model import Transformer
-from .roofline import RunMetrics
-from .sampling import check_sampling_args, sample, warn_greedy_filters
-from .timing import StepTimer
+from llmlab.cache.kv_cache import KVCache
+from llmlab.model import Transformer
+from llmlab.measure.roofline import RunMetrics
+from llmlab.sampling import check_sampling_args, sample, warn_greedy_filters
+from llmlab.measure.timing import StepTimer
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Generation:
         return max(len(t) for t in self.token_ids)
 
     def metrics(self) -> RunMetrics:
-        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.roofline.RunMetrics`. Its tokens_per_s
+        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.measure.roofline.RunMetrics`. Its tokens_per_s
         counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
         below counts the tokens kept."""
         return RunMetrics.from_step_times([ms / 1e3 for ms in self.step_ms], batch=len(self.token_ids))
@@ -261,7 +261,7 @@ def generate(
             B ints); returning True stops generation early (finish_reason "stopped") — a live plot or a Stop button.
         pin_memory: copy the prompt to a CUDA device through pinned memory (`to_device`); no effect on a CPU.
         cache_factory: builds the KV cache as cache_factory(config, batch, max_seq_len, dtype, device); default
-            `KVCache` (contiguous). E.g. `llmlab.paged_cache.PagedKVCache` or `llmlab.kv_quant.QuantizedKVCache`.
+            `KVCache` (contiguous). E.g. `llmlab.cache.paged_cache.PagedKVCache` or `llmlab.cache.kv_quant.QuantizedKVCache`.
 
     Returns:
         A `Generation` with the new token ids and per-step timings.
@@ -283,7 +283,7 @@ def generate(
     warn_greedy_filters(temperature, top_k, top_p)
     if cache_factory is not None and not callable(cache_factory):
         raise TypeError(f"cache_factory={cache_factory!r} is not callable: give a KV cache class such as "
-                        f"llmlab.paged_cache.PagedKVCache, a factory such as llmlab.kv_quant.quantized_cache(), or "
+                        f"llmlab.cache.paged_cache.PagedKVCache, a factory such as llmlab.cache.kv_quant.quantized_cache(), or "
                         f"None for the contiguous cache")
     if cache_factory is not None and not use_cache:
         raise ValueError("cache_factory builds the KV cache, but use_cache=False runs without one: turn the cache on "
@@ -301,8 +301,8 @@ def generate(
     cache = make_cache(model.config, B, T + max_new_tokens, dtype, device) if use_cache else None
     if use_cache and not callable(getattr(cache, "update", None)):
         raise TypeError(f"cache_factory returned {type(cache).__name__}, not a KV cache: it must return an object "
-                        f"with update(layer, positions, k, v) -> (k_all, v_all), such as llmlab.kv_cache.KVCache "
-                        f"or llmlab.paged_cache.PagedKVCache")
+                        f"with update(layer, positions, k, v) -> (k_all, v_all), such as llmlab.cache.kv_cache.KVCache "
+                        f"or llmlab.cache.paged_cache.PagedKVCache")
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     seq = ids  # the no-cache path keeps the whole sequence here

@@ -6,7 +6,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
 
     no_kv_cache      recompute the whole sequence for every token (the bottom rung, for contrast)
     eager            KV cache, eager PyTorch, sampling on the host (bf16 on a GPU, fp32 on a CPU): the baseline
-    +paged_kv        (side rung, not inherited) the same decode on a paged KV cache (llmlab.paged_cache)
+    +paged_kv        (side rung, not inherited) the same decode on a paged KV cache (llmlab.cache.paged_cache)
     +gpu_sampling    pick the next token on the GPU
     +pinned_memory   page-locked host buffers for host <-> device copies
     +cuda_graphs     replay each decode step as one CUDA graph instead of ~hundreds of kernel launches
@@ -38,7 +38,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .switches import SWITCHES
+from llmlab.switches import SWITCHES
 
 # bytes per weight of each `weights` label (group-wise scales are added by the step that quantizes, see
 # `LadderStep.weight_bytes_per_param`)
@@ -232,7 +232,7 @@ register_step(LadderStep("no_kv_cache", {"kv_cache": False},
 register_step(LadderStep("eager", {"kv_cache": True},
                          "KV cache, eager PyTorch, next token picked on the host: the baseline", label="KV cache"))
 register_step(LadderStep("+paged_kv", {"paged_kv": True},
-                         "KV cache in 16-token blocks of a shared pool (llmlab.paged_cache): no max-length "
+                         "KV cache in 16-token blocks of a shared pool (llmlab.cache.paged_cache): no max-length "
                          "preallocation; a side rung, the rungs above keep the contiguous cache",
                          label="paged KV cache", cumulative=False,
                          gpu_only="lab 03 runs the paged cache on a CPU itself; the ladder measures it on a GPU"))

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from llmlab.config import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -146,7 +146,7 @@ class Attention(nn.Module):
 
         Without a cache the T tokens attend to each other (causally). With a cache, their K/V are written at
         `positions` and the queries attend to everything cached so far. `mask` (B or 1, 1, T, S) comes with a static
-        cache (`llmlab.static_cache`): its buffers are attended whole, the mask (additive: 0 or -inf) hides the
+        cache (`llmlab.cache.static_cache`): its buffers are attended whole, the mask (additive: 0 or -inf) hides the
         slots a query may not see.
         """
         B, T, _ = x.shape
@@ -251,8 +251,8 @@ class Transformer(nn.Module):
                 static cache also (B, T): one position per row (the rows of a decode batch may be at different
                 lengths).
             kv_cache: None (attend only within input_ids: training, and the no-cache reference) or a cache object
-                with `update(layer, positions, k, v) -> (k_all, v_all)` (`llmlab.kv_cache.KVCache`). A cache that
-                also has `attention_mask(positions, sliding_window)` (`llmlab.static_cache.StaticKVCache`) returns
+                with `update(layer, positions, k, v) -> (k_all, v_all)` (`llmlab.cache.kv_cache.KVCache`). A cache that
+                also has `attention_mask(positions, sliding_window)` (`llmlab.cache.static_cache.StaticKVCache`) returns
                 its whole buffer and the mask, built once per call, hides the slots each query may not see.
             last_only: compute logits for the last position only (what generation needs; saves a (T, V) matmul).
 

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .engine import DTYPES, LLM, check_fast_paths
+from llmlab.engine import DTYPES, LLM, check_fast_paths
 
 
 @dataclass
@@ -133,7 +133,7 @@ register(Switch("dtype", "dtype", None, "weights and activations in fp32, bf16 o
                 choices=(None, "fp32", "bf16", "fp16")))
 
 
-# -- system-overhead fixes (llmlab.cuda_graphs, llmlab.fast_generate) ------------------------------------------
+# -- system-overhead fixes (llmlab.runtime.cuda_graphs, llmlab.runtime.fast_generate) ------------------------------------------
 # Each sets one `LLM.generate` keyword; any of cuda_graphs / torch_compile / gpu_sampling routes the call to
 # `generate_fast` (static KV cache). Turning several on combines them (graphs + compile = "compile+graphs").
 
@@ -190,11 +190,11 @@ register(Switch("pinned_memory", "pinned memory", False,
                 available=_needs_cuda))
 
 
-# -- lab 03: the paged KV cache (llmlab.paged_cache) ----------------------------------------------------------
+# -- lab 03: the paged KV cache (llmlab.cache.paged_cache) ----------------------------------------------------------
 
 def _paged_kv(llm: LLM, value: bool, kwargs: dict) -> LLM:
     if value and kwargs.get("use_cache", True):  # with the KV cache off there is no cache to page
-        from .paged_cache import PagedKVCache
+        from llmlab.cache.paged_cache import PagedKVCache
         kwargs["cache_factory"] = PagedKVCache  # eager decode only; the static-cache fast paths keep their cache
     return llm
 
@@ -217,7 +217,7 @@ def _triton_available(llm: LLM) -> tuple[bool, str]:
 
 
 def _triton_kernels(llm: LLM, value: bool, kwargs: dict) -> LLM:
-    from .kernels import patch_model
+    from llmlab.kernels import patch_model
 
     if value:
         patch_model.enable(llm.model)
@@ -242,7 +242,7 @@ _STEP_TILES = "_llmlab_step_tuned"  # (what they were tuned for, the tiles): on 
 
 def _tuned_for(model) -> tuple:
     """What chosen tiles depend on: device, dtype, the four GEMV weights' shapes, and whether PDL is on."""
-    from .kernels import _util, patch_model
+    from llmlab.kernels import _util, patch_model
 
     probe = next(model.parameters())
     shapes = tuple((role, tuple(w.shape)) for role, (w, _) in patch_model.gemv_weights(model).items())
@@ -252,7 +252,7 @@ def _tuned_for(model) -> tuple:
 def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
     import time
 
-    from .kernels import patch_model
+    from llmlab.kernels import patch_model
 
     model = llm.model
     if not value:
@@ -263,7 +263,7 @@ def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
     key = _tuned_for(model)
     cached = model.__dict__.get(_STEP_TILES)
     if cached is None or cached[0] != key:  # never tuned, or tuned for another dtype / device / shape
-        from .kernels import step_tuning
+        from llmlab.kernels import step_tuning
 
         t0 = time.perf_counter()
         held = model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # start from the autotuner's picks
@@ -286,7 +286,7 @@ def _step_tuning_available(llm: LLM) -> tuple[bool, str]:
     ok, why = _triton_available(llm)
     if not ok:
         return ok, why
-    from .kernels.step_tuning import fusable
+    from llmlab.kernels.step_tuning import fusable
 
     return fusable(llm.model)
 

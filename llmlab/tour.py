@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checkpoint import DEFAULT_MODEL_DIR, resolve
-from .engine import LLM, check_text_prompt
-from .envinfo import device_name
-from .generate import format_ms
-from .ladder import LADDER, available_steps
-from .switches import apply_switches
+from llmlab.checkpoint import DEFAULT_MODEL_DIR, resolve
+from llmlab.engine import LLM, check_text_prompt
+from llmlab.envinfo import device_name
+from llmlab.generate import format_ms
+from llmlab.ladder import LADDER, available_steps
+from llmlab.switches import apply_switches
 
 
 @dataclass

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from llmlab import bench, roofline
-from llmlab.bench import (ROW_KEYS, Call, Run, WORKLOADS, bench_document, decode_work, group_by_length,
+from llmlab.measure import bench, roofline
+from llmlab.measure.bench import (ROW_KEYS, Call, Run, WORKLOADS, bench_document, decode_work, group_by_length,
                           hf_peer_model, list_bench, make_prompts, result_row, run_bench, run_metrics, save_bench,
                           validate_bench)
 from llmlab.cli import main
@@ -350,7 +350,7 @@ def test_cli_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
 
 def test_cli_bench_prints_the_table(tmp_path, capsys, monkeypatch):
     """... and --refresh-peaks measures the peaks again, rewriting a cache that holds (low) ones measured earlier."""
-    from llmlab import peaks
+    from llmlab.measure import peaks
 
     cache = tmp_path / "peaks.json"
     monkeypatch.setenv("LLMLAB_PEAKS_CACHE", str(cache))
@@ -378,7 +378,7 @@ def test_cli_bench_prints_the_table(tmp_path, capsys, monkeypatch):
 
 
 def _fake_peaks(**fields):
-    from llmlab.peaks import Peaks
+    from llmlab.measure.peaks import Peaks
 
     return Peaks(**{"device_name": "CPU: test", "torch_version": torch.__version__, "copy_bw_gb_s": 10.0,
                     "matmul_tflops": 0.1, "matmul_dtype": "float32", "measured_at": "2026-01-02T03:04:05Z",
@@ -449,7 +449,7 @@ def test_a_roofline_mfu_above_100_percent_is_explained_below_the_table():
 def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, monkeypatch):
     """--steps +prefill_graphs on a CPU: every requested rung is skipped; exit 2 with the reasons and the fix, no
     file written, no peaks measured."""
-    from llmlab import peaks
+    from llmlab.measure import peaks
 
     def no_peaks(*a, **k):
         raise AssertionError("the peaks were measured for a run that measures nothing")
@@ -476,7 +476,7 @@ def test_gpu_chat_quick_fills_the_gpu_columns(tmp_path):
     rows = {r["step"]: r for r in doc["results"]}
     assert rows["eager"]["weights"] == "bf16"
     assert rows["eager"]["peak_mem_GB"] > 0
-    from llmlab.nvml_sampler import nvml_available
+    from llmlab.telemetry.nvml_sampler import nvml_available
 
     if nvml_available()[0]:
         assert rows["eager"]["gpu_util"] is not None

@@ -1,4 +1,4 @@
-"""Property tests of the paged-KV block allocator (`llmlab.block_manager`): random operation sequences never leak
+"""Property tests of the paged-KV block allocator (`llmlab.cache.block_manager`): random operation sequences never leak
 or double-allocate a block, and the pool returns exactly to full once everything is freed.
 
 The stateful machine runs MAX_EXAMPLES x STEPS = 10,000+ random allocate / append / fork / free operations per run,
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from llmlab.block_manager import BlockManager, OutOfBlocks
+from llmlab.cache.block_manager import BlockManager, OutOfBlocks
 
 MAX_EXAMPLES, STEPS = 100, 150  # up to 15,000 operations per machine (runs may end early)
 

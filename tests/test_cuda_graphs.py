@@ -19,13 +19,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmlab.cuda_graphs import BUCKETS, GraphDecoder
+from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder
 from llmlab.engine import LLM
-from llmlab.fast_generate import generate_fast
+from llmlab.runtime.fast_generate import generate_fast
 from llmlab.generate import generate
 from llmlab.sampling import sample, sample_from_probs
 from llmlab.switches import apply_switches
-from llmlab.timing import StepTimer
+from llmlab.measure.timing import StepTimer
 from tiny_models import pad_row_logits, prompt_ids, tiny_model
 
 pytestmark = pytest.mark.gpu

@@ -9,10 +9,10 @@ import ipywidgets as W
 import pytest
 
 from llmlab import switches
-from llmlab.dashboard import (GPU_SERIES, Dashboard, kernel_timeline_figure, llmlab_threads, rolling_rate,
+from llmlab.telemetry.dashboard import (GPU_SERIES, Dashboard, kernel_timeline_figure, llmlab_threads, rolling_rate,
                               trace_figure)
 from llmlab.engine import LLM
-from llmlab.trace import load_trace
+from llmlab.telemetry.trace import load_trace
 from tiny_models import tiny_model
 from trace_fixture import FIXTURE, synthetic_trace
 
@@ -261,7 +261,7 @@ def test_live_gpu_panel_on_the_default_model():
     GPU-Util, SM activity and MBU of their own, the GPU panel fills, and the CUDA-graph rung decodes faster."""
     import torch
 
-    from llmlab.nvml_sampler import nvml_available
+    from llmlab.telemetry.nvml_sampler import nvml_available
 
     ok, why = nvml_available()
     if not ok:

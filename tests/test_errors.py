@@ -22,7 +22,7 @@ from llmlab.cli import main
 from llmlab.config import PRESETS, ModelConfig
 from llmlab.engine import LLM, pick_device, pick_dtype
 from llmlab.generate import check_lengths, generate
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from tiny_models import model_folder
 
 PROMPT = "def fib(n):"
@@ -420,8 +420,8 @@ def test_kv_cache_limits(good):
         KVCache(config, 1, 1.5, torch.float32, "cpu")
     with pytest.raises(TypeError, match=r"dtype='bf16': give a floating torch.dtype .*torch.bfloat16"):
         KVCache(config, 1, 8, "bf16", "cpu")
-    from llmlab.kv_quant import QuantizedKVCache
-    from llmlab.paged_cache import PagedKVCache
+    from llmlab.cache.kv_quant import QuantizedKVCache
+    from llmlab.cache.paged_cache import PagedKVCache
 
     with pytest.raises(ValueError, match="block_size=0: must be positive"):
         PagedKVCache(config, 1, 8, torch.float32, "cpu", block_size=0)
@@ -492,7 +492,7 @@ def test_sampling_settings_that_are_not_numbers_or_infinite(good):
 
 
 def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_off(good):
-    from llmlab.paged_cache import PagedKVCache
+    from llmlab.cache.paged_cache import PagedKVCache
     from llmlab.switches import apply_switches
 
     _, llm, before = good
@@ -509,7 +509,7 @@ def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_o
 def test_a_cache_factory_with_a_static_cache_path_is_refused(good):
     """The fast paths decode on their own static KV cache: a cache_factory (the paged switch) with them used to be
     dropped without a word, so the row said "paged" and ran the static cache."""
-    from llmlab.paged_cache import PagedKVCache
+    from llmlab.cache.paged_cache import PagedKVCache
     from llmlab.switches import apply_switches
 
     _, llm, _ = good
@@ -529,23 +529,24 @@ def test_a_cache_factory_with_a_static_cache_path_is_refused(good):
 
 
 def test_counts_and_kinds_of_the_memory_helpers():
-    from llmlab import kv_memory, kv_quant
+    from llmlab.cache import sizing, kv_quant
+    from llmlab.measure import kv_costs
     from llmlab.kernels.dequant_matmul import quantize_int4, quantize_int8
 
     cfg = ModelConfig.from_preset("llama-3.2-1b")
     with pytest.raises(ValueError, match="tokens=-5: must be a whole number >= 0"):
-        kv_memory.cache_bytes(cfg, -5)
+        sizing.cache_bytes(cfg, -5)
     with pytest.raises(ValueError, match="context=-1"):
-        kv_memory.calculator(["llama-3.2-1b"], context=-1)
+        sizing.calculator(["llama-3.2-1b"], context=-1)
     with pytest.raises(ValueError, match="block_size=0: must be a whole number >= 1"):
-        kv_memory.waste([5, 9], 16, block_size=0)
+        sizing.waste([5, 9], 16, block_size=0)
     # a sequence longer than max_seq_len used to give the max-length layout a negative waste (-5%)
     with pytest.raises(ValueError, match=r"1 of the 2 lengths exceed max_seq_len=100 \(the longest: 200\); raise "
                                          r"max_seq_len to at least 200"):
-        kv_memory.waste([10, 200], 100)
+        sizing.waste([10, 200], 100)
     with pytest.raises(ValueError, match="exceed max_seq_len=100"):
-        kv_memory.measured_waste(cfg, [10, 200], 100)
-    assert kv_memory.cache_bytes(cfg, 0) == 0
+        kv_costs.measured_waste(cfg, [10, 200], 100)
+    assert sizing.cache_bytes(cfg, 0) == 0
     with pytest.raises(ValueError, match="unknown KV quantization 'int4'"):
         kv_quant.quantize(torch.randn(2, 8), "int4")
     with pytest.raises(ValueError, match="unknown KV quantization 'fp4'"):  # up front, not at the first generate
@@ -601,12 +602,12 @@ def little_memory(monkeypatch):
 
     Building a preset's weights fails the test instead of allocating them (without the check, 30 GB)."""
     import llmlab.engine
-    from llmlab import kv_memory
+    from llmlab.cache import sizing
 
     def no_building(*a, **k):
         raise AssertionError("the weights were built before checking that they fit")
 
-    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (10**6, "host memory is available"))
+    monkeypatch.setattr(sizing, "available_memory", lambda device: (10**6, "host memory is available"))
     monkeypatch.setattr(llmlab.engine, "Transformer", no_building)
 
 
@@ -725,7 +726,7 @@ def test_apply_switches_refuses_what_generate_would_refuse_before_changing_anyth
 
 @pytest.mark.parametrize("seed", [2**70, 2**64, -2**63 - 1])
 def test_seed_outside_the_generators_range(good, seed):
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
 
     llm = good[1]
     for call in (lambda: llm.generate(PROMPT, temperature=1.0, seed=seed),
@@ -771,7 +772,7 @@ def test_load_with_an_empty_model_name(good, empty, capsys):
 @pytest.mark.parametrize("on_token", [5, "stop", [print]])
 def test_on_token_that_is_not_callable(good, on_token):
     """Refused up front, not with "'int' object is not callable" after the first token."""
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
 
     llm = good[1]
     for call in (lambda: llm.generate(PROMPT, on_token=on_token),
@@ -793,7 +794,7 @@ def test_top_k_and_top_p_at_temperature_0_warn_once_per_call(good, kwargs, named
     """Greedy decoding takes the argmax: top_k / top_p are legal (as in Hugging Face) but change nothing."""
     import warnings
 
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
 
     _, llm, before = good
     calls = [lambda: llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, **kwargs),
@@ -905,13 +906,13 @@ def test_cli_prints_an_empty_continuation_as_text(good, tmp_path, capsys, monkey
 def test_preset_is_built_in_its_dtype(good, monkeypatch):
     """bf16 presets are built in bf16 (half the memory of building in fp32 and casting), with the same draws."""
     import llmlab.engine
-    from llmlab import kv_memory
+    from llmlab.cache import sizing
     from llmlab.model import rope_inv_freq
 
     kw = dict(device="cpu", seed=3, n_layers=2, vocab_size=512, max_seq_len=256)
     f32 = LLM.from_preset("smollm2-135m", dtype="fp32", **kw).model
     b16_bytes = sum(p.numel() for p in f32.parameters()) * 2
-    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 1.5), "host memory"))
+    monkeypatch.setattr(sizing, "available_memory", lambda device: (int(b16_bytes * 1.5), "host memory"))
     b16 = LLM.from_preset("smollm2-135m", dtype="bf16", **kw).model  # fp32-then-cast would need 2x, refused
     assert all(p.dtype == torch.bfloat16 for p in b16.parameters())
     for (name, a), (_, b) in zip(f32.named_parameters(), b16.named_parameters()):
@@ -919,7 +920,7 @@ def test_preset_is_built_in_its_dtype(good, monkeypatch):
     assert torch.equal(b16.rope.inv_freq, rope_inv_freq(b16.config)) and b16.rope.inv_freq.dtype == torch.float32
     assert torch.equal(b16.norm.weight, torch.ones_like(b16.norm.weight))
     assert b16.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    monkeypatch.setattr(kv_memory, "available_memory", lambda device: (int(b16_bytes * 0.5), "host memory"))
+    monkeypatch.setattr(sizing, "available_memory", lambda device: (int(b16_bytes * 0.5), "host memory"))
     with pytest.raises(MemoryError, match="bfloat16"):
         LLM.from_preset("smollm2-135m", dtype="bf16", **kw)
 
@@ -958,7 +959,7 @@ def test_encode_and_decode_take_what_they_say(good):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine WITHOUT a CUDA GPU")
 def test_a_cuda_cache_on_a_machine_without_one_says_so():
-    from llmlab.paged_cache import PagedKVCache
+    from llmlab.cache.paged_cache import PagedKVCache
 
     cfg = ModelConfig.from_preset("smollm2-135m")
     for cls in (KVCache, PagedKVCache):  # was torch's AssertionError "Torch not compiled with CUDA enabled"

@@ -19,7 +19,7 @@ from llmlab.checkpoint import load_model
 from llmlab.config import ModelConfig
 from llmlab.engine import LLM
 from llmlab.generate import generate
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from tiny_models import hf_model, model_folder, prompt_ids
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llmlab.config import ModelConfig
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from llmlab.model import Attention, RotaryEmbedding
 from tiny_models import randomize_
 

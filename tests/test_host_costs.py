@@ -1,4 +1,4 @@
-"""`llmlab.host_costs`: the tokenizer, host->device copy and sampling timings return sane dicts (no figures are
+"""`llmlab.measure.host_costs`: the tokenizer, host->device copy and sampling timings return sane dicts (no figures are
 asserted beyond "positive and finite": the numbers depend on the machine)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from llmlab.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost
+from llmlab.measure.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost
 
 
 def positive(x) -> bool:

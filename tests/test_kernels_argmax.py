@@ -133,7 +133,7 @@ def test_a_first_call_during_graph_capture_is_refused_with_the_fix(monkeypatch):
 def test_the_switch_puts_it_in_the_decode_step_and_greedy_tokens_stay_the_same(monkeypatch):
     """With the Triton kernels switch on, `decode_step` picks tokens with this kernel (a spy counts the calls),
     and greedy decode on the static-cache runner equals the eager PyTorch decode token for token (fp32)."""
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
     from llmlab.generate import generate
     from llmlab.kernels import patch_model
 

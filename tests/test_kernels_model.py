@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmlab.kernels._util import interpret_mode
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from tiny_models import tiny_model
 
 pytest.importorskip("triton")
@@ -83,7 +83,7 @@ def test_patched_model_matches_pytorch_path_with_kv_cache(monkeypatch, overrides
 def test_patched_model_matches_with_a_static_cache(monkeypatch):
     """Decode steps on a static cache with the rows at DIFFERENT positions: the fused RoPE + cache write and the
     per-row lengths must match the PyTorch path (scatter + mask)."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     model = tiny_model(seed=2).to(DEV)
     ids = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1)).to(DEV)
@@ -115,7 +115,7 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
     """Batch 1, one token, static cache (the CUDA-graph decode at batch 1): four fused GEMVs per layer and no
     separate RMSNorm/SwiGLU launches except the final norm — and the same logits as the PyTorch path. A model the
     fused step does not cover (biases) takes the per-module path and matches too."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     model = tiny_model(seed=4, **overrides).to(DEV)
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4)).to(DEV)
@@ -181,7 +181,7 @@ def test_switch_is_registered_and_says_why_it_is_unavailable_on_a_cpu():
 def test_kernel_micro_benchmark_writes_a_valid_bench_file(tmp_path):
     import json
 
-    from llmlab.bench import validate_bench
+    from llmlab.measure.bench import validate_bench
     from llmlab.kernels import bench_kernels
 
     bench_kernels.main(["--smoke", "--out", str(tmp_path), "--copy-gbps", "10"])
@@ -195,7 +195,7 @@ def test_kernel_micro_benchmark_writes_a_valid_bench_file(tmp_path):
 
 def test_switching_the_kernels_rebuilds_the_cached_decode_runner():
     """A runner captured before the switch holds the old kernels: `runner_for` must not hand it back."""
-    from llmlab.cuda_graphs import runner_for
+    from llmlab.runtime.cuda_graphs import runner_for
 
     model = tiny_model(seed=3).to(DEV)
     before = runner_for(model, "static", 1, 32)
@@ -256,7 +256,7 @@ def test_patched_bucketed_prefill_equals_the_pytorch_prefill():
     """The prefill a prefill graph replays (prompt padded to 16 tokens, the pads first at later positions) through
     the Triton kernels: the same last-position logits and prompt K/V as the PyTorch path's unpadded prefill.
     (Captured on a GPU, eager in the interpreter.)"""
-    from llmlab.cuda_graphs import GraphDecoder
+    from llmlab.runtime.cuda_graphs import GraphDecoder
 
     model = tiny_model(seed=4).to(DEV)
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEV)
@@ -282,7 +282,7 @@ def test_graph_replayed_triton_decode_equals_eager_decode(batch, prefill_graph):
     """The +triton_kernels rung as it runs in the ladder: CUDA graphs over the patched model (fp32, so the greedy
     tokens must match the eager PyTorch decode exactly), 48 steps, rows padded up to the bucket; with
     prefill_graph the prefill (7 tokens padded to 16) is replayed from a graph too (the +prefill_graphs rung)."""
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
     from llmlab.generate import generate
 
     model = tiny_model(seed=5).to("cuda")
@@ -324,7 +324,7 @@ def test_kernel_bench_without_the_interpreter_says_what_to_set(tmp_path, monkeyp
 @torch.no_grad()
 def test_a_positions_tensor_updated_in_place_gives_fresh_lengths():
     """A decode loop may keep one positions tensor and add 1 to it each step: the per-step lengths must follow."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     model = tiny_model(seed=6).to(DEV)
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3)).to(DEV)
@@ -366,7 +366,7 @@ def test_a_patched_model_saves_and_loads_like_the_original(tmp_path):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_position_outside_the_static_cache_is_refused_before_anything_is_written(batch):
     """As the PyTorch path's indexing refuses it — and the cache is left as it was, still usable."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     model = tiny_model(seed=3).to(DEV)
     patch_model.enable(model)

@@ -1,4 +1,4 @@
-"""int8 / fp8 KV-cache quantization (`llmlab.kv_quant`): the quantizer's error bound, the residual window's edge
+"""int8 / fp8 KV-cache quantization (`llmlab.cache.kv_quant`): the quantizer's error bound, the residual window's edge
 (prompts longer than R, windows crossed while decoding), and the quality on the default model."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from llmlab.generate import generate
-from llmlab.kv_cache import KVCache
-from llmlab.kv_quant import (QuantizedKVCache, dequantize, greedy_agreement, perplexity, quality_report, quantize,
+from llmlab.cache.kv_cache import KVCache
+from llmlab.cache.kv_quant import (QuantizedKVCache, dequantize, greedy_agreement, perplexity, quality_report, quantize,
                              quantized_cache)
 from tiny_models import prompt_ids, tiny_config, tiny_model
 
@@ -88,7 +88,7 @@ def test_int8_kv_on_the_default_model():
     got = llm.generate(prompt, max_new_tokens=64, stop_at_eos=False, cache_factory=quantized_cache(32, "int8"))
     agree = greedy_agreement(ref.token_ids[0], got.token_ids[0])
     assert agree["tokens"] == 64 and agree["agreement"] >= 0.5, agree
-    from llmlab.kv_quant import heldout_text
+    from llmlab.cache.kv_quant import heldout_text
 
     ids = llm.encode(heldout_text())[:160]
     p_full = perplexity(llm.model, ids)

@@ -18,7 +18,7 @@ import transformers
 import llmlab.model as lm
 from llmlab.checkpoint import load_model, save_model
 from llmlab.generate import generate
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from tiny_models import LLAMA3_ROPE, hf_model, prompt_ids, randomize_, tiny_config
 
 TOL = 1e-4  # max-abs logit difference allowed at fp32

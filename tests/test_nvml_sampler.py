@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from llmlab import nvml_sampler
-from llmlab.nvml_sampler import GPM_SERIES, NvmlBackend, Sampler, SamplerError, nvml_available
+from llmlab.telemetry import nvml_sampler
+from llmlab.telemetry.nvml_sampler import GPM_SERIES, NvmlBackend, Sampler, SamplerError, nvml_available
 
 
 class FakeBackend:

@@ -1,4 +1,4 @@
-"""The paged KV cache (`llmlab.paged_cache`) gives the same attention and the same greedy tokens as the contiguous
+"""The paged KV cache (`llmlab.cache.paged_cache`) gives the same attention and the same greedy tokens as the contiguous
 `KVCache`: fp32, within 1e-5, for lengths that cross block boundaries (block sizes 16 and 32)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from llmlab.generate import generate
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 from llmlab.model import repeat_kv
-from llmlab.paged_cache import PagedKVCache, gather, paged_attention
+from llmlab.cache.paged_cache import PagedKVCache, gather, paged_attention
 from tiny_models import prompt_ids, tiny_config, tiny_model
 
 LENGTHS = [1, 15, 16, 17, 33, 1000]
@@ -121,7 +121,7 @@ def test_fork_copy_on_write_copies_block_contents():
 def test_a_refused_write_changes_nothing_when_forks_need_copies():
     """Three rows share a half-full block and one block is free: each row's next token needs its own copy, so
     the write is refused before any row moves to a copy (found by a review: row 0 used to be moved first)."""
-    from llmlab.block_manager import OutOfBlocks
+    from llmlab.cache.block_manager import OutOfBlocks
 
     config = tiny_config(n_layers=1)
     cache = PagedKVCache(config, 3, 16, torch.float32, "cpu", block_size=4, num_blocks=3)
@@ -173,7 +173,7 @@ def test_paged_kv_switch_and_side_rung():
 
 def test_a_refused_write_changes_nothing_and_the_cache_stays_usable():
     """Bad writes raise a clear error BEFORE any block is reserved; the next good write gives the right K/V."""
-    from llmlab.block_manager import OutOfBlocks
+    from llmlab.cache.block_manager import OutOfBlocks
 
     cfg = tiny_config()
     cache = PagedKVCache(cfg, 2, 64, torch.float32, "cpu", block_size=16, num_blocks=4)
@@ -221,7 +221,7 @@ def test_two_switches_that_both_pick_the_kv_cache_are_refused():
 
     from llmlab import switches
     from llmlab.engine import LLM
-    from llmlab.kv_quant import QuantizedKVCache
+    from llmlab.cache.kv_quant import QuantizedKVCache
 
     def quant(llm, value, kwargs):
         if value:
@@ -242,7 +242,7 @@ def test_two_switches_that_both_pick_the_kv_cache_are_refused():
 def test_numpy_counts_build_the_caches():
     """generate takes numpy integers; the caches do too (their message used to say 'give a whole number')."""
     np = pytest.importorskip("numpy")
-    from llmlab.kv_quant import QuantizedKVCache, quantized_cache
+    from llmlab.cache.kv_quant import QuantizedKVCache, quantized_cache
 
     cfg = tiny_config()
     for cache in (KVCache(cfg, np.int64(2), np.int64(32), torch.float32, "cpu"),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from llmlab.kernels._util import interpret_mode
 from llmlab.model import repeat_kv
-from llmlab.paged_cache import PagedKVCache
+from llmlab.cache.paged_cache import PagedKVCache
 from tiny_models import tiny_config
 
 needs_kernel = pytest.mark.skipif(not torch.cuda.is_available() and not interpret_mode(),

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from llmlab import peaks
+from llmlab.measure import peaks
 
 
 def test_cpu_measurements_are_positive_and_quick():
@@ -163,7 +163,7 @@ def test_an_entry_of_the_old_format_is_measured_again(tmp_path, monkeypatch):
 
 
 def test_the_peaks_line_says_how_far_to_trust_them(tmp_path, monkeypatch):
-    from llmlab.bench import peaks_line
+    from llmlab.measure.bench import peaks_line
 
     FakeMachine(monkeypatch, IDLE)
     p = peaks.measure_peaks("cpu", cache_path=tmp_path / "peaks.json")
@@ -225,7 +225,7 @@ def test_the_test_session_keeps_out_of_the_users_cache():
 
     path = peaks.default_cache_path()
     assert Path(tempfile.gettempdir()) in path.parents and Path.home() / ".cache" not in path.parents
-    child = subprocess.run([sys.executable, "-c", "from llmlab.peaks import default_cache_path as d; print(d())"],
+    child = subprocess.run([sys.executable, "-c", "from llmlab.measure.peaks import default_cache_path as d; print(d())"],
                            capture_output=True, text=True, check=True)
     assert child.stdout.strip() == str(path)
 

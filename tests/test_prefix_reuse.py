@@ -1,12 +1,12 @@
-"""Multi-turn prefix reuse (`llmlab.prefix_reuse`): keeping the previous turns' KV changes no output, and the
+"""Multi-turn prefix reuse (`llmlab.cache.prefix_reuse`): keeping the previous turns' KV changes no output, and the
 prefill shrinks to the new message."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmlab.block_manager import BlockManager
-from llmlab.prefix_reuse import Conversation, compare_ttft
+from llmlab.cache.block_manager import BlockManager
+from llmlab.cache.prefix_reuse import Conversation, compare_ttft
 from tiny_models import prompt_ids, tiny_model
 
 MESSAGES = [prompt_ids(1, n, seed=20 + n)[0].tolist() for n in (37, 9, 21)]

@@ -10,7 +10,7 @@ import pytest
 
 from llmlab.cli import main
 from llmlab.engine import LLM
-from llmlab.profiling import Ev, call_totals, format_summary, profile_decode, step_gaps_us, summarize
+from llmlab.measure.profiling import Ev, call_totals, format_summary, profile_decode, step_gaps_us, summarize
 from tiny_models import tiny_model
 
 
@@ -142,7 +142,7 @@ def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path
     """A trace path inside a file, a folder, or an unwritable folder (/sys: not even root may create files)."""
     import os
 
-    import llmlab.bench
+    import llmlab.measure.bench
 
     (tmp_path / "README.md").write_text("a file")
     (tmp_path / "folder").mkdir()
@@ -153,7 +153,7 @@ def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path
     def no_loading(*a, **k):
         raise AssertionError("the model was loaded before the trace path was checked")
 
-    monkeypatch.setattr(llmlab.bench, "load_bench_model", no_loading)
+    monkeypatch.setattr(llmlab.measure.bench, "load_bench_model", no_loading)
     assert main(["profile", "--steps", "2", "--prompt-tokens", "8", "--device", "cpu", "--trace", bad]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("llmlab: error: ") and bad in err and err.count("\n") == 1
@@ -162,12 +162,12 @@ def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path
 
 def test_profile_refuses_two_dtypes(capsys, monkeypatch):
     """--dtype fp32 with --setting dtype=fp16 ran fp16 without a word."""
-    import llmlab.bench
+    import llmlab.measure.bench
 
     def no_loading(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(llmlab.bench, "load_bench_model", no_loading)
+    monkeypatch.setattr(llmlab.measure.bench, "load_bench_model", no_loading)
     assert main(["profile", "--device", "cpu", "--dtype", "fp32", "--setting", "dtype=fp16"]) == 2
     err = capsys.readouterr().err
     assert "--dtype fp32 and --setting dtype=fp16 disagree (the setting would win): give the dtype once" in err

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from llmlab import cli
-from llmlab import record as record_mod
+from llmlab.telemetry import record as record_mod
 from llmlab.engine import LLM
-from llmlab.record import (parse_setting, profile_kernels, profile_steps, record_setting, setting_label, setting_slug,
+from llmlab.telemetry.record import (parse_setting, profile_kernels, profile_steps, record_setting, setting_label, setting_slug,
                            summarize_kernels, summary_table)
-from llmlab.trace import load_trace, save_trace
+from llmlab.telemetry.trace import load_trace, save_trace
 from tiny_models import tiny_model
 
 
@@ -173,7 +173,7 @@ def test_summarize_kernels():
 @pytest.mark.gpu
 def test_record_on_gpu_with_real_nvml(tmp_path):
     """On a GPU: the real NVML sampler and the kernel profile, on a small preset, for ~2 s."""
-    from llmlab.nvml_sampler import nvml_available
+    from llmlab.telemetry.nvml_sampler import nvml_available
 
     ok, why = nvml_available()
     assert ok, why

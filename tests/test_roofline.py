@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from llmlab import roofline as rl
+from llmlab.measure import roofline as rl
 from llmlab.config import ModelConfig
-from llmlab.kv_cache import KVCache
+from llmlab.cache.kv_cache import KVCache
 
 # A tiny untied config, small enough to count by hand:
 #   vocab 10, dim 4, 1 layer, 2 query heads, 1 KV head, head_dim 2, intermediate 8.

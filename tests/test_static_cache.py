@@ -15,13 +15,13 @@ import copy
 import pytest
 import torch
 
-from llmlab import cuda_graphs
-from llmlab.cuda_graphs import BUCKETS, GraphDecoder, batch_buckets, runner_for
+from llmlab.runtime import cuda_graphs
+from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder, batch_buckets, runner_for
 from llmlab.engine import LLM
-from llmlab.fast_generate import decode_mode, generate_fast
+from llmlab.runtime.fast_generate import decode_mode, generate_fast
 from llmlab.generate import generate
 from llmlab.sampling import sample_from_probs
-from llmlab.static_cache import StaticKVCache
+from llmlab.cache.static_cache import StaticKVCache
 from llmlab.switches import apply_switches
 from tiny_models import pad_row_logits, prompt_ids, tiny_config, tiny_model
 
@@ -477,7 +477,7 @@ def test_token_reads_copy_contiguous_blocks_of_steps(model, monkeypatch):
     """The late reads copy a block of steps for every row at once: it must be ONE contiguous run of the device
     buffer (steps-major), or on a GPU the non_blocking copy goes through a pageable temporary and the host waits
     for the whole queue at the request — no read would be late for a batch of 2 or more."""
-    from llmlab import fast_generate
+    from llmlab.runtime import fast_generate
 
     blocks = []
 

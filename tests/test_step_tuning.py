@@ -95,7 +95,7 @@ def _fake_clock(costs: dict, base: float = 1.0):
 def _greedy(model, ids, slots: int, steps: int) -> list[int]:
     """Prefill ids (1, T) into a static cache of `slots` slots, then `steps` greedy batch-1 decode steps (the fused
     path, which reads the step-tuned configs): the tokens."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     cache = StaticKVCache(model.config, 1, slots, torch.float32, DEV)
     nxt, out, T = model(ids, kv_cache=cache)[:, -1:].argmax(-1), [], ids.shape[1]
@@ -190,7 +190,7 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
 @torch.no_grad()
 def _decode_logits(model):
     """One batch-1 decode step on a static cache (the fused path, which reads the chosen tiles)."""
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     cache = StaticKVCache(model.config, 1, 16, torch.float32, DEV)
     model(torch.tensor([[1, 2, 3]], device=DEV), kv_cache=cache)
@@ -386,7 +386,7 @@ def test_measuring_the_step_fits_a_short_context_and_refuses_one_too_short():
 
 
 def test_chosen_tiles_make_captured_runners_stale():
-    from llmlab.cuda_graphs import runner_for, weights_fingerprint
+    from llmlab.runtime.cuda_graphs import runner_for, weights_fingerprint
 
     model = tiny_model(seed=10).to(DEV)
     patch_model.enable(model)
@@ -422,7 +422,7 @@ def test_the_switch_and_rung_are_registered_and_gpu_only():
 def test_tuning_the_real_step_keeps_the_greedy_tokens():
     """On the GPU: the captured step timed for real (two rounds); the tiles chosen; fp32 greedy decode through the
     graphs equals the eager PyTorch decode, token for token."""
-    from llmlab.fast_generate import generate_fast
+    from llmlab.runtime.fast_generate import generate_fast
     from llmlab.generate import generate
 
     model = tiny_model(seed=11).to("cuda")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from llmlab.config import ModelConfig
-from llmlab.trace import Trace, make_trace, save_trace
+from llmlab.telemetry.trace import Trace, make_trace, save_trace
 
 FIXTURE = Path(__file__).parent / "data" / "synthetic_llama-3.2-1b_kv-cache_bf16.json"
 

@@ -38,9 +38,9 @@ def _tuned_configs() -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from llmlab.bench import load_bench_model
-    from llmlab.cuda_graphs import GraphDecoder
-    from llmlab.fast_generate import generate_fast
+    from llmlab.measure.bench import load_bench_model
+    from llmlab.runtime.cuda_graphs import GraphDecoder
+    from llmlab.runtime.fast_generate import generate_fast
     from llmlab.kernels import patch_model
 
     opts = {"--rounds": 4, "--prompt-len": 128, "--new-tokens": 256}

@@ -5,8 +5,8 @@ through torch.compile — for the shipped default model and for Llama-3.2-1B's s
 
 Per model and mode: the median over `--repeats` runs of the median decode-step time (TPOT, CUDA events), tokens/s
 of the decode steps, the speed-up over eager `generate`, MBU against the measured copy bandwidth (weights + the
-KV cache actually attended, by the `llmlab.roofline` convention) and the one-off setup time (capture / compile).
-Also the host costs of `llmlab.host_costs` (tokenizer, pinned vs pageable copies, sampling). Compilation is skipped
+KV cache actually attended, by the `llmlab.measure.roofline` convention) and the one-off setup time (capture / compile).
+Also the host costs of `llmlab.measure.host_costs` (tokenizer, pinned vs pageable copies, sampling). Compilation is skipped
 once the time budget is spent (the output says so). Needs a CUDA GPU; no network.
 """
 
@@ -21,11 +21,11 @@ import time
 import torch
 
 from llmlab.engine import LLM
-from llmlab.fast_generate import generate_fast
+from llmlab.runtime.fast_generate import generate_fast
 from llmlab.generate import generate
-from llmlab.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost
-from llmlab.peaks import measure_copy_bandwidth
-from llmlab.roofline import decode_mean_context_len, mbu
+from llmlab.measure.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost
+from llmlab.measure.peaks import measure_copy_bandwidth
+from llmlab.measure.roofline import decode_mean_context_len, mbu
 
 T0 = time.time()
 

@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's GPU time goes, kernel by kernel (a device-call tool; CUDA only).
 
 Profiles `n` decode steps of a preset model (random weights) under the given switch settings with
-`llmlab.profiling.profile_decode`, then sums the trace's kernel events per kernel name: launches per token, mean
+`llmlab.measure.profiling.profile_decode`, then sums the trace's kernel events per kernel name: launches per token, mean
 duration, microseconds per token. Run it with LLMLAB_PDL=0 for each kernel's own duration: with programmatic
 dependent launch a kernel starts before the one ahead of it ends and its recorded duration includes the wait.
 
@@ -33,8 +33,8 @@ def kernel_table(trace_path: str, steps: int) -> list[dict]:
 
 
 def main(model: str, setting: str, out: str, steps: int = 16) -> None:
-    from llmlab.bench import load_bench_model
-    from llmlab.profiling import format_summary, profile_decode
+    from llmlab.measure.bench import load_bench_model
+    from llmlab.measure.profiling import format_summary, profile_decode
 
     settings = {k: v.lower() == "true" for k, v in (kv.split("=") for kv in setting.split(","))}
     llm, _, _ = load_bench_model(model)

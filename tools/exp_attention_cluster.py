@@ -25,7 +25,7 @@ import torch
 
 from llmlab.kernels import decode_attention as da
 from llmlab.kernels.bench_kernels import _graph_ms
-from llmlab.peaks import measure_copy_bandwidth
+from llmlab.measure.peaks import measure_copy_bandwidth
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -122,7 +122,7 @@ if not torch.cuda.is_available():  # the interpreter: correctness only
     sys.exit(0)
 
 from llmlab.kernels.bench_kernels import _copies, _graph_ms  # noqa: E402
-from llmlab.peaks import measure_peaks  # noqa: E402
+from llmlab.measure.peaks import measure_peaks  # noqa: E402
 
 peak = measure_peaks("cuda").copy_bw_gb_s  # cached per call in $LLMLAB_PEAKS_CACHE (tools/h200_lib.sh)
 CONFIGS = [c for c in itertools.product((32, 64, 128), (256, 512, 1024, 2048), (4, 8), (2, 3, 4))

@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from llmlab.engine import LLM
-from llmlab.paged_cache import PagedKVCache
+from llmlab.cache.paged_cache import PagedKVCache
 
 llm = LLM.from_preset("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
 prompt = [(7 * i) % 1000 + 1 for i in range(128)]

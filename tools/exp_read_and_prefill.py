@@ -4,7 +4,7 @@ The chat ladder's step-tuned rung (2026-12-01, `..._chat_llama-3.2-1b_20261201T0
 of 0.763 ms but a mean of 0.779 ms, and its TTFT is 15.4 ms: together ~8% of the run's 214 ms. Two changes aim at
 them (commit of this file):
 
-* the tokens are read every 16 steps ONE STEP LATE (`llmlab.fast_generate._TokenReader`): predicted to remove a
+* the tokens are read every 16 steps ONE STEP LATE (`llmlab.runtime.fast_generate._TokenReader`): predicted to remove a
   bubble of ~50-250 us after each of the 16 reads, i.e. the mean TPOT close to the p50;
 * the prefill replayed from a CUDA graph of its length bucket (`GraphDecoder.prefill(bucketed=True)`): predicted
   TTFT 15.4 -> ~1-2 ms (a 128-token prefill of a 1B model reads 2.5 GB and does 0.3 TFLOP: ~1 ms of work).
@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from llmlab import fast_generate
+from llmlab.runtime import fast_generate
 from llmlab.envinfo import describe
 from llmlab.engine import LLM
-from llmlab.fast_generate import decode_mode, generate_fast
+from llmlab.runtime.fast_generate import decode_mode, generate_fast
 from llmlab.ladder import available_steps
 from llmlab.switches import apply_switches
 

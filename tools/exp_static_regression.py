@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import llmlab  # noqa: E402
 from llmlab.engine import LLM  # noqa: E402
-from llmlab.fast_generate import generate_fast  # noqa: E402
+from llmlab.runtime.fast_generate import generate_fast  # noqa: E402
 from llmlab.generate import generate  # noqa: E402
 
 label, out_path = sys.argv[2], sys.argv[3]

@@ -65,8 +65,8 @@ if [[ $MODE == main ]]; then
   step chat_default 60 $BENCH --workload chat --model default --steps all --peers --repeats 2 \
     --time-budget $(($(left) - 50))
   step profile 30 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 llm, _, _ = load_bench_model('$BIG')
 for name, settings in (('eager', {}), ('cuda_graphs', {'cuda_graphs': True})):
     try:

@@ -19,8 +19,8 @@ step kv_cache_bench 130 python3 tools/kv_cache_bench.py --out "$OUT/r"
 step chat_triton 90 python3 -m llmlab.cli bench --out "$OUT/r" --workload chat --model llama-3.2-1b \
   --steps "+cuda_graphs,+triton_kernels" --repeats 2 --time-budget 70
 step profile_triton 40 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 llm, _, _ = load_bench_model('llama-3.2-1b')
 for name, settings in (('cuda_graphs', {'cuda_graphs': True}), ('triton', {'cuda_graphs': True, 'triton_kernels': True})):
     s = profile_decode(llm, n_steps=8, settings=settings)

@@ -14,8 +14,8 @@ step kernel_bench 150 python3 -m llmlab.kernels.bench_kernels --out "$OUT/r"
 step chat_1b 170 python3 -m llmlab.cli bench --out "$OUT/r" --workload chat --model llama-3.2-1b --steps all \
   --peers --repeats 2 --time-budget 150
 step profile 40 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 llm, _, _ = load_bench_model('llama-3.2-1b')
 for name, settings in (('cuda_graphs', {'cuda_graphs': True}), ('triton', {'cuda_graphs': True, 'triton_kernels': True})):
     s = profile_decode(llm, n_steps=8, settings=settings, trace_path='$OUT/r/profile_llama-3.2-1b_' + name + '.json.gz')

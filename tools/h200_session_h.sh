@@ -11,8 +11,8 @@ LLMLAB_TRITON_AUTOTUNE=0 timeout 80 python3 -m pytest -o addopts= -p no:cachepro
 timeout 60 python3 -m llmlab.kernels.bench_kernels --ops matmul --out "$OUT"
 timeout 70 python3 -m llmlab.cli bench --out "$OUT" --workload chat --model llama-3.2-1b --steps "+cuda_graphs,+triton_kernels" --repeats 2 --time-budget 55
 timeout 25 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import profile_decode
 llm, _, _ = load_bench_model('llama-3.2-1b')
 s = profile_decode(llm, n_steps=8, settings={'cuda_graphs': True, 'triton_kernels': True})
 print('triton kernels per token', s['kernels_per_token'])

@@ -17,8 +17,8 @@ step gpu_tests 150 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_kernels_*.py 
 step chat_1b 210 python3 -m llmlab.cli bench --out "$OUT/r" --workload chat --model llama-3.2-1b --steps all \
   --peers --repeats 2 --time-budget 170
 step profile 60 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 from llmlab.kernels import patch_model
 llm, _, _ = load_bench_model('llama-3.2-1b')
 keys = ('kernels_per_token', 'step_ms', 'gpu_busy_ms_per_token', 'gpu_idle_ms_per_token', 'gpu_busy_fraction')

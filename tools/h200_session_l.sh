@@ -15,8 +15,8 @@ step gpu_tests 150 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_kernels_fused
 step chat_1b 100 python3 -m llmlab.cli bench --out "$OUT/r" --workload chat --model llama-3.2-1b \
   --steps "+cuda_graphs,+triton_kernels" --repeats 2 --time-budget 80
 step profile 40 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 llm, _, _ = load_bench_model('llama-3.2-1b')
 s = profile_decode(llm, n_steps=8, settings={'cuda_graphs': True, 'triton_kernels': True},
                    trace_path='$OUT/r/profile_llama-3.2-1b_triton.json.gz')

@@ -30,8 +30,8 @@ export LLMLAB_PDL=$best
 step chat_1b 200 python3 -m llmlab.cli bench --out "$OUT/r" --workload chat --model llama-3.2-1b --steps all \
   --peers --repeats 2 --time-budget 160
 step profile 35 python3 -c "
-from llmlab.bench import load_bench_model
-from llmlab.profiling import format_summary, profile_decode
+from llmlab.measure.bench import load_bench_model
+from llmlab.measure.profiling import format_summary, profile_decode
 llm, _, _ = load_bench_model('llama-3.2-1b')
 s = profile_decode(llm, n_steps=8, settings={'cuda_graphs': True, 'triton_kernels': True},
                    trace_path='$OUT/r/profile_llama-3.2-1b_triton.json.gz')

@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 import llmlab
-from llmlab import kv_memory, kv_quant
+from llmlab.cache import sizing, kv_quant
+from llmlab.measure import kv_costs
 from llmlab.engine import LLM
 from llmlab.envinfo import describe, git_commit, versions
-from llmlab.paged_cache import PagedKVCache
-from llmlab.prefix_reuse import compare_ttft
+from llmlab.cache.paged_cache import PagedKVCache
+from llmlab.cache.prefix_reuse import compare_ttft
 from llmlab.switches import apply_switches
 
 
@@ -144,14 +145,14 @@ def main(argv=None) -> None:
     lap("steps")
 
     n_seqs, max_len = (16, 256) if args.smoke else (64, 1024)  # smoke: 64 x 1024 was a 3 GB fp32 cache on a CPU
-    lengths = kv_memory.mixed_lengths(n_seqs, 16, max_len, seed=0)
+    lengths = sizing.mixed_lengths(n_seqs, 16, max_len, seed=0)
     dev = shape.device
-    out["memory_waste"] = [kv_memory.measured_waste(cfg, lengths, max_len, bs, dtype=shape.dtype, device=dev)
+    out["memory_waste"] = [kv_costs.measured_waste(cfg, lengths, max_len, bs, dtype=shape.dtype, device=dev)
                            | {"model": name}
                            for name, cfg in (("pydoc-llama", default.config), (shape.name, shape.config))
                            for bs in (16, 32)]
     out["memory_waste_formula"] = [vars(w) | {"waste_fraction": w.waste_fraction}
-                                   for w in kv_memory.waste(lengths, max_len, 16)]
+                                   for w in sizing.waste(lengths, max_len, 16)]
     lap("memory_waste")
 
     out["kv_quant"] = kv_quant.quality_report(default, **(SMOKE_QUALITY if args.smoke else QUALITY))

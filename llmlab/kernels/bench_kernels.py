@@ -3,7 +3,7 @@
     python -m llmlab.kernels.bench_kernels --out results/        # on a CUDA GPU: bf16, realistic sizes
     python -m llmlab.kernels.bench_kernels --smoke --out /tmp/x  # anywhere: tiny sizes, checks the file's shape
 
-Each row is `llmlab.bench.result_row(workload=<op>, step="triton" | "pytorch", ...)` with
+Each row is `llmlab.measure.bench.result_row(workload=<op>, step="triton" | "pytorch", ...)` with
 `bw_fraction` = achieved GB/s / measured copy GB/s (bytes the op must move: its inputs read once, outputs written
 once — the same count for both implementations, so the fraction compares them fairly), and for the weight-only
 matmuls `speedup_vs_bf16` = time of `x @ W.T` in bf16 / time of the kernel.
@@ -27,7 +27,7 @@ def _graph_ms(fns, reps: int = 20) -> float:
     """GPU time of one call (ms): every fn in `fns` (the same op on distinct buffers) captured in one CUDA graph,
     the graph replayed `reps` times, the time divided by reps x len(fns).
 
-    This is how the kernels run inside a decode step (`llmlab.cuda_graphs`): with the host's launch cost gone, the
+    This is how the kernels run inside a decode step (`llmlab.runtime.cuda_graphs`): with the host's launch cost gone, the
     time is the kernel's own. The distinct buffers add up to 4x the L2 cache (at most 64 of them, so an op under
     1/16 of L2 stays smaller), so each large call reads from HBM as a model's layers do (one layer's K/V or
     weights are not the next layer's).
@@ -93,7 +93,7 @@ def _copies(nbytes: int, device: str) -> int:
 def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
     """The rows of the bench file. ops: "all", or a comma list of "elementwise", "attention", "matmul", "gemv"."""
     want = {"elementwise", "attention", "matmul", "gemv"} if ops == "all" else set(ops.split(","))
-    from llmlab.bench import result_row
+    from llmlab.measure.bench import result_row
 
     from llmlab.sampling import argmax_rows
 
@@ -242,7 +242,7 @@ def notes_for(device: str, smoke: bool) -> list[str]:
 
 def main(argv=None) -> int:
     """The command; returns the exit status (2, with a one-line error, where the kernels cannot run here)."""
-    from llmlab.bench import bench_document, bench_filename, peaks_dict, save_bench
+    from llmlab.measure.bench import bench_document, bench_filename, peaks_dict, save_bench
 
     from ._util import interpret_mode, triton_status
 
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes (seconds, also on a CPU via the interpreter: set TRITON_INTERPRET=1)")
     p.add_argument("--copy-gbps", type=float, default=None,
-                   help="copy bandwidth to compare with (GB/s); default: measured (llmlab.peaks)")
+                   help="copy bandwidth to compare with (GB/s); default: measured (llmlab.measure.peaks)")
     p.add_argument("--ops", default="all", help="all, or a comma list of elementwise, attention, matmul, gemv")
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,7 +17,7 @@ shorter ones make more programs), so the split count cdiv(S, SPLIT_N) is only kn
 a config; the wrapper reads it back (`best_config`) to tell the merge. When one split covers the whole cache, the
 split kernel writes the output itself and there is no merge: one launch.
 
-Cache layout: (B, Hkv, S, hd), as `llmlab.kv_cache.KVCache` (any strides with a contiguous last dimension, so the
+Cache layout: (B, Hkv, S, hd), as `llmlab.cache.kv_cache.KVCache` (any strides with a contiguous last dimension, so the
 cache's `[:B, :, :end]` views go in without a copy).
 """
 

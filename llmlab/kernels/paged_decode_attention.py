@@ -1,6 +1,6 @@
 """Decode attention over a PAGED KV cache: flash-decoding that finds each token's K/V through a block table.
 
-Cache layout (as `llmlab.paged_cache.PagedKVCache`): one pool per layer, k_pool / v_pool of shape
+Cache layout (as `llmlab.cache.paged_cache.PagedKVCache`): one pool per layer, k_pool / v_pool of shape
 (num_blocks, Hkv, block_size, hd); token p of sequence b lives in block `block_tables[b, p // block_size]` at
 offset `p % block_size` (Kwon et al. 2023, PagedAttention, https://arxiv.org/abs/2309.06180).
 

@@ -16,12 +16,12 @@ own PyTorch `forward` — the reference path — runs again. What changes, per l
 * SwiGLU: silu(gate) * up in one kernel, reading the two halves of the fused output;
 * decode attention (one new token, a KV cache): the flash-decoding kernel, over only the filled part of a static
   cache (the lengths are computed once per step, not per layer); over a paged cache with a `decode_attention`
-  method (`llmlab.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
+  method (`llmlab.cache.paged_cache.PagedKVCache`) the paged kernel reads the block pool directly;
 * a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) goes further: the RMSNorms, SwiGLU and
   residual adds ride inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`), seven launches per layer;
-* the decode step's greedy token (`llmlab.cuda_graphs.decode_step`): one launch (`llmlab/kernels/argmax.py`) instead of
+* the decode step's greedy token (`llmlab.runtime.cuda_graphs.decode_step`): one launch (`llmlab/kernels/argmax.py`) instead of
   ~6 PyTorch kernels (call AX, same-process A/B: 869 -> 855 us per step; 849 with the graph's outputs no longer
-  copied, `llmlab.cuda_graphs`).
+  copied, `llmlab.runtime.cuda_graphs`).
 
 What stays in PyTorch: the other matmuls (cuBLAS), attention over more than one new token (prefill: SDPA's flash
 kernels), a sliding window. A tensor a kernel cannot take (a CPU tensor without the interpreter, bf16 in the
@@ -175,7 +175,7 @@ def _attention_forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -
     """`llmlab.model.Attention.forward` with fused q/k/v, RoPE in place and, for one new token, flash-decoding
     attention (contiguous, static or paged cache)."""
     from llmlab.model import attention_mask, repeat_kv
-    from llmlab.static_cache import StaticKVCache
+    from llmlab.cache.static_cache import StaticKVCache
 
     if not _kernel_ok(x):
         return type(self).forward(self, x, cos, sin, positions, kv_cache, mask)
@@ -234,7 +234,7 @@ def _transformer_forward(self, input_ids, positions=None, kv_cache=None, last_on
         positions = torch.arange(T, device=input_ids.device)
     rms = _kernels().rmsnorm
     h = self.embed_tokens(input_ids)  # (B, T, D): the residual stream
-    static = hasattr(kv_cache, "attention_mask")  # a static cache (`llmlab.static_cache.StaticKVCache`)
+    static = hasattr(kv_cache, "attention_mask")  # a static cache (`llmlab.cache.static_cache.StaticKVCache`)
     if B * T == 1 and static and _one_token_fusable(self, h):  # no mask, no cos/sin: its kernels need neither
         return _one_token_decode(self, h, positions, kv_cache)
     cos, sin = self.rope(positions, h.dtype)
@@ -299,7 +299,7 @@ def _one_token_decode(model, h, positions, kv_cache) -> torch.Tensor:
 # The batch-1 decode step's four GEMVs per layer (`_one_token_decode`), by role, and its attention. `step_tuning`
 # may choose a tile (a split config for the attention) for each by timing the whole captured step; the choices live
 # in the model's __dict__ under STEP_TILES_ATTR (forgotten by `disable`), and
-# `llmlab.cuda_graphs.weights_fingerprint` includes them, so graphs captured with other tiles are not reused. The
+# `llmlab.runtime.cuda_graphs.weights_fingerprint` includes them, so graphs captured with other tiles are not reused. The
 # attention's best split depends on the static cache's size, so its role names it: "attention@1024" for caches of
 # 513..1024 slots (the attention autotuner's own key rounds the same way); other sizes keep the autotuner's pick.
 GEMV_ROLES = ("qkv", "o", "gate_up", "down")
@@ -322,7 +322,7 @@ def gemv_weights(model) -> dict:
 
 
 def _greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """The decode step's greedy pick (`llmlab.cuda_graphs.decode_step` calls it while the switch is on):
+    """The decode step's greedy pick (`llmlab.runtime.cuda_graphs.decode_step` calls it while the switch is on):
     (B, V) logits -> (B,) int64, in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels."""
     from llmlab.sampling import argmax_rows
 
@@ -353,7 +353,7 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
         if fn is not None:
             module.forward = types.MethodType(fn, module)
         if fn is _transformer_forward:
-            module.__dict__["_llmlab_argmax"] = _greedy_tokens  # read by llmlab.cuda_graphs.decode_step
+            module.__dict__["_llmlab_argmax"] = _greedy_tokens  # read by llmlab.runtime.cuda_graphs.decode_step
     return model
 
 

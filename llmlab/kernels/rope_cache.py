@@ -9,7 +9,7 @@ heads 0..H-1 are q, then Hkv heads of k, then Hkv heads of v. One program handle
     v head:  v_cache[b, h, pos[b]] <- x
 
 RoPE pairing as `llmlab.model.apply_rope` ("rotate half"; see `rope.py`), computed in fp32 and rounded once to the
-cache dtype. The cache layout is `llmlab.static_cache.StaticKVCache`'s: (B, Hkv, S, hd) per layer.
+cache dtype. The cache layout is `llmlab.cache.static_cache.StaticKVCache`'s: (B, Hkv, S, hd) per layer.
 
 The angles come either as cos/sin rows (`llmlab.model.RotaryEmbedding`'s output) or are computed in the kernel from
 the positions and the inverse frequencies (`inv_freq=`): the ~7 small kernels that build cos/sin each step go away.
@@ -111,7 +111,7 @@ def rope_and_cache_(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tens
         inv_freq: instead of cos/sin: (hd/2,) fp32 inverse frequencies (`RotaryEmbedding.inv_freq`); the kernel
             computes angle = position * inv_freq, and cos/sin rounded to qkv's dtype, as `RotaryEmbedding` does.
         positions: (B,) int64/int32 on the device: the cache slot of each row's token, each < S (not checked on the
-            device: the caller checks lengths on the host, as `llmlab.cuda_graphs` does).
+            device: the caller checks lengths on the host, as `llmlab.runtime.cuda_graphs` does).
         k_cache, v_cache: (B, Hkv, S, hd) one layer of a static cache (rows 0..B-1), last dimension contiguous.
         n_heads: H, the query heads.
 

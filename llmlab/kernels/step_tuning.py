@@ -49,7 +49,7 @@ ORDER = ("gate_up", "down", "qkv", "o")
 
 def runner_slots(model, context: int = 256, steps: int = 32) -> int:
     """Slots per row of the static cache `measure_step_ms` builds: 1024 (a chat runner's size,
-    `llmlab.cuda_graphs.runner_for`), more if context + steps needs it, the model's context if shorter.
+    `llmlab.runtime.cuda_graphs.runner_for`), more if context + steps needs it, the model's context if shorter.
 
     Raises ValueError if steps < 1, context < 0, or the model's context cannot hold `steps` + 8 tokens."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(context, bool) \
@@ -72,7 +72,7 @@ def measure_step_ms(model, context: int = 256, steps: int = 32) -> float:
     the tests use it.)
 
     Raises ValueError if the model's context cannot hold `steps` + 8 tokens, or steps < 1, or context < 0."""
-    from llmlab.cuda_graphs import GraphDecoder
+    from llmlab.runtime.cuda_graphs import GraphDecoder
 
     slots = runner_slots(model, context, steps)
     context = min(context, slots - steps - 4)

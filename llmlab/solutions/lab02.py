@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from llmlab import roofline
+from llmlab.measure import roofline
 from llmlab.config import PRESETS, ModelConfig
 
 
@@ -44,7 +44,7 @@ _CASES = [("llama-3.2-1b", 1, 0), ("llama-3.2-1b", 16, 1024), ("llama-3.1-8b", 6
 
 
 def check_decode_intensity(fn) -> None:
-    """Compare `fn(config, batch, context_len, bytes_per_param)` with llmlab.roofline on a few presets."""
+    """Compare `fn(config, batch, context_len, bytes_per_param)` with llmlab.measure.roofline on a few presets."""
     for name, batch, ctx in _CASES:
         cfg = ModelConfig.from_preset(name)
         for bpp in (2, 0.5):
@@ -59,7 +59,7 @@ def check_decode_intensity(fn) -> None:
 
 
 def check_critical_batch(fn) -> None:
-    """Compare `fn(config, ridge, context_len)` with a brute-force search over llmlab.roofline."""
+    """Compare `fn(config, ridge, context_len)` with a brute-force search over llmlab.measure.roofline."""
     ridge = roofline.ridge_point(989, 4800)  # H200 datasheet, ~206 FLOP/byte
     for name, ctx in (("llama-3.2-1b", 0), ("llama-3.1-8b", 128), ("llama-3.1-8b", 2048)):
         cfg = ModelConfig.from_preset(name)

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from .sampling import sample
+from llmlab.sampling import sample
 
 SAMPLE_TEXT = (
     "Return a new sorted list from the items in iterable. A custom key function can be supplied to customize the "
@@ -61,7 +61,7 @@ def tokenizer_cost(tokenizer=None, texts: list[str] | None = None, repeats: int 
         FileNotFoundError: no tokenizer given and the default model's folder has none.
     """
     if tokenizer is None:
-        from .checkpoint import load_tokenizer
+        from llmlab.checkpoint import load_tokenizer
 
         tokenizer = load_tokenizer("default")
     texts = texts or [SAMPLE_TEXT * n for n in (1, 8, 64)]

@@ -27,9 +27,9 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .kv_cache import check_cache_args
-from .kv_memory import check_fits
+from llmlab.config import ModelConfig
+from llmlab.cache.kv_cache import check_cache_args
+from llmlab.cache.sizing import check_fits
 
 QMAX = {"int8": 127.0, "fp8": 448.0}  # largest magnitude of each format (fp8 = float8_e4m3fn)
 
@@ -189,7 +189,7 @@ def perplexity(model, ids: list[int] | torch.Tensor, cache_factory=None, prefill
     quantization; each decode step reads what the cache stored. cache_factory: None = the contiguous `KVCache`.
     ids: N token ids, 2 <= N <= the model's context; prefill: 1 .. N - 1 tokens. Raises ValueError otherwise.
     """
-    from .kv_cache import KVCache
+    from llmlab.cache.kv_cache import KVCache
 
     param = next(model.parameters())
     ids = torch.as_tensor(ids, dtype=torch.long, device=param.device).reshape(1, -1)  # (1, N)
@@ -217,7 +217,7 @@ def greedy_agreement(a: list[int], b: list[int]) -> dict:
 
 def heldout_text() -> str:
     """Docstrings of `bdb`, a standard-library module held out from the default model's training corpus."""
-    from .train.corpus import is_val, module_document, stdlib_files
+    from llmlab.train.corpus import is_val, module_document, stdlib_files
 
     for module, path in stdlib_files():
         if module == "bdb" and is_val("module:bdb"):

@@ -7,21 +7,21 @@ setting (e.g. "KV cache, bf16, batch 1") on one device:
     meta      device name, date (UTC), package versions, git commit, model (name, shape), the switch settings,
               batch size, dtype, prompt / new tokens per call, sampler interval, the peaks used for MBU
     samples   the NVML sampler's columns: `t_s` (seconds on the sampler's clock) and every series the device
-              reported (`llmlab.nvml_sampler`: gpu_util_pct, sm_active_pct, dram_bw_util_pct, ...); a series the
+              reported (`llmlab.telemetry.nvml_sampler`: gpu_util_pct, sm_active_pct, dram_bw_util_pct, ...); a series the
               device lacks is absent, a reading that lacked it holds null
     tokens    one entry per generated token: `t_s` (when the host had the token, on the sampler's clock) and
               `step_ms` (that step's latency; the first step of each call is prefill + first token = TTFT)
     calls     one entry per `generate` call: start_s, end_s, n_tokens, finish
     kernels   optional: the GPU kernels of a few profiled decode steps (torch.profiler), as [start_us, end_us]
               pairs, to show the gaps between kernels and between forward passes
-    summary   tokens/s, TTFT, TPOT (mean, p50, p90), MBU (via `llmlab.roofline`), mean GPU-Util, SM activity,
+    summary   tokens/s, TTFT, TPOT (mean, p50, p90), MBU (via `llmlab.measure.roofline`), mean GPU-Util, SM activity,
               SM occupancy and DRAM bandwidth utilisation over the decoding window
 
 Floats are rounded (times to 0.1 ms, percentages to 0.01) so a 15-second recording stays well under 1 MB.
 Files live in `data/traces/` (`trace_dir()`; override with the environment variable LLMLAB_TRACE_DIR) and are
 named `<device>_<model>_<setting>.json`.
 
-    from llmlab.trace import list_traces, load_trace, replay
+    from llmlab.telemetry.trace import list_traces, load_trace, replay
     t = load_trace(list_traces()[0])
     print(t.label, t.summary["tokens_per_s"])
     for reading in replay(t, speed=4.0):      # readings in 4x real time; realtime=False gives them all at once
@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .config import ModelConfig
-from . import roofline
+from llmlab import REPO_ROOT
+from llmlab.config import ModelConfig
+from llmlab.measure import roofline
 
 FORMAT = "llmlab-trace"
 VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE_DIR = REPO_ROOT / "data" / "traces"
 
 # decimals kept per kind of number

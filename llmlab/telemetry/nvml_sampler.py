@@ -31,7 +31,7 @@ The sampler thread only appends readings to a bounded buffer. It never touches w
 a background thread is fragile under ipykernel 7 (jupyter-widgets/ipywidgets#4001, #4020); the code running in the
 cell polls `Sampler.read_new()` every ~100-200 ms and pushes the plot update itself.
 
-    from llmlab.nvml_sampler import Sampler, nvml_available
+    from llmlab.telemetry.nvml_sampler import Sampler, nvml_available
     ok, why = nvml_available()
     if ok:
         with Sampler(device_index=0, interval_s=0.1) as s:

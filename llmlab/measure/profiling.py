@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from .engine import LLM
-from .switches import apply_switches, describe
+from llmlab.engine import LLM
+from llmlab.switches import apply_switches, describe
 
 STEP_PREFIX = "llmlab.step."
 

@@ -15,8 +15,8 @@ import numbers
 
 import torch
 
-from .config import ModelConfig
-from .kv_memory import check_fits
+from llmlab.config import ModelConfig
+from llmlab.cache.sizing import check_fits
 
 
 def check_cache_args(config: ModelConfig, dtype, **counts) -> None:

@@ -9,7 +9,7 @@ batch 1, and the same without the KV cache) the recording is:
     until ~12 s of decoding -> 1 s idle -> sampler off
     a few decode steps under torch.profiler: the GPU kernels and the gaps between them (CUDA only)
 
-and one trace per setting is written to `data/traces/<device>_<model>_<setting>.json` (`llmlab.trace`). The idle
+and one trace per setting is written to `data/traces/<device>_<model>_<setting>.json` (`llmlab.telemetry.trace`). The idle
 seconds make the contrast visible: GPU-Util jumps when decoding starts, SM activity and DRAM bandwidth barely move.
 
     llmlab record                                   # llama-3.2-1b shape, random bf16 weights, both settings
@@ -31,12 +31,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import envinfo
-from .engine import LLM
-from .nvml_sampler import Backend, Sampler
-from .profiling import union_length
-from .switches import SWITCHES, apply_switches, describe
-from .trace import Trace, make_trace, save_trace, slug, trace_dir
+from llmlab import envinfo
+from llmlab.engine import LLM
+from llmlab.telemetry.nvml_sampler import Backend, Sampler
+from llmlab.measure.profiling import union_length
+from llmlab.switches import SWITCHES, apply_switches, describe
+from llmlab.telemetry.trace import Trace, make_trace, save_trace, slug, trace_dir
 
 DEFAULT_PRESET = "llama-3.2-1b"
 DEFAULT_SETTINGS: list[dict[str, Any]] = [
@@ -132,7 +132,7 @@ def profile_steps(llm: LLM, prompt_ids: list[int], kwargs: dict, n_new: int, cud
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from .profiling import STEP_PREFIX, StepRanges
+    from llmlab.measure.profiling import STEP_PREFIX, StepRanges
 
     marks = StepRanges()
 
@@ -182,7 +182,7 @@ def sampler_cost(llm: LLM, prompt_ids: list[int], kwargs: dict, new_tokens: int 
 
     Returns {"none": ms, "nvml": ms, "nvml+gpm": ms} (a key is missing where that backend cannot open).
     """
-    from .nvml_sampler import NvmlBackend
+    from llmlab.telemetry.nvml_sampler import NvmlBackend
 
     def tpot_p50() -> float:
         g = llm.generate(prompt_ids, max_new_tokens=new_tokens, **kwargs)
@@ -296,7 +296,7 @@ def record_setting(llm: LLM, settings: dict[str, Any], *, model_name: str, durat
 
 
 def _peaks_dict(device: torch.device) -> dict:
-    from .peaks import measure_peaks
+    from llmlab.measure.peaks import measure_peaks
 
     p = measure_peaks(device)
     return {"copy_bw_gb_s": p.copy_bw_gb_s, "matmul_tflops": p.matmul_tflops, "matmul_dtype": p.matmul_dtype,
@@ -337,7 +337,7 @@ def record(model: str | None = None, preset: str = DEFAULT_PRESET, settings: lis
     if not torch.cuda.is_available():
         raise RuntimeError("needs an NVIDIA GPU, and PyTorch sees no CUDA device on this machine "
                            "(the traces in data/traces/ were recorded on one)")
-    from .nvml_sampler import nvml_available
+    from llmlab.telemetry.nvml_sampler import nvml_available
 
     ok, why = nvml_available()
     if not ok:

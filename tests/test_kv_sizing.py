@@ -1,4 +1,4 @@
-"""KV-cache memory math (`llmlab.kv_memory`): the formula equals what is allocated, MHA/GQA/MQA sizes, the waste
+"""KV-cache memory math (`llmlab.cache.sizing`, measured in `llmlab.measure.kv_costs`): the formula equals what is allocated, MHA/GQA/MQA sizes, the waste
 of max-length preallocation vs paging, and the error for a cache larger than free memory."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from llmlab.config import ModelConfig
-from llmlab.kv_cache import KVCache
-from llmlab.kv_memory import (allocated_bytes, available_memory, bytes_per_token, cache_bytes, calculator,
-                              check_fits, decode_latency_vs_context, measured_waste, mixed_lengths, variants, waste)
-from llmlab.kv_quant import QuantizedKVCache
-from llmlab.paged_cache import PagedKVCache
+from llmlab.cache.kv_cache import KVCache
+from llmlab.cache.sizing import (allocated_bytes, available_memory, bytes_per_token, cache_bytes, calculator,
+                                 check_fits, mixed_lengths, variants, waste)
+from llmlab.measure.kv_costs import decode_latency_vs_context, measured_waste
+from llmlab.cache.kv_quant import QuantizedKVCache
+from llmlab.cache.paged_cache import PagedKVCache
 from tiny_models import tiny_config, tiny_model
 
 
@@ -73,12 +74,12 @@ def test_decode_latency_vs_context_rows():
 
 def test_a_container_memory_limit_caps_what_is_available(tmp_path, monkeypatch):
     """Binder/Docker limit a container below the host's MemAvailable: the cgroup's room counts (v2, then v1)."""
-    from llmlab import kv_memory
+    from llmlab.cache import sizing
 
     limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
     limit.write_text("2000000000\n")
     usage.write_text("1500000000\n")
-    monkeypatch.setattr(kv_memory, "CGROUP_FILES", {"v2": (str(limit), str(usage))})
+    monkeypatch.setattr(sizing, "CGROUP_FILES", {"v2": (str(limit), str(usage))})
     free, where = available_memory("cpu")
     assert free == 500_000_000 and "container limit" in where
     with pytest.raises(MemoryError, match=r"needs 600.0 MB but only 500.0 MB of host memory is available"):
@@ -90,7 +91,7 @@ def test_a_container_memory_limit_caps_what_is_available(tmp_path, monkeypatch):
 def test_an_unreadable_or_negative_host_reading_refuses_nothing(monkeypatch):
     import builtins
 
-    from llmlab import kv_memory
+    from llmlab.cache import sizing
 
     real_open = builtins.open
 
@@ -100,8 +101,8 @@ def test_an_unreadable_or_negative_host_reading_refuses_nothing(monkeypatch):
         return real_open(path, *a, **k)
 
     monkeypatch.setattr(builtins, "open", no_meminfo)
-    monkeypatch.setattr(kv_memory, "CGROUP_FILES", {})
-    monkeypatch.setattr(kv_memory.os, "sysconf", lambda name: -1)  # sysconf's "unknown"
+    monkeypatch.setattr(sizing, "CGROUP_FILES", {})
+    monkeypatch.setattr(sizing.os, "sysconf", lambda name: -1)  # sysconf's "unknown"
     free, where = available_memory("cpu")
     assert free == 1 << 62 and "unknown" in where
     check_fits(10**12, "cpu", "a large model", "")  # not refused on a guess

@@ -15,11 +15,11 @@ Kernel micro-benchmarks write the same shape (`result_row`, `bench_document`, `s
 naming the op and a `bw_fraction` or `speedup_vs_bf16` column. `validate_bench` checks a document.
 
 Definitions (Databricks 2023, https://www.databricks.com/blog/llm-inference-performance-engineering-best-practices;
-see `llmlab.roofline`): tokens/s = generated tokens / wall time of the whole workload (prefill included); TTFT = from
+see `llmlab.measure.roofline`): tokens/s = generated tokens / wall time of the whole workload (prefill included); TTFT = from
 the start of the workload to a request's first token (a request that waits for an earlier group counts its wait); TPOT
 = one decode step (all sequences of a batch advance by one token); MBU / MFU = the bytes / FLOPs a KV-cache decode
 step must move / do (weights once per step + each sequence's KV cache) divided by the measured step time and the
-measured peak (`llmlab.peaks`). The same model bytes and FLOPs are used for every row, so a row that does more work
+measured peak (`llmlab.measure.peaks`). The same model bytes and FLOPs are used for every row, so a row that does more work
 than needed (no KV cache recomputes the sequence) shows a lower MBU/MFU, as "model" utilisation should (PaLM, App. B,
 https://arxiv.org/abs/2204.02311).
 
@@ -53,16 +53,16 @@ from typing import Any, Callable
 
 import torch
 
-from . import roofline
-from .config import PRESETS
-from .engine import LLM
-from .envinfo import device_name, git_commit, versions
-from .ladder import LadderStep, ResolvedStep, available_steps, weight_bytes_per_param, weights_label
-from .switches import apply_switches, describe
+from llmlab import REPO_ROOT
+from llmlab.measure import roofline
+from llmlab.config import PRESETS
+from llmlab.engine import LLM
+from llmlab.envinfo import device_name, git_commit, versions
+from llmlab.ladder import LadderStep, ResolvedStep, available_steps, weight_bytes_per_param, weights_label
+from llmlab.switches import apply_switches, describe
 
 FORMAT = "llmlab-bench"
 VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "data" / "bench"
 _AS_LOADED = LadderStep("as loaded", {})  # weights in the model's own dtype (peers and the roofline)
 # Every row warms up on the whole workload before it is timed. The compiled and graph-captured rows need it
@@ -224,7 +224,7 @@ class _StepClock:
     """
 
     def __init__(self, device: torch.device):
-        from .timing import StepTimer
+        from llmlab.measure.timing import StepTimer
 
         self.timer = StepTimer(device)
 
@@ -369,7 +369,7 @@ def timed(fn: Callable[[], Run], device: torch.device, repeats: int, sample: boo
         torch.cuda.reset_peak_memory_stats(device)
     sampler = None
     if sample:
-        from .nvml_sampler import Sampler
+        from llmlab.telemetry.nvml_sampler import Sampler
 
         try:
             sampler = Sampler(device_index=device.index or 0, interval_s=interval_s, backend=backend,
@@ -409,15 +409,15 @@ def result_row(**fields) -> dict:
 
 
 def peaks_dict(device: torch.device, cache_path=None) -> dict:
-    """The measured peaks (`llmlab.peaks.measure_peaks`, cached) in the bench file's shape (`peaks_record`).
+    """The measured peaks (`llmlab.measure.peaks.measure_peaks`, cached) in the bench file's shape (`peaks_record`).
     Raises ValueError for an unsupported device."""
-    from .peaks import measure_peaks
+    from llmlab.measure.peaks import measure_peaks
 
     return peaks_record(measure_peaks(device, cache_path=cache_path))
 
 
 def peaks_record(p) -> dict:
-    """A `llmlab.peaks.Peaks` in the bench file's shape: copy_GBps, bf16_TFLOPs, matmul_dtype, the datasheet's,
+    """A `llmlab.measure.peaks.Peaks` in the bench file's shape: copy_GBps, bf16_TFLOPs, matmul_dtype, the datasheet's,
     measured_at, cached (read from the cache file rather than measured for this run), how steady the measurement
     was (verdict "steady"/"noisy"/None, noise_reasons, copy_spread, matmul_spread, repeats, attempts, cpu_wait: see
     `Peaks`) and a note.
@@ -436,7 +436,7 @@ def peaks_record(p) -> dict:
 
 
 def peaks_line(p) -> str:
-    """The "peaks:" line printed before a bench's rows: a `llmlab.peaks.Peaks`'s figures, where they come from
+    """The "peaks:" line printed before a bench's rows: a `llmlab.measure.peaks.Peaks`'s figures, where they come from
     (`Peaks.source`) and how far to trust them (`Peaks.trust`), e.g. "peaks: copy 34 GB/s, matmul 0.20 TFLOP/s
     (float32), measured now, saved to <file>; spread 2% (copy), 1% (matmul) over 5 repeats: steady"."""
     line = (f"peaks: copy {p.copy_bw_gb_s:.0f} GB/s, matmul {p.matmul_tflops:.2f} TFLOP/s ({p.matmul_dtype}), "
@@ -639,7 +639,7 @@ def batch_sweep(llm: LLM, batch_sizes=(1, 2, 4, 8, 16, 32, 64), prompt_len: int 
     Every batch size runs `batch` random prompts of `prompt_len` tokens for `new_tokens` tokens (a short untimed
     warm-up of 4 tokens, then the median of `repeats`). Returns one dict per batch size: batch, tpot_ms (mean decode
     step), tokens_per_s (decode: batch x 1000 / tpot_ms), intensity (FLOP/byte of a decode step,
-    `llmlab.roofline`), achieved_tflops, achieved_GBps, mbu, mfu (against `peaks`, default the measured ones:
+    `llmlab.measure.roofline`), achieved_tflops, achieved_GBps, mbu, mfu (against `peaks`, default the measured ones:
     `peaks_dict`).
     Raises ValueError if prompt_len + new_tokens exceeds the context or new_tokens < 2.
     """
@@ -731,8 +731,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             load and the peaks' measurement count) are skipped (reason recorded); the first row always runs.
         llm: an already loaded LLM to use instead of loading `model`; `model` is then only its id in the file
             ('default' -> the LLM's name).
-        peaks_cache: the measured peaks' cache file (default `llmlab.peaks.default_cache_path()`).
-        measured_peaks: a `llmlab.peaks.Peaks` to use instead of reading or measuring them (e.g.
+        peaks_cache: the measured peaks' cache file (default `llmlab.measure.peaks.default_cache_path()`).
+        measured_peaks: a `llmlab.measure.peaks.Peaks` to use instead of reading or measuring them (e.g.
             `measure_peaks(device, refresh=True)`: measured again, the cache rewritten); `peaks_cache` is then unused.
             The printed "peaks:" line (`peaks_line`) says where they come from and how steady they were.
 
@@ -757,7 +757,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     repeats = repeats or (1 if quick else 3)
     prompts = make_prompts(wl, cfg.vocab_size)
     if measured_peaks is None:
-        from .peaks import measure_peaks
+        from llmlab.measure.peaks import measure_peaks
 
         measured_peaks = measure_peaks(dev, cache_path=peaks_cache)
     peaks = peaks_record(measured_peaks)
@@ -765,7 +765,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     dev_name = device_name(dev)
     sample = False
     if dev.type == "cuda":
-        from .nvml_sampler import nvml_available
+        from llmlab.telemetry.nvml_sampler import nvml_available
 
         sample, why_not = nvml_available()
     groups = group_by_length(prompts)

@@ -14,8 +14,10 @@ The module also:
 * checks a formula against what is really allocated (`allocated_bytes(cache)` sums the cache's tensors);
 * refuses a cache larger than the free memory before allocating anything (`check_fits`: CUDA free memory from
   `torch.cuda.mem_get_info`, host memory from /proc/meminfo's MemAvailable);
-* compares max-length preallocation with a paged cache on a mixed-length workload (`waste`, `measured_waste`);
-* times a decode step as the context grows (`decode_latency_vs_context`): each step reads the whole cache.
+* compares max-length preallocation with a paged cache on a mixed-length workload (`waste`; measured with real
+  caches in `llmlab.measure.kv_costs`).
+
+It imports no cache class: the caches import it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .config import ModelConfig
+from llmlab.config import ModelConfig
 
 
 def element_size(dtype: torch.dtype) -> int:
@@ -73,7 +75,7 @@ def calculator(presets: list[str] | None = None, context: int = 8192, batch: int
 
     presets: names from `llmlab.config.PRESETS` (default: all). Raises ValueError for a negative context or batch.
     """
-    from .config import PRESETS
+    from llmlab.config import PRESETS
     _check_counts(context=context, batch=batch)
     rows = []
     for name in presets or list(PRESETS):
@@ -230,69 +232,3 @@ def waste(lengths: list[int], max_seq_len: int, block_size: int = 16) -> list[Wa
     used = sum(lengths)
     return [Waste("max-length preallocation", len(lengths) * max_seq_len, used),
             Waste(f"paged (block_size={block_size})", sum(-(-n // block_size) * block_size for n in lengths), used)]
-
-
-def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, block_size: int = 16,
-                   dtype: torch.dtype = torch.float32, device="cpu") -> dict:
-    """Allocate both layouts for the workload and measure bytes: a `KVCache` of batch len(lengths) x max_seq_len,
-    and a `PagedKVCache` whose block manager holds every sequence at its length (pool sized to exactly what the
-    workload needs). Returns bytes reserved and used for both (bytes, from the tensors actually allocated)."""
-    from .kv_cache import KVCache
-    from .paged_cache import PagedKVCache
-
-    _check_lengths(lengths, max_seq_len, block_size)
-    per_tok = bytes_per_token(config, dtype)
-    used = sum(lengths) * per_tok
-    contiguous = KVCache(config, len(lengths), max_seq_len, dtype, device)
-    contiguous_bytes = allocated_bytes(contiguous)
-    del contiguous
-    nblocks = sum(-(-n // block_size) for n in lengths)
-    paged = PagedKVCache(config, len(lengths), max_seq_len, dtype, device, block_size=block_size, num_blocks=nblocks)
-    for i, n in enumerate(lengths):
-        paged.blocks.allocate(i, n)
-    paged_bytes = allocated_bytes(paged)
-    assert paged.blocks.num_free == 0
-    return {"sequences": len(lengths), "used_bytes": used, "bytes_per_token": per_tok,
-            "contiguous_bytes": contiguous_bytes, "contiguous_waste": 1 - used / contiguous_bytes,
-            "paged_bytes": paged_bytes, "paged_waste": 1 - used / paged_bytes, "block_size": block_size,
-            "max_seq_len": max_seq_len}
-
-
-# -- decode latency vs context ------------------------------------------------------------------------------------
-
-@torch.inference_mode()
-def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch: int = 1) -> list[dict]:
-    """Median decode-step time (ms) with `context` tokens already cached, for each context length.
-
-    The cache is filled with random K/V (the values do not change the time), then `steps` single-token steps run
-    at positions context, context+1, ...; the KV bytes read per step grow linearly with the context. The first
-    context is run once untimed before the sweep: a process's first decode steps pay one-time costs (allocator,
-    thread pools) that would make the shortest context look slowest.
-    """
-    from .kv_cache import KVCache
-
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: time at least one decode step per context (a whole number >= 1)")
-    param = next(model.parameters())
-    device, dtype = param.device, param.dtype
-    rows = []
-    for ctx in list(contexts[:1]) + list(contexts):  # the first pass is the warm-up: dropped below
-        cache = KVCache(model.config, batch, ctx + steps, dtype, device)
-        for t in (*cache.k, *cache.v):
-            t.normal_()
-        cache.length = ctx
-        token = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        times = []
-        for i in range(steps):
-            pos = torch.tensor([ctx + i], device=device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            model(token, pos, kv_cache=cache, last_only=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        rows.append({"context": ctx, "ms": times[len(times) // 2],
-                     "kv_mb_read": cache_bytes(model.config, ctx, batch, dtype) / 1e6})
-    return rows[1:]

@@ -1,6 +1,6 @@
 """The device's limits — measured once and cached, next to the datasheet's — to judge a decode loop against.
 
-MBU and MFU (`llmlab.roofline`) divide by a peak. Two peaks are worth knowing:
+MBU and MFU (`llmlab.measure.roofline`) divide by a peak. Two peaks are worth knowing:
 
 * the datasheet's (H200 SXM: 4800 GB/s, 989 dense bf16 TFLOP/s) — what the hardware is sold as;
 * the measured one — what a simple kernel actually reaches: a large device-to-device copy (bytes read +
@@ -113,7 +113,7 @@ def _device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"device {device} is not supported: llmlab.peaks measures 'cuda' or 'cpu'")
+        raise ValueError(f"device {device} is not supported: llmlab.measure.peaks measures 'cuda' or 'cpu'")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
     return device

@@ -31,7 +31,7 @@ What is counted (and what is not):
   residual adds and biases (elementwise, O(dim) per token) are not counted.
 
 Units: bytes, FLOP, seconds in and out of the counting functions; bandwidth in GB/s (1e9 bytes/s) and compute in
-TFLOP/s (1e12 FLOP/s) wherever a peak is passed, as on datasheets and in `llmlab.peaks`; utilisations are
+TFLOP/s (1e12 FLOP/s) wherever a peak is passed, as on datasheets and in `llmlab.measure.peaks`; utilisations are
 fractions (0.22 = 22%).
 
 Sources:
@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import ModelConfig
+from llmlab.config import ModelConfig
 
 # -- guards against unit slips (a bandwidth passed in bytes/s instead of GB/s, ...) ------------------------------
 
@@ -255,7 +255,7 @@ def mbu(step_time_s: float, config: ModelConfig, batch: int, context_len: float,
     """Model bandwidth utilisation of a decode step: achieved bandwidth / peak bandwidth (fraction; x100 for %).
 
     achieved = `decode_step_bytes(...)` / step_time_s (Databricks 2023). Use the measured copy bandwidth
-    (`llmlab.peaks`) as the peak for what is attainable, the datasheet value for the marketing number.
+    (`llmlab.measure.peaks`) as the peak for what is attainable, the datasheet value for the marketing number.
     For a whole run pass the mean decode step time (TPOT) and `decode_mean_context_len(...)`.
     Example: Llama-3.2-1B bf16, 1.89 ms per step on an H200 (4280 GB/s): 2.47e9 / 1.89e-3 = 1308 GB/s = 31%.
     Raises ValueError if step_time_s <= 0, the peak is not positive or is given in bytes/s, or for batch < 1,

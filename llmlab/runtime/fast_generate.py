@@ -5,9 +5,9 @@ on the host (its `KVCache`), and copies the new token to the host (`token.tolist
 GPU to finish every token before it can launch the next one, and the GPU then waits for the CPU's launches.
 `generate_fast` removes these costs one switch at a time and returns the same `Generation`:
 
-* mode "static": the decode step on a static KV cache (`llmlab.static_cache`), run eagerly — the baseline that
+* mode "static": the decode step on a static KV cache (`llmlab.cache.static_cache`), run eagerly — the baseline that
   the next modes speed up, and the path the CPU tests use;
-* mode "graphs": that step replayed from CUDA graphs, one per batch-size bucket (`llmlab.cuda_graphs`);
+* mode "graphs": that step replayed from CUDA graphs, one per batch-size bucket (`llmlab.runtime.cuda_graphs`);
 * mode "compile": the step through `torch.compile` (on CUDA with mode="reduce-overhead", i.e. Inductor's own
   CUDA graphs); "compile+graphs": Inductor's fused kernels captured in this package's graphs;
 * gpu_sampling=True: tokens are sampled on the GPU (`llmlab.sampling.sample`, which never reads the device),
@@ -29,7 +29,7 @@ run dry, at the price of up to N wasted steps after the last sequence ends (`Gen
 their time is left out of `step_ms`). `on_token` callbacks are still made for every step, in order — in bursts of
 N; a stop they ask for takes effect at the next read.
 
-Step times come from CUDA events (`llmlab.timing.StepTimer`), recorded between steps without synchronizing.
+Step times come from CUDA events (`llmlab.measure.timing.StepTimer`), recorded between steps without synchronizing.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from typing import Callable
 
 import torch
 
-from .cuda_graphs import MODES, GraphDecoder, runner_for
-from .generate import (Generation, _sync, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
+from llmlab.runtime.cuda_graphs import MODES, GraphDecoder, runner_for
+from llmlab.generate import (Generation, _sync, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
                        to_device)
-from .sampling import check_sampling_args, sample, warn_greedy_filters
-from .timing import StepTimer
+from llmlab.sampling import check_sampling_args, sample, warn_greedy_filters
+from llmlab.measure.timing import StepTimer
 
 
 class _Collector:
@@ -203,7 +203,7 @@ def generate_fast(
         runner = runner_for(model, mode, B, T + max_new_tokens, max_batch)  # may capture / compile (once)
     elif runner.model is not model:
         raise ValueError(f"the runner ({runner}) was built for another model; build one for this model "
-                         f"(llmlab.cuda_graphs.runner_for) or leave runner=None")
+                         f"(llmlab.runtime.cuda_graphs.runner_for) or leave runner=None")
     elif B > runner.max_batch or T + max_new_tokens > runner.max_seq_len:
         raise ValueError(f"the runner ({runner}) is too small: {B} rows (it has {runner.max_batch}) of "
                          f"{T} + {max_new_tokens} tokens (its cache holds {runner.max_seq_len}); build a larger "

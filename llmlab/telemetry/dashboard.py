@@ -1,6 +1,6 @@
 """The live dashboard: watch the GPU while the model decodes, flip an optimization, run again, compare.
 
-    from llmlab.dashboard import Dashboard
+    from llmlab.telemetry.dashboard import Dashboard
     dash = Dashboard(llm)          # shows itself when it is the last expression of a cell
     dash                           # Run / Stop in the browser, or from code:
     row = dash.run({"kv_cache": False}, max_new_tokens=64)
@@ -8,7 +8,7 @@
 What it shows (ipywidgets + plotly `FigureWidget`):
 
 * top panel: GPU-Util (what `nvidia-smi` reports), SM activity, SM occupancy and DRAM bandwidth utilisation, in %,
-  sampled by `llmlab.nvml_sampler.Sampler` at 10 Hz;
+  sampled by `llmlab.telemetry.nvml_sampler.Sampler` at 10 Hz;
 * per-token latency (ms) and tokens/s over the last 16 tokens, measured live;
 * one control per optimization in `llmlab.switches.SWITCHES` (an on/off switch is a checkbox, a switch with
   choices a dropdown), prompt and output lengths, Run and Stop;
@@ -16,7 +16,7 @@ What it shows (ipywidgets + plotly `FigureWidget`):
   activity.
 
 Without an NVIDIA GPU (Binder, CI, a laptop) the dashboard says so in one line and the top panel replays the
-recorded trace (`llmlab.trace`, `data/traces/`) that best matches the settings, labelled with its device and date;
+recorded trace (`llmlab.telemetry.trace`, `data/traces/`) that best matches the settings, labelled with its device and date;
 latency and tokens/s are still measured live, on the CPU.
 
 Threads. Generation runs on a worker thread ("llmlab-dashboard-run"); on a GPU the sampler has its own thread.
@@ -50,13 +50,13 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import envinfo
-from .engine import LLM
-from .generate import check_lengths, format_ms
-from .nvml_sampler import Backend, Sampler, SamplerError, nvml_available
-from .record import setting_label
-from .switches import SWITCHES, apply_switches
-from .trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, summarize_run, trace_dir
+from llmlab import envinfo
+from llmlab.engine import LLM
+from llmlab.generate import check_lengths, format_ms
+from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
+from llmlab.telemetry.record import setting_label
+from llmlab.switches import SWITCHES, apply_switches
+from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, summarize_run, trace_dir
 
 # the GPU panel's series: (key in sampler readings, legend name)
 GPU_SERIES = (
@@ -150,7 +150,7 @@ class Dashboard:
         replay_speed: how fast a recorded trace replays without a GPU (1.0 = real time; None = all at once).
         idle_s: seconds sampled before and after the decode on a live GPU, to show the idle level.
         interval_s: sampler period (s); poll_s: how often the plots are refreshed (s).
-        traces: a folder of recorded traces (default `llmlab.trace.trace_dir()`), or a list of `Trace`s.
+        traces: a folder of recorded traces (default `llmlab.telemetry.trace.trace_dir()`), or a list of `Trace`s.
         sampler_backend: a `Backend` for the sampler (tests); default NVML GPU 0.
         live: None decides (live sampling iff the model is on CUDA and NVML works); True forces the live sampler
             path (with a fake `sampler_backend` in tests), False forces the replay.
@@ -516,7 +516,7 @@ class Dashboard:
     # -- the rows ------------------------------------------------------------------------------------------------
     def _peak_bandwidth(self, device: torch.device) -> float | None:
         if self._peak_bw is None:
-            from .peaks import measure_peaks
+            from llmlab.measure.peaks import measure_peaks
 
             self._peak_bw = measure_peaks(device).copy_bw_gb_s
         return self._peak_bw

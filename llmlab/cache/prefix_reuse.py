@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import prepare_prompt
-from .kv_cache import KVCache
-from .paged_cache import PagedKVCache
+from llmlab.generate import prepare_prompt
+from llmlab.cache.kv_cache import KVCache
+from llmlab.cache.paged_cache import PagedKVCache
 
 
 @dataclass

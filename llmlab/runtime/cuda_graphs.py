@@ -9,7 +9,7 @@ same kernels on the same addresses with the same shapes. So
 * inputs live in static buffers the step reads (`ids`, `pos`): a decode step copies the new token into `ids` and
   bumps `pos` before the replay; the outputs (logits, greedy tokens) are the tensors the captured step wrote,
   rewritten in place by each replay;
-* the KV cache is static (`llmlab.static_cache`): fixed shape, written at device-side positions, masked;
+* the KV cache is static (`llmlab.cache.static_cache`): fixed shape, written at device-side positions, masked;
 * one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, 8, 16, 32, 64, ...) and a batch
   replays the smallest bucket that fits; the rows beyond the batch ("padding") decode a dummy token at position 0
   in their own rows of the cache, so they cannot change the real rows (every op is row-wise);
@@ -37,8 +37,8 @@ import warnings
 
 import torch
 
-from .sampling import argmax_rows
-from .static_cache import StaticKVCache
+from llmlab.sampling import argmax_rows
+from llmlab.cache.static_cache import StaticKVCache
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Runner caches hold at least MIN_SEQ tokens (or the whole context if shorter), then multiples of SEQ_ROUND: a

@@ -25,8 +25,8 @@ import copy
 
 import torch
 
-from .config import ModelConfig
-from .kv_cache import KVCache
+from llmlab.config import ModelConfig
+from llmlab.cache.kv_cache import KVCache
 
 
 class StaticKVCache(KVCache):

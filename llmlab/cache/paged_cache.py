@@ -2,7 +2,7 @@
 
 `KVCache` reserves max_seq_len slots per sequence up front; a request that stops early wastes the rest. Here each
 layer has one pool of blocks, shape (num_blocks, Hkv, block_size, hd) for K and the same for V, and a sequence
-takes blocks only as it grows (`llmlab.block_manager.BlockManager` does the bookkeeping, in plain Python). Token p
+takes blocks only as it grows (`llmlab.cache.block_manager.BlockManager` does the bookkeeping, in plain Python). Token p
 of a sequence is at block `table[p // block_size]`, offset `p % block_size` (Kwon et al. 2023, PagedAttention,
 https://arxiv.org/abs/2309.06180).
 
@@ -29,10 +29,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .block_manager import BlockManager
-from .config import ModelConfig
-from .kv_cache import check_cache_args
-from .kv_memory import check_fits
+from llmlab.cache.block_manager import BlockManager
+from llmlab.config import ModelConfig
+from llmlab.cache.kv_cache import check_cache_args
+from llmlab.cache.sizing import check_fits
 
 
 class PagedKVCache:
@@ -176,7 +176,7 @@ class PagedKVCache:
         """Before anything is reserved: ValueError if a row would get a gap (start past its tokens) or keep stale
         tokens (end before its last reserved token); OutOfBlocks unless the free list holds every new block the rows
         need to reach `end`."""
-        from .block_manager import OutOfBlocks
+        from llmlab.cache.block_manager import OutOfBlocks
 
         for b in range(B):
             have = self.blocks.length(b) if b in self.blocks.tables else 0
@@ -230,7 +230,7 @@ class PagedKVCache:
         if q.dim() != 4 or q.shape[2] != 1:
             raise ValueError(f"decode_attention takes one new query per row, q of shape (B, H, 1, hd); "
                              f"got {tuple(q.shape)} (use update + SDPA for a prefill)")
-        from .kernels.paged_decode_attention import paged_decode_attention  # imports triton: only when used
+        from llmlab.kernels.paged_decode_attention import paged_decode_attention  # imports triton: only when used
 
         tables, lens = self.step_tensors(q.shape[0])
         # the lengths come from the block manager, so they are in range: skip the kernel's host-side check (a sync)
@@ -238,7 +238,7 @@ class PagedKVCache:
 
     def _check_kernel_runs(self, layer: int, q: torch.Tensor) -> None:
         """Raise ValueError, with the reason and the way out, if the Triton paged kernel cannot take q and the pools."""
-        from .kernels import _util  # llmlab.kernels only where the kernel is used (it imports no triton)
+        from llmlab.kernels import _util  # llmlab.kernels only where the kernel is used (it imports no triton)
 
         fix = "decode with PagedKVCache.update (gather + SDPA) instead"
         ok, why = _util.triton_status()

@@ -1,0 +1,7 @@
+"""Telemetry: what the GPU says while the model decodes, live or recorded.
+
+    nvml_sampler.py  a background NVML sampler: GPU-Util, memory, power, clocks, and GPM's SM activity and DRAM bandwidth
+    record.py        llmlab record: decode while sampling and write a trace per setting
+    trace.py         the trace file format, and replaying a recorded trace
+    dashboard.py     the live ipywidgets + plotly dashboard of the labs
+"""
