@@ -20,6 +20,7 @@ import torch
 
 from llmlab.checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from llmlab.config import ModelConfig
+from llmlab.runtime.cuda_graphs import RunnerCache
 from llmlab.runtime.fast_generate import decode_mode, generate_fast
 from llmlab.generate import Generation, check_flags, check_seed, generate
 from llmlab.model import Transformer
@@ -69,9 +70,13 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 
 def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: bool = False,
                      torch_compile: bool = False, gpu_sampling: bool = False, prefill_graphs: bool = False,
-                     cache_factory: bool = False) -> None:
-    """Refuse `LLM.generate` switches that cannot run on `device` or together, before any work: shared by
-    `LLM.generate` and `llmlab.switches.apply_switches` (which checks before any switch changes the model).
+                     cache_factory: bool = False, switch_names: dict[str, str] | None = None) -> None:
+    """Refuse `LLM.generate` switches that cannot run on `device` or together, before any work: the one rule that
+    `LLM.generate` and `llmlab.switches.apply_switches` both run (the latter before any switch changes the model,
+    and again as each switch sets its generate arguments).
+
+    switch_names: {generate argument: the switch that set it} (`apply_switches`): a cache_factory refused with a
+    fast path is then named by the switches, not by the arguments.
 
     Raises:
         ValueError: cuda_graphs or prefill_graphs on a model not on a CUDA GPU (turn them off), prefill_graphs
@@ -97,6 +102,11 @@ def check_fast_paths(device: torch.device, use_cache: bool = True, cuda_graphs: 
                          f"turn the KV cache on (use_cache=True, the kv_cache switch) or turn {' and '.join(fast)} "
                          f"off")
     if fast and cache_factory:
+        names = switch_names or {}
+        if "cache_factory" in names:
+            raise ValueError(f"switch {names['cache_factory']!r} picks a KV cache for the eager decode, and with "
+                             f"{', '.join(repr(names.get(name, name)) for name in fast)} on the decode runs on its "
+                             f"own static KV cache: turn one side off")
         raise ValueError("cache_factory runs on the eager path only, and cuda_graphs / torch_compile / "
                          "gpu_sampling decode on their own static KV cache: drop cache_factory or those switches")
 
@@ -156,6 +166,10 @@ class LLM:
         tokenizer: a `tokenizers.Tokenizer`, or None (then prompts must be token ids).
         name: shown in tables and plots.
         random_weights: True for preset models — their text is noise.
+
+    Attributes besides those: `kernels`, the Triton kernels' decode step (`llmlab.kernels.KernelDecodeStep`) while
+    the "Triton kernels" switch is on, else None; `runners`, the decode runners (`llmlab.runtime.cuda_graphs.
+    RunnerCache`) the fast paths captured for this model, reused by the next `generate`.
     """
 
     def __init__(self, model: Transformer, tokenizer=None, name: str = "model", random_weights: bool = False):
@@ -163,6 +177,8 @@ class LLM:
         self.tokenizer = tokenizer
         self.name = name
         self.random_weights = random_weights
+        self.kernels = None
+        self.runners = RunnerCache()
 
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
@@ -232,8 +248,10 @@ class LLM:
         dt = self.dtype if dtype is None else pick_dtype(dtype, dev)
         if dev == self.device and dt == self.dtype:
             return self
-        model = copy.deepcopy(self.model).to(device=dev, dtype=dt)
-        return LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
+        model = copy.deepcopy(self.model).to(device=dev, dtype=dt)  # kernel modules stay kernel modules
+        llm = LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
+        llm.kernels = None if self.kernels is None else self.kernels.for_model(model)
+        return llm
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids (with BOS where the tokenizer's post-processor adds one). Raises ValueError without a
@@ -289,7 +307,9 @@ class LLM:
         `.tpot_ms`, `.tokens_per_s`. `on_token(step, tokens)` is called after each step (return True to stop).
         cuda_graphs / torch_compile / gpu_sampling (the switches of `llmlab.switches`) decode through
         `llmlab.runtime.fast_generate.generate_fast` on a static KV cache; with none of them set, the eager
-        `llmlab.generate.generate` runs. pin_memory copies the prompt through pinned memory (CUDA).
+        `llmlab.generate.generate` runs. Either path runs the Triton kernels' forward when `kernels` is set (the
+        "Triton kernels" switch), the fast ones on this LLM's `runners`. pin_memory copies the prompt through pinned
+        memory (CUDA).
         prefill_graphs (with cuda_graphs): the prefill too is replayed from a CUDA graph, of the prompt padded to
         a length bucket (`llmlab.runtime.cuda_graphs`).
         top_k / top_p at temperature 0 (greedy) have no effect: a UserWarning says so (`warn_greedy_filters`).
@@ -323,10 +343,10 @@ class LLM:
         if cuda_graphs or torch_compile or gpu_sampling:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,
-                              **common)
+                              runners=self.runners, kernels=self.kernels, **common)
         else:
             g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, cache_factory=cache_factory,
-                         **common)
+                         kernels=self.kernels, **common)
         if self.tokenizer is not None:
             eos = self.eos_token_id
             eos = {eos} if isinstance(eos, int) else set(eos or [])

@@ -26,11 +26,22 @@ def versions(packages: list[str] = PACKAGES) -> dict[str, str]:
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    """'NVIDIA H200' on a GPU, 'CPU (x86_64, 2 threads)' otherwise."""
+    """`torch.cuda.get_device_name()` on a GPU (e.g. "NVIDIA H200"); on a CPU its model name and torch's thread
+    count (e.g. "CPU: AMD EPYC 7763 64-Core Processor (2 threads)"), since a CPU's speed depends on both.
+    The model name comes from /proc/cpuinfo (Linux), else `platform.processor()` or `platform.machine()`."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU: {model} ({torch.get_num_threads()} threads)"
 
 
 def git_commit() -> str:

@@ -246,6 +246,7 @@ def generate(
     on_token: Callable[[int, list[int]], bool | None] | None = None,
     pin_memory: bool = False,
     cache_factory: Callable | None = None,
+    kernels=None,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after each prompt.
 
@@ -262,6 +263,9 @@ def generate(
         pin_memory: copy the prompt to a CUDA device through pinned memory (`to_device`); no effect on a CPU.
         cache_factory: builds the KV cache as cache_factory(config, batch, max_seq_len, dtype, device); default
             `KVCache` (contiguous). E.g. `llmlab.cache.paged_cache.PagedKVCache` or `llmlab.cache.kv_quant.QuantizedKVCache`.
+        kernels: run every forward pass through `kernels.forward` (the arguments and logits of the model's own):
+            the Triton kernels' decode step (`llmlab.kernels.KernelDecodeStep(model)`, `LLM.kernels`); None: the
+            model itself.
 
     Returns:
         A `Generation` with the new token ids and per-step timings.
@@ -295,6 +299,7 @@ def generate(
     B, T = ids.shape
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     generator = make_generator(seed, device)
+    forward = model if kernels is None else kernels.forward
 
     ids = to_device(ids, device, pin_memory)
     make_cache = cache_factory or KVCache
@@ -314,9 +319,9 @@ def generate(
     timer.start()
     for step in range(max_new_tokens):
         if use_cache:
-            logits = model(next_input, positions, kv_cache=cache, last_only=True)  # (B, 1, V)
+            logits = forward(next_input, positions, kv_cache=cache, last_only=True)  # (B, 1, V)
         else:
-            logits = model(seq, last_only=True)  # (B, 1, V): the whole sequence again, every step
+            logits = forward(seq, last_only=True)  # (B, 1, V): the whole sequence again, every step
         token = sample(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
         token_list = token.tolist()  # the host needs the token anyway: to detect EOS and to detokenize
         timer.mark()  # a step runs from one token to the next: host work between forward passes is included

@@ -125,6 +125,51 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int
     return mask
 
 
+# The attention paths (`attention_path`): which attention a layer runs
+STATIC_DECODE, STATIC, PAGED_DECODE, DECODE, CAUSAL = "static_decode", "static", "paged_decode", "decode", "causal"
+
+
+def attention_path(T: int, kv_cache, mask, sliding_window: int | None) -> str:
+    """Which attention runs for T new tokens: the one rule that `Attention` and the Triton kernels' attention
+    (`llmlab.kernels.modules.TritonAttention`) both follow.
+
+        "static_decode"  one new token per row on a static cache (`mask` given), no sliding window
+        "static"         a static cache otherwise: its whole buffer, `mask` hiding what a query may not see
+        "paged_decode"   one new token, no sliding window, a cache that attends from its own block pool (it has
+                         `decode_attention`: `llmlab.cache.paged_cache.PagedKVCache`)
+        "decode"         one new token, no sliding window, another KV cache: it may see every cached token
+        "causal"         anything else (a prompt, a chunk after cached tokens, a sliding window)
+
+    PyTorch (`sdpa_attention`) runs a static path with the mask and the other decode paths unmasked; the kernels
+    run the three decode paths with flash-decoding kernels that read only the filled part of the cache.
+    """
+    one_token = T == 1 and sliding_window is None
+    if mask is not None:
+        return STATIC_DECODE if one_token else STATIC
+    if one_token and kv_cache is not None:
+        return PAGED_DECODE if hasattr(kv_cache, "decode_attention") else DECODE
+    return CAUSAL
+
+
+def sdpa_attention(path: str, q, k, v, positions, mask=None, cached: bool = False,
+                   sliding_window: int | None = None) -> torch.Tensor:
+    """The attention of `path` (`attention_path`) with PyTorch's SDPA, scale 1/sqrt(hd).
+
+    q: (B, H, T, hd); k, v: (B, H, S, hd), already repeated for GQA -> (B, H, T, hd). cached: k and v are a KV
+    cache's (slot s = position s); positions: (T,) of the new tokens.
+    """
+    if path in (STATIC_DECODE, STATIC):  # every slot of the buffer, the unwritten ones masked out
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if path in (DECODE, PAGED_DECODE):  # the new token may see every cached token
+        return F.scaled_dot_product_attention(q, k, v)
+    T, S = q.shape[2], k.shape[2]
+    if sliding_window is None and S == T:  # a fresh sequence: plain causal (lets SDPA use flash kernels)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # a chunk after cached tokens, or a sliding window: an explicit mask (T, S)
+    k_pos = torch.arange(S, device=q.device) if cached else positions
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(positions, k_pos, sliding_window))
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention: H query heads share Hkv key/value heads (H % Hkv == 0)."""
 
@@ -147,7 +192,7 @@ class Attention(nn.Module):
         Without a cache the T tokens attend to each other (causally). With a cache, their K/V are written at
         `positions` and the queries attend to everything cached so far. `mask` (B or 1, 1, T, S) comes with a static
         cache (`llmlab.cache.static_cache`): its buffers are attended whole, the mask (additive: 0 or -inf) hides the
-        slots a query may not see.
+        slots a query may not see. Which attention runs is `attention_path`'s choice.
         """
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
@@ -155,21 +200,11 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+        path = attention_path(T, kv_cache, mask, self.sliding_window)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, positions, k, v)  # (B, Hkv, S, hd), all cached tokens
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, S, hd)
-
-        S = k.shape[2]
-        if mask is not None:  # a static cache: every slot of the buffer, the unwritten ones masked out
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
-        elif self.sliding_window is None and T == 1:  # decode: the new token may see every cached token
-            y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, hd), scale 1/sqrt(hd)
-        elif self.sliding_window is None and S == T:  # a fresh sequence: plain causal (lets SDPA use flash kernels)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
-        else:  # a chunk after cached tokens, or a sliding window: an explicit mask
-            k_pos = positions if kv_cache is None else torch.arange(S, device=x.device)
-            mask = attention_mask(positions, k_pos, self.sliding_window)  # (T, S)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
+        y = sdpa_attention(path, q, k, v, positions, mask, kv_cache is not None, self.sliding_window)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.o_proj(y)
 
@@ -200,6 +235,18 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, positions, kv_cache=None, mask=None):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def default_positions(T: int, kv_cache, device) -> torch.Tensor:
+    """Positions 0..T-1 (T,) int64 for a forward pass given none: a fresh sequence.
+
+    Raises ValueError when the cache already holds tokens: 0..T-1 would silently rewrite it from the start."""
+    held = getattr(kv_cache, "length", 0)
+    if isinstance(held, int) and held > 0:
+        raise ValueError(f"the KV cache already holds {held} tokens and no positions were given: pass "
+                         f"positions=torch.arange({held}, {held} + T) to continue the sequence (or positions "
+                         f"from 0 to start it over)")
+    return torch.arange(T, device=device)
 
 
 class Transformer(nn.Module):
@@ -266,12 +313,7 @@ class Transformer(nn.Module):
         if T == 0:
             raise ValueError("input_ids is empty: give at least one token")
         if positions is None:
-            held = getattr(kv_cache, "length", 0)
-            if isinstance(held, int) and held > 0:  # 0..T-1 here would silently rewrite the cache from the start
-                raise ValueError(f"the KV cache already holds {held} tokens and no positions were given: pass "
-                                 f"positions=torch.arange({held}, {held} + T) to continue the sequence (or positions "
-                                 f"from 0 to start it over)")
-            positions = torch.arange(T, device=input_ids.device)
+            positions = default_positions(T, kv_cache, input_ids.device)
         x = self.embed_tokens(input_ids)  # (B, T, D)
         cos, sin = self.rope(positions, x.dtype)  # (T, hd), or (B, T, hd) for per-row positions
         mask = None

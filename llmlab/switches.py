@@ -54,8 +54,9 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
             sampling without the KV cache; `llmlab.engine.check_fast_paths`, same message). All checked before any
             switch changes the model. Also: two switches on together that both set one generate argument (two
             KV-cache layouts, each a cache_factory), or a KV-cache layout (the paged cache) with a switch that decodes
-            on the static cache (CUDA graphs, torch.compile, GPU sampling) — found while applying them; the
-            original LLM is untouched.
+            on the static cache (CUDA graphs, torch.compile, GPU sampling; `check_fast_paths` again, naming the
+            switches) — found while applying them, as soon as the switch that sets the argument is applied (the
+            switches that change the model in place come after those that set generate arguments).
     """
     unknown = set(settings) - set(SWITCHES)
     if unknown:
@@ -88,11 +89,14 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
                 raise ValueError(f"switches {set_by[arg]!r} and {key!r} both set generate's {arg}: they cannot be on "
                                  f"together; turn one of them off")
             set_by[arg] = key
-    fast = [set_by[a] for a in ("cuda_graphs", "torch_compile", "gpu_sampling") if kwargs.get(a)]
-    if kwargs.get("cache_factory") is not None and fast:  # as `check_fast_paths` refuses in generate, by switch name
-        raise ValueError(f"switch {set_by['cache_factory']!r} picks a KV cache for the eager decode, and "
-                         f"with {', '.join(map(repr, fast))} on the decode runs on its own static KV cache: turn one "
-                         f"side off")
+        # the arguments set so far, as generate would take them (a KV-cache layout that only the eager decode
+        # runs, with a switch that decodes on the static cache, is refused here, before a later switch changes
+        # the model); the refusal names the switches
+        check_fast_paths(llm.device, use_cache=kwargs.get("use_cache", True),
+                         cuda_graphs=bool(kwargs.get("cuda_graphs")), torch_compile=bool(kwargs.get("torch_compile")),
+                         gpu_sampling=bool(kwargs.get("gpu_sampling")),
+                         prefill_graphs=bool(kwargs.get("prefill_graphs")),
+                         cache_factory=kwargs.get("cache_factory") is not None, switch_names=set_by)
     return llm, kwargs
 
 
@@ -205,8 +209,10 @@ register(Switch("paged_kv", "paged KV cache", False,
 
 
 # -- Triton kernels (llmlab.kernels, lab 07) -------------------------------------------------------------------
-# Swaps the model's RMSNorm, SwiGLU, RoPE and decode attention for the Triton kernels (llmlab.kernels.patch_model)
-# in place; turning the switch off restores the PyTorch forward. Nothing imports triton until the switch is used.
+# Swaps the model's RMSNorm, MLP and Attention modules for the Triton kernels' modules (llmlab.kernels.modules, in
+# place, the same parameters) and gives the LLM the kernels' decode step (`LLM.kernels`: residual adds folded into
+# the norms, the fused batch-1 step, the greedy token in one launch); turning the switch off swaps the PyTorch
+# modules back. Nothing imports triton until the switch is used.
 
 def _triton_available(llm: LLM) -> tuple[bool, str]:
     import importlib.util
@@ -217,12 +223,17 @@ def _triton_available(llm: LLM) -> tuple[bool, str]:
 
 
 def _triton_kernels(llm: LLM, value: bool, kwargs: dict) -> LLM:
-    from llmlab.kernels import patch_model
+    from llmlab.kernels import modules
 
     if value:
-        patch_model.enable(llm.model)
-    elif patch_model.is_enabled(llm.model):
-        patch_model.disable(llm.model)
+        modules.swap_in(llm.model)
+        if llm.kernels is None or llm.kernels.model is not llm.model:
+            from llmlab.kernels.decode_step import KernelDecodeStep
+
+            llm.kernels = KernelDecodeStep(llm.model)
+    else:
+        modules.swap_out(llm.model)
+        llm.kernels = None
     return llm
 
 
@@ -235,50 +246,18 @@ register(Switch("triton_kernels", "Triton kernels", False,
 # -- step tuning (llmlab.kernels.step_tuning) --------------------------------------------------------------------
 # Chooses the Triton kernels' GEMV tiles and the attention's split by timing the captured batch-1 decode step (once
 # per model, dtype and device; 8-19 s on an H200), instead of the autotuner's picks made by timing each kernel
-# alone. Off: the autotuner's picks again.
-
-_STEP_TILES = "_llmlab_step_tuned"  # (what they were tuned for, the tiles): on -> off -> on does not retune
-
-
-def _tuned_for(model) -> tuple:
-    """What chosen tiles depend on: device, dtype, the four GEMV weights' shapes, and whether PDL is on."""
-    from llmlab.kernels import _util, patch_model
-
-    probe = next(model.parameters())
-    shapes = tuple((role, tuple(w.shape)) for role, (w, _) in patch_model.gemv_weights(model).items())
-    return (str(probe.device), probe.dtype, shapes, _util.pdl_enabled(probe.device))
-
+# alone. Off: the autotuner's picks again (the chosen tiles are remembered: on -> off -> on does not retune).
 
 def _step_tuning(llm: LLM, value: bool, kwargs: dict) -> LLM:
-    import time
-
-    from llmlab.kernels import patch_model
-
-    model = llm.model
     if not value:
-        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
+        if llm.kernels is not None:
+            llm.kernels.tiles = {}
         return llm
-    if not patch_model.is_enabled(model):
+    if llm.kernels is None:
         raise ValueError("step tuning chooses the Triton kernels' tiles: turn the triton_kernels switch on too")
-    key = _tuned_for(model)
-    cached = model.__dict__.get(_STEP_TILES)
-    if cached is None or cached[0] != key:  # never tuned, or tuned for another dtype / device / shape
-        from llmlab.kernels import step_tuning
+    from llmlab.kernels import step_tuning
 
-        t0 = time.perf_counter()
-        held = model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)  # start from the autotuner's picks
-        try:
-            report = step_tuning.tune_decode_step(model, log=print)
-        except BaseException:
-            if held is not None:  # an error or an interrupt: the tiles the model had stay
-                model.__dict__[patch_model.STEP_TILES_ATTR] = held
-            raise
-        model.__dict__["_llmlab_step_tuning_report"] = {"seconds": time.perf_counter() - t0, "roles": report}
-        cached = model.__dict__[_STEP_TILES] = (key, dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {})))
-    if cached[1]:
-        model.__dict__[patch_model.STEP_TILES_ATTR] = dict(cached[1])
-    else:
-        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
+    step_tuning.tune_once(llm.kernels, log=print)
     return llm
 
 

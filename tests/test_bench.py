@@ -9,10 +9,12 @@ import re
 import pytest
 import torch
 
-from llmlab.measure import bench, roofline
-from llmlab.measure.bench import (ROW_KEYS, Call, Run, WORKLOADS, bench_document, decode_work, group_by_length,
-                          hf_peer_model, list_bench, make_prompts, result_row, run_bench, run_metrics, save_bench,
-                          validate_bench)
+from llmlab.measure import bench, bench_file, bench_table, roofline
+from llmlab.measure.bench import run_bench
+from llmlab.measure.bench_file import ROW_KEYS, bench_document, list_bench, result_row, save_bench, validate_bench
+from llmlab.measure.bench_metrics import Call, Run, decode_work, run_metrics
+from llmlab.measure.peers import hf_peer_model
+from llmlab.measure.workloads import WORKLOADS, group_by_length, make_prompts
 from llmlab.cli import main
 from llmlab.engine import LLM
 from tiny_models import tiny_model
@@ -79,7 +81,7 @@ def test_batch_workload_is_grouped_and_says_so():
     llm = LLM(tiny_model(seed=0, max_seq_len=1024), name="tiny")
     doc = run_bench("batch", "tiny", steps=["eager"], peers=True, out=None, quick=True, llm=llm,
                     print_fn=lambda *a: None)
-    validate_bench(bench._clean(doc))
+    validate_bench(bench_file._clean(doc))
     rows = {r["step"]: r for r in doc["results"]}
     assert rows["eager"]["batch_size"] == 64
     notes = " ".join(doc["notes"])
@@ -92,7 +94,7 @@ def test_batch_workload_is_grouped_and_says_so():
 
 def test_every_row_warms_up_on_the_whole_workload(monkeypatch):
     """The untimed warm-up generates as many tokens as the timed runs, for the eager rows and the HF peers too: a
-    decode step's first meeting with a KV length has one-off costs (call BM) that must not land in a timed run."""
+    decode step's first meeting with a KV length has one-off costs that must not land in a timed run."""
     calls = []
     real_llmlab, real_hf = bench.run_llmlab, bench.run_hf
     monkeypatch.setattr(bench, "run_llmlab", lambda llm, kw, prompts, n: calls.append(("llmlab", n))
@@ -153,7 +155,7 @@ def test_timed_reads_the_sampler_as_fractions():
     assert hw["peak_mem_GB"] is None  # not a CUDA device
     _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=False)
     assert hw == {"gpu_util": None, "sm_active": None, "peak_mem_GB": None}
-    # timed runs shorter than one sampling interval still get a reading (the flaky GPU test of call BO)
+    # timed runs shorter than one sampling interval still get a reading (the sampler takes a final one at stop)
     _, hw, _ = bench.timed(fn, torch.device("cpu"), repeats=1, sample=True, backend=Fake(), interval_s=10.0,
                            min_sampled_s=0.0)
     assert hw["gpu_util"] == pytest.approx(0.40)
@@ -290,9 +292,9 @@ def test_latest_ladder_skips_partial_and_cpu_runs(tmp_path):
     save_bench(doc("NVIDIA H200", "2026-01-02T00:00:00Z", ["+cuda_graphs", "+triton_kernels"]), tmp_path / "p.json")
     save_bench(doc("cpu", "2026-01-03T00:00:00Z", ["eager"]), tmp_path / "cpu.json")
     save_bench(doc("NVIDIA H200", "2026-01-04T00:00:00Z", ["eager"], model="other"), tmp_path / "o.json")
-    assert bench.latest_ladder("chat", "llama-3.2-1b", tmp_path)["path"].endswith("full.json")
-    assert bench.latest_ladder("chat", None, tmp_path)["path"].endswith("o.json")
-    assert bench.latest_ladder("long", None, tmp_path) is None
+    assert bench_file.latest_ladder("chat", "llama-3.2-1b", tmp_path)["path"].endswith("full.json")
+    assert bench_file.latest_ladder("chat", None, tmp_path)["path"].endswith("o.json")
+    assert bench_file.latest_ladder("long", None, tmp_path) is None
 
 
 def test_cli_errors(capsys, tmp_path):
@@ -316,10 +318,10 @@ def test_cli_errors(capsys, tmp_path):
 
 def test_mbu_above_the_roofline_gets_a_note():
     rows = [{"step": "eager", "mbu": 1.3}, {"step": "+cuda_graphs", "mbu": 0.4}, {"step": "roofline", "mbu": 1.0}]
-    note = bench.mbu_above_roofline_note(rows)
+    note = bench_table.mbu_above_roofline_note(rows)
     assert note.startswith("MBU above 100% (eager)") and "caches" in note
-    assert bench.mbu_above_roofline_note(rows[1:]) is None
-    assert bench.mbu_above_roofline_note([{"step": "x", "mbu": None}]) is None
+    assert bench_table.mbu_above_roofline_note(rows[1:]) is None
+    assert bench_table.mbu_above_roofline_note([{"step": "x", "mbu": None}]) is None
 
 
 @pytest.mark.parametrize("budget", ["-1", "nan"])
@@ -435,15 +437,15 @@ def test_a_roofline_mfu_above_100_percent_is_explained_below_the_table():
                     print_fn=lines.append, measured_peaks=_fake_peaks(matmul_tflops=1e-6))
     roof = next(r for r in doc["results"] if r["step"] == "roofline")
     assert roof["mfu"] > 1
-    note = bench.roofline_mfu_note(doc["results"])
+    note = bench_table.roofline_mfu_note(doc["results"])
     assert note.startswith("MFU above 100% (roofline): the roofline row is a bandwidth-only ceiling")
     assert f"at most {roof['compute_ceiling_tokens_per_s']:.1f} tokens/s" in note
-    table = lines.index(bench.format_table(doc["results"]))
+    table = lines.index(bench_table.format_table(doc["results"]))
     assert note in lines[table + 1:] and note in doc["notes"]
     lines.clear()
     doc = run_bench("chat", "tiny", steps=["eager"], peers=False, out=None, quick=True, llm=llm,
                     print_fn=lines.append, measured_peaks=_fake_peaks(matmul_tflops=1e3))
-    assert bench.roofline_mfu_note(doc["results"]) is None and not any("MFU above" in line for line in lines)
+    assert bench_table.roofline_mfu_note(doc["results"]) is None and not any("MFU above" in line for line in lines)
 
 
 def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, monkeypatch):

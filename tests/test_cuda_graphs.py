@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder
+from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder, RunnerCache
 from llmlab.engine import LLM
 from llmlab.runtime.fast_generate import generate_fast
 from llmlab.generate import generate
@@ -159,16 +159,17 @@ def test_changing_lengths_never_triggers_a_device_error():
     """Many prompt lengths and max_new_tokens through the cached graph runner (growing it: a recapture), errors
     caught on the host, and the process still decodes correctly afterwards."""
     m = tiny_model(seed=0, max_seq_len=2048).cuda()
+    runners = RunnerCache()
     for T, n in [(12, 20), (5, 64), (40, 7), (3, 1), (1000, 100), (12, 20), (2040, 8)]:
         p = prompt_ids(1, T, seed=T)[0].tolist()
-        got = generate_fast(m, p, max_new_tokens=n, mode="graphs")
+        got = generate_fast(m, p, max_new_tokens=n, mode="graphs", runners=runners)
         assert_greedy_equal(m, [p], got.token_ids, generate(m, p, max_new_tokens=n).token_ids)
-    runner = m._llmlab_runners["graphs"]
+    runner = runners["graphs"]
     assert runner.max_seq_len == 2048 and len(runner.graphs) == len(runner.buckets)
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        generate_fast(m, prompt_ids(1, 2000)[0].tolist(), max_new_tokens=49, mode="graphs")
+        generate_fast(m, prompt_ids(1, 2000)[0].tolist(), max_new_tokens=49, mode="graphs", runners=runners)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        generate_fast(m, [1, 2, 999], max_new_tokens=4, mode="graphs")
+        generate_fast(m, [1, 2, 999], max_new_tokens=4, mode="graphs", runners=runners)
     token = runner.prefill(prompt_ids(1, 4).cuda()).argmax(-1)
     runner.start(token, 2047)
     runner.step()
@@ -177,7 +178,7 @@ def test_changing_lengths_never_triggers_a_device_error():
         runner.step()
     torch.cuda.synchronize()  # a device-side assert would surface here
     p = prompt_ids(2, 30, seed=1)
-    got = generate_fast(m, p, max_new_tokens=30, mode="graphs")
+    got = generate_fast(m, p, max_new_tokens=30, mode="graphs", runners=runners)
     assert_greedy_equal(m, p, got.token_ids, generate(m, p, max_new_tokens=30).token_ids)
 
 
@@ -220,9 +221,9 @@ def test_llm_switches_on_cuda(model):
     g = run.generate(prompt, max_new_tokens=32, **kwargs)
     assert g.extra["decode_mode"] == "graphs" and g.extra["eos_check_every"] == 16
     assert_greedy_equal(model, [prompt], g.token_ids, ref.token_ids)
-    runner = model._llmlab_runners["graphs"]
+    runner = run.runners["graphs"]
     g2 = run.generate(prompt, max_new_tokens=40, **kwargs)  # a longer request: the same runner, no recapture
-    assert model._llmlab_runners["graphs"] is runner and g2.n_generated == 40
+    assert run.runners["graphs"] is runner and g2.n_generated == 40
     assert llm.generate(prompt, max_new_tokens=32, pin_memory=True).token_ids == ref.token_ids  # eager + pinned
 
 

@@ -9,8 +9,9 @@ import ipywidgets as W
 import pytest
 
 from llmlab import switches
-from llmlab.telemetry.dashboard import (GPU_SERIES, Dashboard, kernel_timeline_figure, llmlab_threads, rolling_rate,
-                              trace_figure)
+from llmlab.telemetry.dashboard import Dashboard
+from llmlab.telemetry.figures import GPU_SERIES, kernel_timeline_figure, trace_figure
+from llmlab.telemetry.live_run import llmlab_threads, rolling_rate
 from llmlab.engine import LLM
 from llmlab.telemetry.trace import load_trace
 from tiny_models import tiny_model

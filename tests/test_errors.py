@@ -471,7 +471,7 @@ def test_cli_process_exit_code(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-# --- found by a fresh user's run (session 7): each refused with a message that names the argument -----------------
+# --- from a fresh user's run: each refused with a message that names the argument -----------------
 
 @pytest.mark.parametrize("size", ["n_layers", "vocab_size", "dim", "max_seq_len", "intermediate_size"])
 @pytest.mark.parametrize("bad", [0, -5])
@@ -531,7 +531,7 @@ def test_a_cache_factory_with_a_static_cache_path_is_refused(good):
 def test_counts_and_kinds_of_the_memory_helpers():
     from llmlab.cache import sizing, kv_quant
     from llmlab.measure import kv_costs
-    from llmlab.kernels.dequant_matmul import quantize_int4, quantize_int8
+    from llmlab.kernels.weight_quant import quantize_int4, quantize_int8
 
     cfg = ModelConfig.from_preset("llama-3.2-1b")
     with pytest.raises(ValueError, match="tokens=-5: must be a whole number >= 0"):
@@ -568,7 +568,7 @@ def test_counts_and_kinds_of_the_memory_helpers():
             quantize_int8(empty)
         with pytest.raises(ValueError, match=r"has shape \(\d+, \d+\), no values to quantize"):
             quantize_int4(empty, 32)
-    from llmlab.kernels.dequant_matmul import dequantize_int4, dequantize_int8
+    from llmlab.kernels.weight_quant import dequantize_int4, dequantize_int8
 
     w_q, scales = quantize_int8(torch.randn(4, 64))
     with pytest.raises(ValueError, match=r"dequantize_int8: w_q \(4, 64\) and scales \(3,\) do not match"):
@@ -594,7 +594,7 @@ def test_cli_counts_below_one_are_refused_before_any_work(capsys):
         assert "is not a positive whole number" in capsys.readouterr().err
 
 
-# --- found by a fresh user's run (session 12): weights larger than the memory, corrupt weight files --------------
+# --- from a fresh user's run: weights larger than the memory, corrupt weight files --------------
 
 @pytest.fixture
 def little_memory(monkeypatch):
@@ -848,7 +848,7 @@ def test_one_token_runs_print_no_tpot(good):
     still_works(good)
 
 
-# --- found by a fresh user's run (session 20): silent NaN weights, batch text, presets built in fp32 ----------------
+# --- from a fresh user's run: silent NaN weights, batch text, presets built in fp32 ----------------
 
 def test_nan_weight_is_refused_by_name(good, tmp_path, capsys):
     """A NaN in the file makes every logit NaN and greedy decoding emit token 0 forever: refuse it at load."""
@@ -983,7 +983,7 @@ def test_from_preset_leaves_the_callers_random_state_alone():
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
 
 
-# --- found by a fresh user's run (session 21) --------------------------------------------------------------------
+# --- from a fresh user's run --------------------------------------------------------------------
 
 @pytest.mark.parametrize("key,value", [("rms_norm_eps", -1), ("rms_norm_eps", 0), ("rope_theta", -1.0),
                                        ("rope_theta", 0.0)])

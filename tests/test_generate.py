@@ -181,3 +181,37 @@ def test_one_token_has_ttft_but_no_tpot(model):
     assert len(g.step_ms) == 1 and g.ttft_ms > 0
     assert math.isnan(g.tpot_ms)
     assert g.tokens_per_s > 0
+
+
+def test_one_attention_rule_for_the_pytorch_path_and_the_kernels():
+    """`attention_path` is the one place that picks a layer's attention, for `Attention` and the kernel modules."""
+    from llmlab.model import attention_path
+
+    class Paged:  # a cache that attends from its own pool (as llmlab.cache.paged_cache.PagedKVCache)
+        def decode_attention(self, layer, q):
+            raise NotImplementedError
+
+    cache, mask = object(), torch.zeros(1, 1, 1, 8)
+    assert attention_path(1, cache, mask, None) == "static_decode"
+    assert attention_path(5, cache, mask, None) == attention_path(1, cache, mask, 4) == "static"
+    assert attention_path(1, Paged(), None, None) == "paged_decode"
+    assert attention_path(1, cache, None, None) == "decode"
+    assert attention_path(1, cache, None, 4) == attention_path(1, None, None, None) == "causal"
+    assert attention_path(7, cache, None, None) == attention_path(7, None, None, None) == "causal"
+
+
+def test_generate_runs_every_forward_through_the_given_kernels(model, greedy64):
+    """`kernels`: an object whose forward takes the model's arguments (the Triton kernels' decode step) runs every
+    forward pass of the eager decode, with and without the KV cache."""
+    calls = []
+
+    class Recorder:
+        def forward(self, input_ids, positions=None, kv_cache=None, last_only=False):
+            calls.append(input_ids.shape[1])
+            return model(input_ids, positions, kv_cache, last_only)
+
+    for use_cache in (True, False):
+        calls.clear()
+        got = generate(model, PROMPT, max_new_tokens=8, use_cache=use_cache, kernels=Recorder())
+        assert got.token_ids[0] == greedy64[:8] and len(calls) == 8
+        assert calls[1:] == ([1] * 7 if use_cache else list(range(len(PROMPT) + 1, len(PROMPT) + 8)))

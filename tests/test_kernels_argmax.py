@@ -130,29 +130,34 @@ def test_a_first_call_during_graph_capture_is_refused_with_the_fix(monkeypatch):
 
 
 @torch.no_grad()
-def test_the_switch_puts_it_in_the_decode_step_and_greedy_tokens_stay_the_same(monkeypatch):
-    """With the Triton kernels switch on, `decode_step` picks tokens with this kernel (a spy counts the calls),
-    and greedy decode on the static-cache runner equals the eager PyTorch decode token for token (fp32)."""
+def test_the_kernels_step_puts_it_in_the_decode_step_and_greedy_tokens_stay_the_same(monkeypatch):
+    """Given the kernels' decode step (`KernelDecodeStep`, what the Triton kernels switch gives the LLM),
+    `decode_step` picks tokens with this kernel (a spy counts the calls), and greedy decode on the static-cache
+    runner equals the eager PyTorch decode token for token (fp32). Without it, the runner never calls it."""
     from llmlab.runtime.fast_generate import generate_fast
     from llmlab.generate import generate
-    from llmlab.kernels import patch_model
+    from llmlab.kernels import modules
+    from llmlab.kernels.decode_step import KernelDecodeStep
 
     model = tiny_model(seed=5).to(DEV)
     prompts = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(2)).tolist()
     ref = generate(model, prompts, max_new_tokens=20)
     calls = []
-    real = patch_model._kernels().argmax
-    monkeypatch.setattr(patch_model._kernels(), "argmax", lambda x: calls.append(x.shape) or real(x))
-    patch_model.enable(model)
+    real = modules.ops().argmax
+    monkeypatch.setattr(modules.ops(), "argmax", lambda x: calls.append(x.shape) or real(x))
+    mode = "graphs" if DEV == "cuda" else "static"
+    modules.swap_in(model)
     try:
-        got = generate_fast(model, prompts, max_new_tokens=20, mode="graphs" if DEV == "cuda" else "static")
+        got = generate_fast(model, prompts, max_new_tokens=20, mode=mode, kernels=KernelDecodeStep(model))
     finally:
-        patch_model.disable(model)
+        modules.swap_out(model)
     assert got.token_ids == ref.token_ids
     assert len(set(ref.token_ids[0])) >= 3  # not vacuous: the decode does not repeat one token
     V = model.config.vocab_size  # (with CUDA graphs the runner captures buckets 1 and 2)
     assert (2, V) in calls and all(s[1] == V for s in calls)
-    assert "_llmlab_argmax" not in model.__dict__  # disable takes the hook away
+    calls.clear()
+    assert generate_fast(model, prompts, max_new_tokens=4, mode=mode).n_generated == 4
+    assert calls == []  # the model's own step: argmax_rows
 
 
 @pytest.mark.gpu

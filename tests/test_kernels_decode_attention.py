@@ -17,6 +17,7 @@ if not torch.cuda.is_available() and not interpret_mode():
 
 import triton  # noqa: E402
 
+from llmlab.kernels import attention_splits, lse_merge  # noqa: E402
 from llmlab.kernels import decode_attention as da  # noqa: E402
 from llmlab.kernels.decode_attention import decode_attention, decode_attention_reference  # noqa: E402
 
@@ -105,7 +106,7 @@ def _count_merges(monkeypatch) -> list:
 def test_one_split_writes_the_output_directly_without_a_merge(dtype, monkeypatch):
     # a cache no longer than one split (here the interpreter's one config, SPLIT_N = 64, also on a GPU), or
     # num_splits=1: the split kernel writes the final output in q's dtype, and no merge is launched
-    monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel([da._DEFAULT_CONFIG]))
+    monkeypatch.setattr(da, "_decode_split_tuned", da.autotuned_split_kernel([attention_splits.DEFAULT_CONFIG]))
     merges = _count_merges(monkeypatch)
     q, k, v = _qkv(3, 6, 2, 64, 24, dtype, seed=1)
     lens = torch.tensor([64, 1, 37], device=DEV)
@@ -133,8 +134,8 @@ def test_split_counts_whose_last_splits_are_empty(num_splits):
                                decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("config", da.SPLIT_CONFIGS, ids=lambda c: "N{BLOCK_N}-S{SPLIT_N}".format(**c.kwargs) +
-                         f"-w{c.num_warps}-st{c.num_stages}")
+@pytest.mark.parametrize("config", attention_splits.SPLIT_CONFIGS,
+                         ids=lambda c: "N{BLOCK_N}-S{SPLIT_N}".format(**c.kwargs) + f"-w{c.num_warps}-st{c.num_stages}")
 def test_every_config_the_gpu_autotuner_may_choose(config):
     # run through the plain kernel with the config, as the GPU autotuner would pick it: S = 700 gives 11, 6, 3, 2
     # and 1 splits (the last: the direct-output path); the lengths leave trailing splits empty
@@ -169,30 +170,31 @@ def test_merge_over_many_splits_in_chunks():
 def test_candidate_configs_for_a_key():
     def lens_of(cs):
         return sorted({c.kwargs["SPLIT_N"] for c in cs})
-    cands = da._candidate_configs
+    cands = attention_splits.candidate_split_configs
     # a chat-length cache: split lengths up to the first that covers it (one split, no merge), no longer
-    assert lens_of(cands(da.SPLIT_CONFIGS, 256, 8, False, 132)) == [64, 128, 256]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 256, 8, False, 132)) == [64, 128, 256]
     # 8K at batch 1: every split length is worth timing
-    assert lens_of(cands(da.SPLIT_CONFIGS, 8192, 8, False, 132)) == [64, 128, 256, 512, 1024, 2048]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 8192, 8, False, 132)) == [64, 128, 256, 512, 1024, 2048]
     # 32K: at most MAX_SPLITS splits
-    assert lens_of(cands(da.SPLIT_CONFIGS, 32768, 8, False, 132)) == [128, 256, 512, 1024, 2048]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 32768, 8, False, 132)) == [128, 256, 512, 1024, 2048]
     # a static cache (seq_lens): only split lengths that fill the GPU if the cache were full, or whose program
     # reads at most FULL_SPLIT_BYTES then (hd 128 in bf16: 512 bytes a key, so up to 512 keys)
-    assert lens_of(cands(da.SPLIT_CONFIGS, 4096, 8, True, 132, 512)) == [64, 128, 256, 512]
-    assert lens_of(cands(da.SPLIT_CONFIGS, 32768, 8, True, 132, 512)) == [128, 256, 512, 1024]
-    assert lens_of(cands(da.SPLIT_CONFIGS, 4096, 512, True, 132, 512)) == [1024, 2048]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 4096, 8, True, 132, 512)) == [64, 128, 256, 512]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 32768, 8, True, 132, 512)) == [128, 256, 512, 1024]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 4096, 512, True, 132, 512)) == [1024, 2048]
     # a 1B model's chat cache (1024 slots, hd 64 in bf16: 256 bytes a key): one split is allowed
-    assert lens_of(cands(da.SPLIT_CONFIGS, 1024, 8, True, 132, 256)) == [64, 128, 256, 512, 1024]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 1024, 8, True, 132, 256)) == [64, 128, 256, 512, 1024]
     # nothing within the caps: the longest splits
-    assert lens_of(cands(da.SPLIT_CONFIGS, 1 << 20, 512, False, 132)) == [2048]
+    assert lens_of(cands(attention_splits.SPLIT_CONFIGS, 1 << 20, 512, False, 132)) == [2048]
     # one config (the interpreter): no pruning
-    assert cands([da._DEFAULT_CONFIG], 8192, 8, True, 132) == [da._DEFAULT_CONFIG]
+    assert cands([attention_splits.DEFAULT_CONFIG], 8192, 8, True, 132) == [attention_splits.DEFAULT_CONFIG]
     # the fused merge: offered with 2..FUSED_MAX_SPLITS splits only (8K: split lengths 1024 and 2048)
-    fused = [c for c in cands(da.SPLIT_CONFIGS, 8192, 8, False, 132) if c.kwargs["FUSED_MERGE"]]
-    assert lens_of(fused) == [1024, 2048] and da.FUSED_MAX_SPLITS == 8
-    assert not [c for c in cands(da.SPLIT_CONFIGS, 256, 8, False, 132)
+    fused = [c for c in cands(attention_splits.SPLIT_CONFIGS, 8192, 8, False, 132) if c.kwargs["FUSED_MERGE"]]
+    assert lens_of(fused) == [1024, 2048] and attention_splits.FUSED_MAX_SPLITS == 8
+    assert not [c for c in cands(attention_splits.SPLIT_CONFIGS, 256, 8, False, 132)
                 if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] >= 256]  # one split: nothing to merge
-    assert not [c for c in cands(da.SPLIT_CONFIGS, 8192, 8, True, 132, 256) if c.kwargs["FUSED_MERGE"]]  # lengths
+    assert not [c for c in cands(attention_splits.SPLIT_CONFIGS, 8192, 8, True, 132, 256)
+                if c.kwargs["FUSED_MERGE"]]  # lengths
 
 
 def test_autotuner_config_of_each_calls_key_sets_the_merge(monkeypatch):
@@ -337,7 +339,7 @@ def test_fused_merge_equals_reference_and_resets_its_counters(num_splits, monkey
         torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, num_splits=num_splits),
                                    decode_attention_reference(q, k, v, lens), **TOL[torch.float32])
     assert merges == []
-    assert int(da._split_counters(q.device, 2 * 2).abs().sum()) == 0
+    assert int(lse_merge.split_counters(q.device, 2 * 2).abs().sum()) == 0
 
 
 def test_fused_and_kernel_merges_agree(monkeypatch):
@@ -372,7 +374,7 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     # a launch that stops after some splits counted themselves (an interrupt in the interpreter) must not make the
     # next launch merge early
     q, k, v = _qkv(1, 4, 2, 200, 16, seed=8)
-    counters = da._split_counters(q.device, 2)
+    counters = lse_merge.split_counters(q.device, 2)
     real = da._decode_split_kernel
 
     class Stop:
@@ -429,9 +431,10 @@ def test_trigger_next_must_be_a_bool_and_head_dim_one_takes_any_stride():
     torch.testing.assert_close(decode_attention(q, kt, v), decode_attention_reference(q, kt, v), **TOL[torch.float32])
 
 
-_PREFETCH_CONFIGS = [da._DEFAULT_CONFIG,  # several splits, the merge kernel
-                     next(c for c in da.SPLIT_CONFIGS if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] == 64),
-                     da.SPLIT_CONFIGS[-1]]  # one split of up to 2048 keys: the first tile, then the loop
+_PREFETCH_CONFIGS = [attention_splits.DEFAULT_CONFIG,  # several splits, the merge kernel
+                     next(c for c in attention_splits.SPLIT_CONFIGS
+                          if c.kwargs["FUSED_MERGE"] and c.kwargs["SPLIT_N"] == 64),
+                     attention_splits.SPLIT_CONFIGS[-1]]  # one split of up to 2048 keys: the first tile, then the loop
 
 
 @pytest.mark.parametrize("config", _PREFETCH_CONFIGS,

@@ -16,10 +16,14 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available() and not interpret_mode():
     pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 
-from llmlab.kernels import dequant_matmul as dq  # noqa: E402
-from llmlab.kernels.dequant_matmul import (  # noqa: E402
-    dequant_matmul_reference, dequantize_int4, dequantize_int8, int4_matmul, int8_matmul, quantize_int4,
-    quantize_int8)
+from llmlab.kernels import int4_gemv, weight_quant  # noqa: E402
+from llmlab.kernels import int4_matmul as int4_module  # noqa: E402
+from llmlab.kernels import int8_matmul as int8_module  # noqa: E402
+from llmlab.kernels.int4_matmul import int4_matmul  # noqa: E402
+from llmlab.kernels.int8_matmul import int8_matmul  # noqa: E402
+from llmlab.kernels.split_k import scratch  # noqa: E402
+from llmlab.kernels.weight_quant import (  # noqa: E402
+    dequant_matmul_reference, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=1e-2),
@@ -30,7 +34,7 @@ GPU_DTYPES = [pytest.param(d, marks=pytest.mark.gpu) for d in (torch.float16, to
 @pytest.fixture(autouse=True)
 def _quiet_large_m():
     """M > 16 warns once per process; let each test see its own warning."""
-    dq._warned_large_m = False
+    weight_quant._warned_large_m = False
     yield
 
 
@@ -212,9 +216,9 @@ def _gemv_raw(kernel, N, K, x, w, s, **meta):
     """Launch the un-autotuned M = 1 kernel with one explicit config (the autotuner keeps one config on a CPU)."""
     import triton
     y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
-    ws, cnt = dq._scratch(x.device, N)
+    ws, cnt = scratch(x.device, N)
     grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
-    if kernel is dq._int4_gemv_kernel:  # the rows are read as 32-bit words: strides in words
+    if kernel is int4_gemv._int4_gemv_kernel:  # the rows are read as 32-bit words: strides in words
         kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, s.stride(0), s.stride(1),
                         y.stride(1), ws.stride(0), GROUP=K // s.shape[1], **meta)
     else:
@@ -233,9 +237,9 @@ def test_gemv_split_k_equals_reference(split_k, N):
     packed, s4 = quantize_int4(_w(N, K, seed=N), 32)
     meta = dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k, STAGES=1)
     for _ in range(2):  # twice: the second launch finds the counters the first one left
-        y8 = _gemv_raw(dq._int8_gemv_kernel, N, K, x, w8, s8, **meta)
+        y8 = _gemv_raw(int8_module._int8_gemv_kernel, N, K, x, w8, s8, **meta)
         torch.testing.assert_close(y8, dequant_matmul_reference(x, dequantize_int8(w8, s8)), **TOL[torch.float32])
-        y4 = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
+        y4 = _gemv_raw(int4_gemv._int4_gemv_kernel, N, K, x, packed, s4, **meta)
         torch.testing.assert_close(y4, dequant_matmul_reference(x, dequantize_int4(packed, s4)),
                                    **TOL[torch.float32])
 
@@ -247,14 +251,14 @@ def test_gemv_split_k_is_deterministic_and_groups_spanning_tiles_work():
     x = torch.randn(1, K, device=DEV)
     packed, s4 = quantize_int4(_w(N, K, seed=5), 64)
     meta = dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=4, STAGES=1)
-    y = _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta)
+    y = _gemv_raw(int4_gemv._int4_gemv_kernel, N, K, x, packed, s4, **meta)
     torch.testing.assert_close(y, dequant_matmul_reference(x, dequantize_int4(packed, s4)), **TOL[torch.float32])
-    assert torch.equal(y, _gemv_raw(dq._int4_gemv_kernel, N, K, x, packed, s4, **meta))
+    assert torch.equal(y, _gemv_raw(int4_gemv._int4_gemv_kernel, N, K, x, packed, s4, **meta))
 
 
 def test_split_k_only_the_last_split_stores():
-    """Which split stores y is decided by the counter, not by launch order (on a GPU the splits finish in any order;
-    call AQ caught a first form of this test that assumed the interpreter's order). Both halves are deterministic:
+    """Which split stores y is decided by the counter, not by launch order (on a GPU the splits finish in any order,
+    so the test must not assume the interpreter's). Both halves are deterministic:
     1. every split's count lands far below SPLIT_K - 1 (the counter preset to -100): no split is the last, so none
        may write y — it stays NaN;
     2. only split 0 launched (grid (., 1)) with the counter preset to SPLIT_K - 1: split 0 is the last, and writes
@@ -264,14 +268,14 @@ def test_split_k_only_the_last_split_stores():
     N, K, split_k, block_k = 37, 992, 3, 32
     x = torch.randn(1, K, device=DEV)
     w8, s8 = quantize_int8(_w(N, K, seed=9))
-    ws, cnt = dq._scratch(x.device, N)
+    ws, cnt = scratch(x.device, N)
 
     def launch(splits_in_grid, preset):
         y = torch.full((1, N), float("nan"), device=DEV)
         ws.zero_()
         cnt.fill_(preset)
         try:
-            dq._int8_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
+            int8_module._int8_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
                 x, w8, s8, y, ws, cnt, N, K, x.stride(1), w8.stride(0) // 4, y.stride(1), ws.stride(0),
                 BLOCK_N=16, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=1)
         finally:
@@ -300,8 +304,8 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
     N, K = 9, 128
     x = torch.randn(1, K, device=DEV)
     w8, s8 = quantize_int8(_w(N, K, seed=1))
-    ws, cnt = dq._scratch(x.device, N)
-    real = dq._int8_gemv_kernel
+    ws, cnt = scratch(x.device, N)
+    real = int8_module._int8_gemv_kernel
 
     class Stop:
         def __getitem__(self, grid):
@@ -309,11 +313,11 @@ def test_a_launch_stopped_part_way_leaves_no_counts_behind(monkeypatch):
                 cnt[0] += 1  # a split counted itself, then the launch stopped
                 raise KeyboardInterrupt
             return launch
-    monkeypatch.setattr(dq, "_int8_gemv_kernel", Stop())
+    monkeypatch.setattr(int8_module, "_int8_gemv_kernel", Stop())
     with pytest.raises(KeyboardInterrupt):
         int8_matmul(x, w8, s8)
     assert int(cnt.abs().sum()) == 0
-    monkeypatch.setattr(dq, "_int8_gemv_kernel", real)
+    monkeypatch.setattr(int8_module, "_int8_gemv_kernel", real)
     torch.testing.assert_close(int8_matmul(x, w8, s8), dequant_matmul_reference(x, dequantize_int8(w8, s8)),
                                **TOL[torch.float32])
 
@@ -334,29 +338,31 @@ def test_word_aligned_rows_take_the_word_kernels_and_other_layouts_the_byte_kern
     if op == "int8":
         wq, s = quantize_int8(w)
         matmul, ref = int8_matmul, dequant_matmul_reference(x, dequantize_int8(wq, s))
-        gemv, tile = "_int8_gemv_kernel", "_int8_matmul_kernel"
+        gemv, tile = (int8_module, "_int8_gemv_kernel"), (int8_module, "_int8_matmul_kernel")
     else:
         wq, s = quantize_int4(w, 64)
         matmul, ref = int4_matmul, dequant_matmul_reference(x, dequantize_int4(wq, s))
-        gemv, tile = "_int4_gemv_is_kernel" if M == 1 else "_int4_tile_kernel", "_int4_matmul_kernel"
+        gemv = (int4_gemv, "_int4_gemv_is_kernel") if M == 1 else (int4_module, "_int4_tile_kernel")
+        tile = (int4_module, "_int4_matmul_kernel")
     with monkeypatch.context() as m:  # contiguous rows: the GEMV, never the tile kernel
-        m.setattr(dq, tile, _Refuse())
+        m.setattr(*tile, _Refuse())
         torch.testing.assert_close(matmul(x, wq, s), ref, **TOL[torch.float32])
     # the same weights inside a wider buffer, one byte in: rows no longer start on a 4-byte boundary
     buf = torch.zeros(N, wq.shape[1] + 1, dtype=wq.dtype, device=DEV)
     buf[:, 1:] = wq
     with monkeypatch.context() as m:
-        m.setattr(dq, gemv, _Refuse())
-        m.setattr(dq, "_int4_gemv_kernel", _Refuse())  # int4 M = 1 has two GEMVs (see the next tests)
+        m.setattr(*gemv, _Refuse())
+        m.setattr(int4_gemv, "_int4_gemv_kernel", _Refuse())  # int4 M = 1 has two GEMVs (see the next tests)
         torch.testing.assert_close(matmul(x, buf[:, 1:], s), ref, **TOL[torch.float32])
 
 
 # -- int4 at M = 1: the input-stationary GEMV (whole rows streamed past x held in registers) -------------------------
 
 def _is_raw(N, K, x, packed, s4, R, programs):
-    """Launch `_int4_gemv_is_kernel` with R rows per chunk on `programs` programs (int4_matmul: IS_R, IS_PPS)."""
+    """Launch `_int4_gemv_is_kernel` with R rows per chunk on `programs` programs (int4_matmul: IS_R, IS_PPS of
+    int4_gemv)."""
     y = torch.full((1, N), float("nan"), device=DEV)  # poisoned: every element must be written
-    dq._is_launch(x, packed, s4, y, N, K, K // s4.shape[1], R=R, programs=programs, pdl=False)
+    int4_gemv.launch_input_stationary(x, packed, s4, y, N, K, K // s4.shape[1], R=R, programs=programs, pdl=False)
     return y
 
 
@@ -384,11 +390,12 @@ def test_int4_input_stationary_gemv_masked_slots_and_strided_x_do_not_leak():
 
 
 def test_int4_rows_longer_than_the_input_stationary_limit_take_the_k_walking_gemv(monkeypatch):
-    K = dq.IS_MAX_K + 32
+    K = int4_gemv.IS_MAX_K + 32
     packed, s4 = quantize_int4(_w(3, K, seed=2), 32)
     x = torch.randn(1, K, device=DEV)
-    monkeypatch.setattr(dq, "USE_GLUON", False)  # on a GPU the Gluon GEMV takes every K (test_kernels_int4_gluon.py)
-    monkeypatch.setattr(dq, "_int4_gemv_is_kernel", _Refuse())
+    # on a GPU the Gluon GEMV takes every K (test_kernels_int4_gluon.py)
+    monkeypatch.setattr(int4_module, "USE_GLUON", False)
+    monkeypatch.setattr(int4_gemv, "_int4_gemv_is_kernel", _Refuse())
     torch.testing.assert_close(int4_matmul(x, packed, s4), dequant_matmul_reference(x, dequantize_int4(packed, s4)),
                                **TOL[torch.float32])
 

@@ -18,21 +18,21 @@ import torch
 
 pytest.importorskip("triton")
 
-from llmlab.kernels import dequant_matmul as dq  # noqa: E402
 from llmlab.kernels import int4_gemv_gluon as gg  # noqa: E402
-from llmlab.kernels.dequant_matmul import (  # noqa: E402
-    dequant_matmul_reference, dequantize_int4, int4_matmul, quantize_int4)
+from llmlab.kernels import int4_matmul as int4_module  # noqa: E402
+from llmlab.kernels.int4_matmul import int4_matmul  # noqa: E402
+from llmlab.kernels.weight_quant import dequant_matmul_reference, dequantize_int4, quantize_int4  # noqa: E402
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=1e-2),
        torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
 
 
 def test_status_says_why_the_gluon_gemv_is_not_used_off_the_gpu():
-    assert "not a CUDA device (cpu)" in dq.gluon_gemv_status("cpu")
+    assert "not a CUDA device (cpu)" in int4_module.gluon_gemv_status("cpu")
     ok, why = gg.available(torch.device("cpu"))
     assert not ok and "CUDA" in why
     if not torch.cuda.is_available():  # asked about "cuda" on a machine without one: not "gluon"
-        assert dq.gluon_gemv_status("cuda") != "gluon"
+        assert int4_module.gluon_gemv_status("cuda") != "gluon"
         assert gg.available(torch.device("cuda")) == (False, "no CUDA GPU is available")
 
 
@@ -56,7 +56,7 @@ def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
     assert [ln[:4] for ln in lines] == [["64", "8", "1", "1"], ["4096", "8", "4", "1"], ["14336", "4", "16", "1"]]
     for K, R, NW, S, fma, ftz, bars, v4 in lines:
         assert int(fma) >= 8 * 4 * int(R)  # 8 codes x 4 words x R rows per chunk, at least
-        assert int(ftz) == 0  # subnormal fields must survive the FMAs (see dequant_matmul `_field`)
+        assert int(ftz) == 0  # subnormal fields must survive the FMAs (see packed_fields `field_f32`)
         assert int(bars) >= 1  # the cross-warp step's barrier
         assert int(v4) >= 2 * int(R)  # each row's weights in one 16-byte load per thread (first chunk + loop)
 
@@ -83,15 +83,15 @@ def test_gluon_gemv_equals_reference(N, K, G, dtype):
     ref = dequant_matmul_reference(x.float(), dequantize_int4(packed, s4))
     assert torch.isnan(buf[:, N:]).all(), "wrote past the last row"
     # fp32: sums of K products in another order, and the codes' offset of 8 taken off as 8 x sum(x) (see
-    # dequant_matmul `_int4_word_sums`) cancels; measured on the H200 <= 4e-7 of the largest |y| at K = 14336
-    # (call CP), so the bound is set against max |y|, not each y
+    # int4_gemv `_int4_word_sums`) cancels; measured on the H200 <= 4e-7 of the largest |y| at K = 14336, so the
+    # bound is set against max |y|, not each y
     tol = dict(TOL[dtype], atol=1e-5 * float(ref.abs().max())) if dtype == torch.float32 else TOL[dtype]
     torch.testing.assert_close(y.float(), ref, **tol)
 
 
 @gpu
 def test_int4_matmul_runs_the_gluon_gemv_at_batch_1_and_matches_the_triton_one(monkeypatch):
-    assert dq.gluon_gemv_status("cuda") == "gluon"
+    assert int4_module.gluon_gemv_status("cuda") == "gluon"
     N, K = 4096, 4096
     packed, s4 = quantize_int4(torch.randn(N, K, device="cuda"), 128)
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
@@ -100,7 +100,7 @@ def test_int4_matmul_runs_the_gluon_gemv_at_batch_1_and_matches_the_triton_one(m
     monkeypatch.setattr(gg, "int4_gemv", lambda *a: calls.append(1) or real(*a))
     y = int4_matmul(x, packed, s4)
     assert calls, "int4_matmul did not run the Gluon GEMV"
-    monkeypatch.setattr(dq, "USE_GLUON", False)
+    monkeypatch.setattr(int4_module, "USE_GLUON", False)
     y_triton = int4_matmul(x, packed, s4)
     assert len(calls) == 1
     # the same sums in another order, each rounded to bf16 once
@@ -117,14 +117,14 @@ def test_a_gluon_gemv_that_cannot_build_warns_once_and_the_triton_gemv_answers(m
         raise RuntimeError("gluon API moved")
 
     monkeypatch.setattr(gg, "int4_gemv", broken)
-    monkeypatch.setattr(dq, "_GLUON_OFF", {})
+    monkeypatch.setattr(int4_module, "_GLUON_OFF", {})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         y1 = int4_matmul(x, packed, s4)
         y2 = int4_matmul(x, packed, s4)
     assert sum("gluon API moved" in str(c.message) and "64 x 256" in str(c.message) for c in caught) == 1
     for name in (x.device, "cuda"):  # the GPU however it is named ("cuda" is the current one)
-        assert "failed to build or run" in dq.gluon_gemv_status(name)
+        assert "failed to build or run" in int4_module.gluon_gemv_status(name)
     for y in (y1, y2):
         torch.testing.assert_close(y, ref, **TOL[torch.float32])
 

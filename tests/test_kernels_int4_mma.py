@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmlab.kernels.dequant_matmul import dequant_matmul_reference, dequantize_int4, quantize_int4
+from llmlab.kernels.weight_quant import dequant_matmul_reference, dequantize_int4, quantize_int4
 from llmlab.kernels.int4_mma_gemv import repack_int4_mma, unpack_int4_mma
 
 

@@ -1,6 +1,7 @@
 """tools/kv_cache_bench.py (lab 03's measurements as JSON): its --help, its printed lines and its --smoke sizes.
 
-The script itself runs on the GPU (tools/h200_session_*.sh); `--smoke` is its quick CPU check, not run here.
+The script itself runs on the GPU (`python3 tools/kv_cache_bench.py --out data/bench`); `--smoke` is its quick CPU
+check, not run here.
 """
 
 from __future__ import annotations

@@ -143,29 +143,32 @@ def test_forked_row_reads_its_copy_on_write_block():
 
 @needs_kernel
 @torch.no_grad()
-def test_triton_switch_decodes_from_the_pool_like_the_pytorch_path():
-    """The patched model (llmlab.kernels.patch_model) on a paged cache: a decode step calls write + decode_attention
-    in every layer, and the logits equal the PyTorch path's (update + SDPA)."""
-    from llmlab.kernels import patch_model
+@pytest.mark.parametrize("via", ["modules", "step"])
+def test_triton_switch_decodes_from_the_pool_like_the_pytorch_path(via):
+    """The kernel modules (llmlab.kernels.modules.swap_in), run by the model itself or by the kernels' decode step
+    (KernelDecodeStep), on a paged cache: a decode step calls write + decode_attention in every layer, and the
+    logits equal the PyTorch path's (update + SDPA)."""
+    from llmlab.kernels.decode_step import KernelDecodeStep
+    from llmlab.kernels.modules import swap_in, swap_out
     from tiny_models import tiny_model
 
     model = tiny_model(seed=0).to(DEV)
     ids = torch.randint(0, 256, (2, 15), generator=torch.Generator().manual_seed(0)).to(DEV)
 
-    def prefill_then_decode(cache, steps=3):
-        out = [model(ids, kv_cache=cache)[:, -1:]]
+    def prefill_then_decode(fwd, cache, steps=3):
+        out = [fwd(ids, kv_cache=cache)[:, -1:]]
         for t in range(ids.shape[1], ids.shape[1] + steps):  # 15 -> 18 tokens: crosses a 16-token block
-            out.append(model(out[-1].argmax(-1), torch.tensor([t], device=DEV), kv_cache=cache))
+            out.append(fwd(out[-1].argmax(-1), torch.tensor([t], device=DEV), kv_cache=cache))
         return torch.cat(out, dim=1)
 
-    ref = prefill_then_decode(_cache(16, 18, seed=6, config=model.config))
+    ref = prefill_then_decode(model, _cache(16, 18, seed=6, config=model.config))
     cache = _cache(16, 18, seed=6, config=model.config)
     calls = _count_calls(cache, "decode_attention")
-    patch_model.enable(model)
+    swap_in(model)
     try:
-        got = prefill_then_decode(cache)
+        got = prefill_then_decode(model if via == "modules" else KernelDecodeStep(model), cache)
     finally:
-        patch_model.disable(model)
+        swap_out(model)
     assert len(calls) == 3 * model.config.n_layers
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 

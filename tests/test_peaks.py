@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from llmlab import envinfo
 from llmlab.measure import peaks
 
 
@@ -95,6 +96,8 @@ def test_measure_peaks_on_this_cpu(tmp_path):
     assert 0 <= p.copy_spread < 1 and 0 <= p.matmul_spread < 1
     assert p.cpu_wait is None or 0 <= p.cpu_wait <= 1
     assert (p.verdict == "steady") == (p.noise_reasons == ())
+    assert p.device_name == envinfo.device_name("cpu")  # one name for the device, in bench files and the cache
+    assert p.device_name.startswith("CPU: ") and p.device_name.endswith(f" ({torch.get_num_threads()} threads)")
     data = json.loads(path.read_text())
     entry = data[f"{p.device_name} | torch {p.torch_version}"]
     assert list(data) == [f"{p.device_name} | torch {p.torch_version}"]
@@ -146,8 +149,8 @@ def test_a_noisy_measurement_is_not_trusted_from_the_cache(tmp_path, monkeypatch
 def test_an_entry_of_the_old_format_is_measured_again(tmp_path, monkeypatch):
     """Format 1 (no "version", no verdict) may hold peaks measured on a busy machine: not read back."""
     path = tmp_path / "peaks.json"
-    key = f"{peaks.device_name('cpu')} | torch {torch.__version__}"
-    old = {"device_name": peaks.device_name("cpu"), "torch_version": torch.__version__, "copy_bw_gb_s": 5.0,
+    key = f"{envinfo.device_name('cpu')} | torch {torch.__version__}"
+    old = {"device_name": envinfo.device_name("cpu"), "torch_version": torch.__version__, "copy_bw_gb_s": 5.0,
            "matmul_tflops": 0.05, "matmul_dtype": "float32", "measured_at": "2026-01-02T03:04:05Z",
            "datasheet_bw_gb_s": None, "datasheet_tflops": None}
     path.write_text(json.dumps({key: old}))
@@ -163,7 +166,7 @@ def test_an_entry_of_the_old_format_is_measured_again(tmp_path, monkeypatch):
 
 
 def test_the_peaks_line_says_how_far_to_trust_them(tmp_path, monkeypatch):
-    from llmlab.measure.bench import peaks_line
+    from llmlab.measure.bench_table import peaks_line
 
     FakeMachine(monkeypatch, IDLE)
     p = peaks.measure_peaks("cpu", cache_path=tmp_path / "peaks.json")

@@ -106,7 +106,7 @@ def test_record_setting_on_cpu_with_fake_sampler(tmp_path):
                        device_name="Fake GPU", peaks={"copy_bw_gb_s": 100.0})
     assert backend.opened == backend.closed == 1 and _llmlab_threads() == []
     # the warm-up (not recorded) runs the whole workload once: the eager decode's first run at new KV lengths is
-    # several times slower than the next on a GPU (call BM), and a short warm-up left that in the trace
+    # several times slower than the next on a GPU, and a short warm-up left that in the trace
     assert asked[0] == 24 and len(asked) == len(t.calls) + 1
     m = t.meta
     assert m["device"] == "Fake GPU" and m["model"] == "tiny" and m["setting_slug"] == "kv-cache_fp32"
@@ -194,7 +194,7 @@ def test_record_on_gpu_with_real_nvml(tmp_path):
     assert path.stat().st_size < 1_000_000
     assert _llmlab_threads() == []
     # last, as it needs a GPU nobody else uses: under pytest-xdist other workers' kernels fill the "idle" window
-    # (call DA: idle 13.7%, decoding 9.0%), and then a rise cannot be seen
+    # (idle 13.7%, decoding 9.0% once measured on the H200), and then a rise cannot be seen
     if s["idle_gpu_util_pct_mean"] > 5:
         pytest.skip(f"the GPU was busy before the decode (idle GPU-Util {s['idle_gpu_util_pct_mean']:.1f}%): "
                     f"another process shares it, so the rise of GPU-Util while decoding cannot be measured; run this "

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from llmlab.runtime import cuda_graphs
-from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder, batch_buckets, runner_for
+from llmlab.runtime.cuda_graphs import BUCKETS, GraphDecoder, RunnerCache, batch_buckets
 from llmlab.engine import LLM
 from llmlab.runtime.fast_generate import decode_mode, generate_fast
 from llmlab.generate import generate
@@ -231,55 +231,62 @@ def test_lengths_and_runner_reuse(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "MIN_SEQ", 64)
     monkeypatch.setattr(cuda_graphs, "SEQ_ROUND", 32)
     m = tiny_model(seed=0)  # context 256
+    runners = RunnerCache()  # what LLM.runners holds
     for T, n in [(12, 20), (5, 59), (40, 7), (3, 1)]:
         p = prompt_ids(1, T, seed=T)[0].tolist()
-        assert generate_fast(m, p, max_new_tokens=n, mode="static").token_ids == \
+        assert generate_fast(m, p, max_new_tokens=n, mode="static", runners=runners).token_ids == \
             generate(m, p, max_new_tokens=n).token_ids
-    first = m._llmlab_runners["static"]
+    first = runners["static"]
     assert (first.max_batch, first.max_seq_len) == (1, 64)  # one runner served all four calls
     p = prompt_ids(1, 60, seed=1)[0].tolist()
-    assert generate_fast(m, p, max_new_tokens=30, mode="static").token_ids == \
+    assert generate_fast(m, p, max_new_tokens=30, mode="static", runners=runners).token_ids == \
         generate(m, p, max_new_tokens=30).token_ids
-    grown = m._llmlab_runners["static"]
+    grown = runners["static"]
     assert grown is not first and grown.max_seq_len == 96
     b = prompt_ids(3, 8, seed=2)  # more rows: 4 (a power of two), the length kept
-    assert generate_fast(m, b, max_new_tokens=10, mode="static").token_ids == \
+    assert generate_fast(m, b, max_new_tokens=10, mode="static", runners=runners).token_ids == \
         generate(m, b, max_new_tokens=10).token_ids
-    wide = m._llmlab_runners["static"]
+    wide = runners["static"]
     assert (wide.max_batch, wide.max_seq_len, wide.buckets) == (4, 96, (1, 2, 4))
-    generate_fast(m, PROMPT, max_new_tokens=5, mode="static")
-    assert m._llmlab_runners["static"] is wide  # smaller requests reuse it
+    generate_fast(m, PROMPT, max_new_tokens=5, mode="static", runners=runners)
+    assert runners["static"] is wide  # smaller requests reuse it
     p = prompt_ids(1, 200, seed=3)[0].tolist()  # up to the context: 256, not 288
-    assert generate_fast(m, p, max_new_tokens=56, mode="static").token_ids == \
+    assert generate_fast(m, p, max_new_tokens=56, mode="static", runners=runners).token_ids == \
         generate(m, p, max_new_tokens=56).token_ids
-    full = m._llmlab_runners["static"]
+    full = runners["static"]
     assert full.max_seq_len == 256
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        generate_fast(m, PROMPT, max_new_tokens=256, mode="static")
+        generate_fast(m, PROMPT, max_new_tokens=256, mode="static", runners=runners)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        generate_fast(m, [1, 2, 256], max_new_tokens=5, mode="static")
+        generate_fast(m, [1, 2, 256], max_new_tokens=5, mode="static", runners=runners)
     with pytest.raises(ValueError, match="prompt is empty"):
-        generate_fast(m, [], max_new_tokens=5, mode="static")
-    assert m._llmlab_runners["static"] is full  # failed calls touch nothing
+        generate_fast(m, [], max_new_tokens=5, mode="static", runners=runners)
+    assert runners["static"] is full  # failed calls touch nothing
 
 
 def test_fills_the_context_exactly():
     m = tiny_model(seed=0, max_seq_len=32)
-    a = generate_fast(m, PROMPT, max_new_tokens=32 - len(PROMPT), mode="static")
+    runners = RunnerCache()
+    a = generate_fast(m, PROMPT, max_new_tokens=32 - len(PROMPT), mode="static", runners=runners)
     assert a.token_ids == generate(m, PROMPT, max_new_tokens=32 - len(PROMPT)).token_ids
-    assert m._llmlab_runners["static"].max_seq_len == 32  # capped at the context
+    assert runners["static"].max_seq_len == 32  # capped at the context
 
 
 def test_new_weights_rebuild_the_runner_and_copies_start_clean():
     m = tiny_model(seed=0)
-    generate_fast(m, PROMPT, max_new_tokens=4, mode="static")
-    old = m._llmlab_runners["static"]
-    m2 = copy.deepcopy(m)  # what LLM.to does: the copy must not share (or try to copy) the runners
-    assert m2._llmlab_runners == {}
+    runners = RunnerCache()
+    generate_fast(m, PROMPT, max_new_tokens=4, mode="static", runners=runners)
+    old = runners["static"]
+    assert len(copy.deepcopy(runners)) == 0  # a copy must not share (or try to copy) the runners
+    llm = LLM(m)
+    llm.generate(PROMPT, max_new_tokens=4, gpu_sampling=True)
+    assert len(llm.runners) == 1
+    llm2 = llm.to(dtype="bf16")  # a copy of the model: its LLM starts with no runners
+    assert llm2.runners is not llm.runners and len(llm2.runners) == 0
     with torch.no_grad():
         m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight * -1.0)  # replaced (untied) weights
-    got = generate_fast(m, PROMPT, max_new_tokens=16, mode="static")
-    assert m._llmlab_runners["static"] is not old
+    got = generate_fast(m, PROMPT, max_new_tokens=16, mode="static", runners=runners)
+    assert runners["static"] is not old
     assert got.token_ids == generate(m, PROMPT, max_new_tokens=16).token_ids
 
 
@@ -382,10 +389,12 @@ def test_switches_route_llm_generate(model):
 
 
 def test_runner_for_rejects_bad_requests(model):
+    runners = RunnerCache()
     with pytest.raises(ValueError, match="unknown decode mode"):
-        runner_for(model, "turbo", 1, 10)
+        runners.runner_for(model, "turbo", 1, 10)
     with pytest.raises(ValueError, match="exceed the model's context"):
-        runner_for(model, "static", 1, 10_000)
+        runners.runner_for(model, "static", 1, 10_000)
+    assert len(runners) == 0 and "static" not in runners
 
 
 # -- torch.compile on the CPU (Inductor's C++ backend; ~15 s) -------------------------------------------------------
@@ -515,3 +524,34 @@ def test_bucketed_prefill_runs_the_whole_row_bucket(model):
     got = torch.stack(out, dim=1).tolist()
     assert got[:3] == generate(model, prompts, max_new_tokens=8).token_ids
     assert got[3:] == generate(model, last, max_new_tokens=8).token_ids
+
+
+def test_a_runner_runs_the_kernels_it_was_given_and_refuses_others(model):
+    """The runner is given the step it runs (`kernels`: forward, greedy pick, fingerprint) explicitly; a request
+    that names other kernels, or kernels of another model, is refused; the fingerprint names the kernels."""
+    from llmlab.runtime.cuda_graphs import weights_fingerprint
+    from llmlab.sampling import argmax_rows
+
+    class Own:  # stands in for llmlab.kernels.KernelDecodeStep: the model's forward, counted
+        def __init__(self, m):
+            self.model, self.calls = m, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.model(*args, **kwargs)
+
+        def greedy(self, logits):
+            return argmax_rows(logits)
+
+        def fingerprint(self):
+            return ("Own",)
+
+    own = Own(model)
+    runner = GraphDecoder(model, max_batch=1, max_seq_len=32, cuda_graphs=False, kernels=own)
+    got = generate_fast(model, PROMPT, max_new_tokens=8, runner=runner)
+    assert got.token_ids == generate(model, PROMPT, max_new_tokens=8).token_ids and own.calls == 8
+    with pytest.raises(ValueError, match="runs other kernels"):
+        generate_fast(model, PROMPT, max_new_tokens=4, runner=runner, kernels=Own(model))
+    with pytest.raises(ValueError, match="made for another model"):
+        GraphDecoder(model, max_batch=1, max_seq_len=32, kernels=Own(tiny_model(seed=1)))
+    assert weights_fingerprint(model, own) != weights_fingerprint(model)

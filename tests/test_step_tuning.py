@@ -1,7 +1,7 @@
 """Step tuning (llmlab/kernels/step_tuning.py): the batch-1 decode GEMVs' tiles chosen by timing the whole step.
 
 On a CPU the kernels run in Triton's interpreter (fp32) and the step's time comes from a stand-in `measure` that
-reads which tiles the model holds; the GPU test times the real captured step.
+reads which tiles the kernels' decode step holds; the GPU test times the real captured step.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ if not torch.cuda.is_available() and not interpret_mode():
     pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 
 from llmlab.kernels import fused_gemv as fg  # noqa: E402
-from llmlab.kernels import patch_model, step_tuning  # noqa: E402
+from llmlab.kernels import step_tuning  # noqa: E402
+from llmlab.kernels.decode_step import GEMV_ROLES, KernelDecodeStep, attention_role  # noqa: E402
+from llmlab.kernels.modules import ops, swap_in, swap_out  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TILES = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
@@ -78,29 +80,29 @@ def test_candidate_configs_follow_the_autotuners_pruning(monkeypatch):
 
 
 def _fake_clock(costs: dict, base: float = 1.0):
-    """A stand-in for `measure_step_ms`: base + the cost of each (role, tile) the model holds now (the
+    """A stand-in for `measure_step_ms`: base + the cost of each (role, tile) the step holds now (the
     autotuner's pick, i.e. no tile, costs `costs[(role, None)]`, default 0). Records every call's tiles."""
     seen = []
 
-    roles = set(patch_model.GEMV_ROLES) | {role for role, _ in costs}
+    roles = set(GEMV_ROLES) | {role for role, _ in costs}
 
-    def measure(model):
-        tiles = model.__dict__.get(patch_model.STEP_TILES_ATTR, {})
+    def measure(step):
+        tiles = step.tiles
         seen.append(dict(tiles))
         return base + sum(costs.get((role, str(tiles.get(role)) if role in tiles else None), 0.0) for role in roles)
     return measure, seen
 
 
 @torch.no_grad()
-def _greedy(model, ids, slots: int, steps: int) -> list[int]:
+def _greedy(step, ids, slots: int, steps: int) -> list[int]:
     """Prefill ids (1, T) into a static cache of `slots` slots, then `steps` greedy batch-1 decode steps (the fused
-    path, which reads the step-tuned configs): the tokens."""
+    path of the kernels' step, which runs its step-tuned configs): the tokens."""
     from llmlab.cache.static_cache import StaticKVCache
 
-    cache = StaticKVCache(model.config, 1, slots, torch.float32, DEV)
-    nxt, out, T = model(ids, kv_cache=cache)[:, -1:].argmax(-1), [], ids.shape[1]
+    cache = StaticKVCache(step.model.config, 1, slots, torch.float32, DEV)
+    nxt, out, T = step(ids, kv_cache=cache)[:, -1:].argmax(-1), [], ids.shape[1]
     for s in range(steps):
-        nxt = model(nxt, positions=torch.tensor([[T + s]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
+        nxt = step(nxt, positions=torch.tensor([[T + s]], device=DEV), kv_cache=cache)[:, -1:].argmax(-1)
         out.append(int(nxt))
     return out
 
@@ -109,22 +111,23 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
     model = tiny_model(seed=6).to(DEV)
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6)).to(DEV)
 
-    def greedy():
-        return _greedy(model, ids, 24, 6)
+    step = KernelDecodeStep(swap_in(model))
 
-    patch_model.enable(model)
+    def greedy():
+        return _greedy(step, ids, 24, 6)
+
     try:
         before = greedy()
-        cands = {role: TILES[:3] for role in patch_model.GEMV_ROLES}
-        cands[patch_model.attention_role(step_tuning.runner_slots(model))] = []  # not this test's subject
+        cands = {role: TILES[:3] for role in GEMV_ROLES}
+        cands[attention_role(step_tuning.runner_slots(model))] = []  # not this test's subject
         # each role's fastest tile is a different one; the autotuner's pick costs 0.05
-        costs = {(role, None): 0.05 for role in patch_model.GEMV_ROLES}
-        costs.update({(role, str(t)): 0.1 for role in patch_model.GEMV_ROLES for t in TILES[:3]})
+        costs = {(role, None): 0.05 for role in GEMV_ROLES}
+        costs.update({(role, str(t)): 0.1 for role in GEMV_ROLES for t in TILES[:3]})
         winners = {"qkv": TILES[0], "o": TILES[1], "gate_up": TILES[2], "down": TILES[0]}
         costs.update({(role, str(t)): 0.0 for role, t in winners.items()})
         measure, seen = _fake_clock(costs)
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=2)
-        tiles = model.__dict__[patch_model.STEP_TILES_ATTR]
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates=cands, rounds=2)
+        tiles = step.tiles
         assert {r: str(c) for r, c in tiles.items()} == {r: str(c) for r, c in winners.items()}
         assert {r: report[r]["chosen"] for r in report} == {r: str(c) for r, c in winners.items()}
         assert all(report[r]["current"] == "autotuner" for r in report)
@@ -133,44 +136,44 @@ def test_the_fastest_tile_of_each_role_is_chosen_and_the_decode_is_unchanged():
         assert greedy() == before  # every tile computes the same GEMV: the tokens do not move
         assert len(set(before)) >= 2
     finally:
-        patch_model.disable(model)
-    assert patch_model.STEP_TILES_ATTR not in model.__dict__  # disable forgets the tiles
+        swap_out(model)
+    assert not any("tiles" in vars(m) for m in model.modules())  # the tiles live on the step, not on the model
 
 
 def test_the_autotuners_pick_stays_when_no_tile_beats_it_by_the_margin():
     model = tiny_model(seed=7).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
         cands = {"down": TILES[:2]}
         costs = {("down", None): 0.0, ("down", str(TILES[0])): -0.001, ("down", str(TILES[1])): 0.2}
         measure, _ = _fake_clock(costs)  # TILES[0] is 0.1% faster: under the 0.3% margin asked for
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1,
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates=cands, rounds=1,
                                               keep_margin=0.003)
         assert report["down"]["chosen"] == "autotuner"
-        assert patch_model.STEP_TILES_ATTR not in model.__dict__
+        assert step.tiles == {}
         costs[("down", str(TILES[0]))] = -0.01  # now 1% faster: it is chosen
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates=cands, rounds=1)
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates=cands, rounds=1)
         assert report["down"]["chosen"] == str(TILES[0])
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
     model = tiny_model(seed=8).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
         bad = triton.Config({"BLOCK_N": 4, "BLOCK_K": 64, "STAGES": 1}, num_warps=4)
 
         def measure(m):
-            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
+            tile = m.tiles.get("down")
             if tile is bad:
                 raise RuntimeError("out of resources")  # as a launch this GPU cannot fit
             return 0.5 if tile is None else 1.0
 
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": [TILES[0], bad]})
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates={"down": [TILES[0], bad]})
         assert str(bad) in report["down"]["failed"] and str(bad) not in report["down"]["first_pass_ms"]
         assert report["down"]["chosen"] == "autotuner"
-        model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
+        step.tiles = {"o": TILES[1]}
         calls = []
 
         def broken(m):
@@ -180,58 +183,58 @@ def test_a_tile_that_fails_is_skipped_and_an_error_loses_no_state():
             return 1.0
 
         with pytest.raises(KeyboardInterrupt):
-            step_tuning.tune_decode_step(model, measure=broken, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}  # as before the call
-        assert _decode_logits(model).shape == (1, 1, 256)  # still usable: a batch-1 step that reads the tiles
+            step_tuning.tune_decode_step(step, measure=broken, candidates={"down": TILES[:3]})
+        assert step.tiles == {"o": TILES[1]}  # as before the call
+        assert _decode_logits(step).shape == (1, 1, 256)  # still usable: a batch-1 step that reads the tiles
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 @torch.no_grad()
-def _decode_logits(model):
-    """One batch-1 decode step on a static cache (the fused path, which reads the chosen tiles)."""
+def _decode_logits(step):
+    """One batch-1 decode step on a static cache (the fused path, which runs the chosen tiles)."""
     from llmlab.cache.static_cache import StaticKVCache
 
-    cache = StaticKVCache(model.config, 1, 16, torch.float32, DEV)
-    model(torch.tensor([[1, 2, 3]], device=DEV), kv_cache=cache)
-    return model(torch.tensor([[4]], device=DEV), positions=torch.tensor([[3]], device=DEV), kv_cache=cache)
+    cache = StaticKVCache(step.model.config, 1, 16, torch.float32, DEV)
+    step(torch.tensor([[1, 2, 3]], device=DEV), kv_cache=cache)
+    return step(torch.tensor([[4]], device=DEV), positions=torch.tensor([[3]], device=DEV), kv_cache=cache)
 
 
 def test_a_failing_tile_is_never_chosen_even_when_it_was_the_current_one():
     model = tiny_model(seed=13).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
         def measure(m):  # TILES[1] cannot run; TILES[2] would be fastest if it could
-            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
+            tile = m.tiles.get("down")
             if tile is TILES[1]:
                 raise RuntimeError("out of resources")
             return {id(TILES[0]): 0.9, id(TILES[2]): 0.5}.get(id(tile), 1.0)
 
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates={"down": TILES[:3]})
         assert report["down"]["chosen"] == str(TILES[2]) and str(TILES[1]) in report["down"]["failed"]
-        assert model.__dict__[patch_model.STEP_TILES_ATTR]["down"] is TILES[2]
+        assert step.tiles["down"] is TILES[2]
         # tune again: TILES[2] is now the current tile and a candidate; it fails this time -> an error, no change
         def failing_current(m):
-            tile = m.__dict__.get(patch_model.STEP_TILES_ATTR, {}).get("down")
+            tile = m.tiles.get("down")
             if tile is TILES[2]:
                 raise RuntimeError("out of resources")
             return 1.0
 
         with pytest.raises(RuntimeError, match="out of resources"):
-            step_tuning.tune_decode_step(model, measure=failing_current, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[2]}
-        assert all(isinstance(c, triton.Config) for c in model.__dict__[patch_model.STEP_TILES_ATTR].values())
+            step_tuning.tune_decode_step(step, measure=failing_current, candidates={"down": TILES[:3]})
+        assert step.tiles == {"down": TILES[2]}
+        assert all(isinstance(c, triton.Config) for c in step.tiles.values())
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0, "1.0", None, True],
                          ids=["nan", "inf", "zero", "negative", "str", "None", "bool"])
 def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
     model = tiny_model(seed=14).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
-        model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
+        step.tiles = {"o": TILES[1]}
         calls = []
 
         def measure(m):
@@ -239,10 +242,10 @@ def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
             return bad if len(calls) == 2 else 1.0
 
         with pytest.raises(ValueError, match="measure returned .* finite number > 0"):
-            step_tuning.tune_decode_step(model, measure=measure, candidates={"down": TILES[:3]})
-        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}
+            step_tuning.tune_decode_step(step, measure=measure, candidates={"down": TILES[:3]})
+        assert step.tiles == {"o": TILES[1]}
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 @pytest.mark.parametrize("bad, err, match", [
@@ -254,12 +257,25 @@ def test_a_measure_that_returns_no_time_is_refused_and_nothing_changes(bad):
 ], ids=["unknown-role", "gemv-tile-for-attention", "list", "junk-entry", "not-a-list"])
 def test_bad_candidates_get_a_named_error(bad, err, match):
     model = tiny_model(seed=15).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
         with pytest.raises(err, match=match):
-            step_tuning.tune_decode_step(model, measure=lambda m: 1.0, candidates=bad)
+            step_tuning.tune_decode_step(step, measure=lambda m: 1.0, candidates=bad)
     finally:
-        patch_model.disable(model)
+        swap_out(model)
+
+
+def _kernels_on(llm):
+    """The triton_kernels switch's effect (the switch itself needs a GPU): kernel modules in, LLM.kernels set."""
+    from llmlab import switches
+
+    return switches.SWITCHES["triton_kernels"].apply(llm, True, {})
+
+
+def _kernels_off(llm):
+    from llmlab import switches
+
+    return switches.SWITCHES["triton_kernels"].apply(llm, False, {})
 
 
 def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(monkeypatch):
@@ -268,47 +284,56 @@ def test_the_switch_tunes_once_restores_after_off_and_retunes_for_another_dtype(
 
     runs = []
 
-    def fake_tune(model, **kw):  # stands in for the GPU timing: picks TILES[0] for the down projection
-        runs.append(next(model.parameters()).dtype)
-        model.__dict__[patch_model.STEP_TILES_ATTR] = {"down": TILES[0]}
+    def fake_tune(step, **kw):  # stands in for the GPU timing: picks TILES[0] for the down projection
+        runs.append(next(step.model.parameters()).dtype)
+        step.tiles = {"down": TILES[0]}
         return {"down": {"chosen": str(TILES[0])}}
 
     monkeypatch.setattr(step_tuning, "tune_decode_step", fake_tune)
     llm = LLM(tiny_model(seed=16).to(DEV), name="tiny")
     sw = switches.SWITCHES["step_tuning"]
-    patch_model.enable(llm.model)
+    _kernels_on(llm)
     try:
         sw.apply(llm, True, {})
-        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[0]} and len(runs) == 1
-        assert llm.model.__dict__["_llmlab_step_tuning_report"]["seconds"] >= 0
+        assert llm.kernels.tiles == {"down": TILES[0]} and len(runs) == 1
+        assert step_tuning.chosen_tiles(llm) == {"down": TILES[0]}
+        assert step_tuning.tuning_report(llm)["seconds"] >= 0
+        assert step_tuning.tuning_report(llm)["roles"] == {"down": {"chosen": str(TILES[0])}}
         sw.apply(llm, False, {})
-        assert patch_model.STEP_TILES_ATTR not in llm.model.__dict__
+        assert llm.kernels.tiles == {} and step_tuning.chosen_tiles(llm) == {}
         sw.apply(llm, True, {})
-        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"down": TILES[0]} and len(runs) == 1
+        assert llm.kernels.tiles == {"down": TILES[0]} and len(runs) == 1
+        _kernels_off(llm)  # the kernels off and on again: a new step, without tiles until the switch gives them
+        assert llm.kernels is None and step_tuning.chosen_tiles(llm) == {}
+        _kernels_on(llm)
+        assert llm.kernels.tiles == {}
+        sw.apply(llm, True, {})
+        assert llm.kernels.tiles == {"down": TILES[0]} and len(runs) == 1  # remembered for the model: no retune
         llm.model.half()  # other weights' dtype: the tiles were chosen for fp32 and are chosen again
         sw.apply(llm, True, {})
         assert runs == [torch.float32, torch.float16]
     finally:
-        patch_model.disable(llm.model)
+        _kernels_off(llm)
 
 
-def test_the_switch_keeps_the_models_tiles_when_tuning_fails(monkeypatch):
+def test_the_switch_keeps_the_steps_tiles_when_tuning_fails(monkeypatch):
     from llmlab import switches
     from llmlab.engine import LLM
 
-    def interrupted(model, **kw):
+    def interrupted(step, **kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(step_tuning, "tune_decode_step", interrupted)
     llm = LLM(tiny_model(seed=19).to(DEV), name="tiny")
-    patch_model.enable(llm.model)
+    _kernels_on(llm)
     try:
-        llm.model.__dict__[patch_model.STEP_TILES_ATTR] = {"o": TILES[1]}
+        llm.kernels.tiles = {"o": TILES[1]}
         with pytest.raises(KeyboardInterrupt):
             switches.SWITCHES["step_tuning"].apply(llm, True, {})
-        assert llm.model.__dict__[patch_model.STEP_TILES_ATTR] == {"o": TILES[1]}
+        assert llm.kernels.tiles == {"o": TILES[1]}
+        assert step_tuning.tuning_report(llm) is None
     finally:
-        patch_model.disable(llm.model)
+        _kernels_off(llm)
 
 
 def test_a_refused_switch_changes_nothing(monkeypatch):
@@ -316,12 +341,13 @@ def test_a_refused_switch_changes_nothing(monkeypatch):
     not leave an earlier one (the Triton kernels) half-applied to the model."""
     from llmlab import switches
     from llmlab.engine import LLM
+    from llmlab.kernels.modules import is_swapped
 
     llm = LLM(tiny_model(seed=20, attention_bias=True).to(DEV), name="tiny")
     monkeypatch.setattr(switches.SWITCHES["triton_kernels"], "available", lambda llm: (True, ""))
     with pytest.raises(ValueError, match="switch .step tuning. cannot be set to True here"):
         switches.apply_switches(llm, {"triton_kernels": True, "step_tuning": True})
-    assert not patch_model.is_enabled(llm.model)
+    assert not is_swapped(llm.model) and llm.kernels is None
 
 
 def test_models_the_fused_step_does_not_run_are_refused_by_the_switch_with_the_reason():
@@ -332,72 +358,74 @@ def test_models_the_fused_step_does_not_run_are_refused_by_the_switch_with_the_r
 
 def test_with_one_config_per_role_nothing_is_tuned_and_the_log_says_why():
     model = tiny_model(seed=21).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
         lines = []
-        single = {role: TILES[:1] for role in patch_model.GEMV_ROLES}
-        single[patch_model.attention_role(step_tuning.runner_slots(model))] = SPLITS[:1]
-        assert step_tuning.tune_decode_step(model, measure=lambda m: 1.0, candidates=single, log=lines.append) == {}
+        single = {role: TILES[:1] for role in GEMV_ROLES}
+        single[attention_role(step_tuning.runner_slots(model))] = SPLITS[:1]
+        assert step_tuning.tune_decode_step(step, measure=lambda m: 1.0, candidates=single, log=lines.append) == {}
         assert len(lines) == 1 and "nothing to choose" in lines[0]
-        assert patch_model.STEP_TILES_ATTR not in model.__dict__
+        assert step.tiles == {}
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 def test_bad_use_gets_a_named_error():
     model = tiny_model(seed=9).to(DEV)
     with pytest.raises(ValueError, match="turn the Triton kernels on first"):
-        step_tuning.tune_decode_step(model, measure=lambda m: 1.0)
-    patch_model.enable(model)
+        step_tuning.tune_decode_step(model, measure=lambda m: 1.0)  # a model, not the kernels' decode step
+    step = KernelDecodeStep(swap_in(model))
     try:
         if DEV == "cpu":
             with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-                step_tuning.tune_decode_step(model)
+                step_tuning.tune_decode_step(step)
         for bad in ({"rounds": 0}, {"finalists": 0}, {"rounds": 1.5}, {"finalists": "3"}):
             with pytest.raises(ValueError, match="rounds and finalists must be whole numbers >= 1"):
-                step_tuning.tune_decode_step(model, measure=lambda m: 1.0, **bad)
+                step_tuning.tune_decode_step(step, measure=lambda m: 1.0, **bad)
         for bad in ("x", float("nan"), 5, -0.1, True):
             with pytest.raises(ValueError, match=r"keep_margin must be a fraction in \[0, 1\)"):
-                step_tuning.tune_decode_step(model, measure=lambda m: 1.0, keep_margin=bad)
+                step_tuning.tune_decode_step(step, measure=lambda m: 1.0, keep_margin=bad)
         for bad in ({"steps": 0}, {"steps": -3}, {"context": -1}, {"steps": 2.5}):
             with pytest.raises(ValueError, match="steps must be a whole number >= 1 and context >= 0"):
-                step_tuning.measure_step_ms(model, **bad)
+                step_tuning.measure_step_ms(step, **bad)
     finally:
-        patch_model.disable(model)
+        swap_out(model)
     biased = tiny_model(seed=9, attention_bias=True).to(DEV)
-    patch_model.enable(biased)
+    step = KernelDecodeStep(swap_in(biased))
     try:
         with pytest.raises(ValueError, match="does not run the fused batch-1 GEMVs.*leave step tuning off"):
-            step_tuning.tune_decode_step(biased, measure=lambda m: 1.0)
+            step_tuning.tune_decode_step(step, measure=lambda m: 1.0)
     finally:
-        patch_model.disable(biased)
+        swap_out(biased)
 
 
 @torch.no_grad()
 def test_measuring_the_step_fits_a_short_context_and_refuses_one_too_short():
     model = tiny_model(seed=12, max_seq_len=64).to(DEV)  # shorter than the 1024-slot runner it would build
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
-        assert step_tuning.measure_step_ms(model, context=128, steps=4) > 0
+        assert step_tuning.measure_step_ms(step, context=128, steps=4) > 0
         with pytest.raises(ValueError, match="need a context of at least 72 tokens"):
-            step_tuning.measure_step_ms(model, steps=64)
+            step_tuning.measure_step_ms(step, steps=64)
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 def test_chosen_tiles_make_captured_runners_stale():
-    from llmlab.runtime.cuda_graphs import runner_for, weights_fingerprint
+    from llmlab.runtime.cuda_graphs import RunnerCache, weights_fingerprint
 
     model = tiny_model(seed=10).to(DEV)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
+    runners = RunnerCache()
     try:
-        before = weights_fingerprint(model)
-        runner = runner_for(model, "static", 1, 32)
-        model.__dict__[patch_model.STEP_TILES_ATTR] = {"down": TILES[0]}
-        assert weights_fingerprint(model) != before
-        assert runner_for(model, "static", 1, 32) is not runner
+        before = weights_fingerprint(model, step)
+        runner = runners.runner_for(model, "static", 1, 32, kernels=step)
+        assert runners.runner_for(model, "static", 1, 32, kernels=step) is runner
+        step.tiles = {"down": TILES[0]}
+        assert weights_fingerprint(model, step) != before
+        assert runners.runner_for(model, "static", 1, 32, kernels=step) is not runner
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 def test_the_switch_and_rung_are_registered_and_gpu_only():
@@ -428,16 +456,16 @@ def test_tuning_the_real_step_keeps_the_greedy_tokens():
     model = tiny_model(seed=11).to("cuda")
     prompt = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(3)).tolist()
     ref = generate(model, prompt, max_new_tokens=40)
-    patch_model.enable(model)
+    step = KernelDecodeStep(swap_in(model))
     try:
-        report = step_tuning.tune_decode_step(model, rounds=2)
-        attention = patch_model.attention_role(step_tuning.runner_slots(model))
-        assert set(report) <= set(patch_model.GEMV_ROLES) | {attention}
+        report = step_tuning.tune_decode_step(step, rounds=2)
+        attention = attention_role(step_tuning.runner_slots(model))
+        assert set(report) <= set(GEMV_ROLES) | {attention}
         for r in report.values():
             assert r["chosen"] in r["step_ms"] and all(t > 0 for t in r["step_ms"].values())
-        got = generate_fast(model, prompt, max_new_tokens=40, mode="graphs")
+        got = generate_fast(model, prompt, max_new_tokens=40, mode="graphs", kernels=step)
     finally:
-        patch_model.disable(model)
+        swap_out(model)
     assert got.token_ids == ref.token_ids
 
 
@@ -450,30 +478,31 @@ def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_
     """The attention role is named by the static cache's size (`attention_role`): the tuned split config runs in
     steps on caches of that size only, and every split config computes the same attention."""
     model = tiny_model(seed=18).to(DEV)  # context 256: the timed runner has 256 slots
-    role = patch_model.attention_role(step_tuning.runner_slots(model))
+    role = attention_role(step_tuning.runner_slots(model))
     assert role == "attention@256"
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(18)).to(DEV)
 
-    def greedy(slots):
-        return _greedy(model, ids, slots, 5)
+    step = KernelDecodeStep(swap_in(model))
 
-    patch_model.enable(model)
+    def greedy(slots):
+        return _greedy(step, ids, slots, 5)
+
     try:
         before = greedy(256)
         costs = {(role, None): 0.05, (role, str(SPLITS[0])): 0.1, (role, str(SPLITS[1])): 0.0,
                  (role, str(SPLITS[2])): 0.1}
         measure, _ = _fake_clock(costs)
-        report = step_tuning.tune_decode_step(model, measure=measure, candidates={role: SPLITS}, rounds=1)
+        report = step_tuning.tune_decode_step(step, measure=measure, candidates={role: SPLITS}, rounds=1)
         assert report[role]["chosen"] == str(SPLITS[1])
-        assert model.__dict__[patch_model.STEP_TILES_ATTR] == {role: SPLITS[1]}
+        assert step.tiles == {role: SPLITS[1]}
         calls = []
-        real = patch_model._kernels().decode_attention
+        real = ops().decode_attention
 
         def spy(*a, **kw):
             calls.append(kw.get("config"))
             return real(*a, **kw)
 
-        ns = patch_model._kernels()
+        ns = ops()
         ns.decode_attention = spy
         try:
             assert greedy(256) == before  # the chosen split: the same tokens
@@ -484,10 +513,10 @@ def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_
         finally:
             ns.decode_attention = real
         for config in SPLITS:  # every candidate computes the same attention
-            model.__dict__[patch_model.STEP_TILES_ATTR] = {role: config}
+            step.tiles = {role: config}
             assert greedy(256) == before
     finally:
-        patch_model.disable(model)
+        swap_out(model)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -5,9 +5,9 @@ through torch.compile — for the shipped default model and for Llama-3.2-1B's s
 
 Per model and mode: the median over `--repeats` runs of the median decode-step time (TPOT, CUDA events), tokens/s
 of the decode steps, the speed-up over eager `generate`, MBU against the measured copy bandwidth (weights + the
-KV cache actually attended, by the `llmlab.measure.roofline` convention) and the one-off setup time (capture / compile).
-Also the host costs of `llmlab.measure.host_costs` (tokenizer, pinned vs pageable copies, sampling). Compilation is skipped
-once the time budget is spent (the output says so). Needs a CUDA GPU; no network.
+KV cache actually attended, by the `llmlab.measure.roofline` convention) and the one-off setup time (capture /
+compile). Also the host costs of `llmlab.measure.host_costs` (tokenizer, pinned vs pageable copies, sampling).
+Compilation is skipped once the time budget is spent (the output says so). Needs a CUDA GPU; no network.
 """
 
 from __future__ import annotations
@@ -17,15 +17,18 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from llmlab.engine import LLM
-from llmlab.runtime.fast_generate import generate_fast
-from llmlab.generate import generate
-from llmlab.measure.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost
-from llmlab.measure.peaks import measure_copy_bandwidth
-from llmlab.measure.roofline import decode_mean_context_len, mbu
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python3 tools/...` from a plain checkout
+
+from llmlab.engine import LLM  # noqa: E402
+from llmlab.runtime.fast_generate import generate_fast  # noqa: E402
+from llmlab.generate import generate  # noqa: E402
+from llmlab.measure.host_costs import h2d_copy_cost, sampling_cost, tokenizer_cost  # noqa: E402
+from llmlab.measure.peaks import measure_copy_bandwidth  # noqa: E402
+from llmlab.measure.roofline import decode_mean_context_len, mbu  # noqa: E402
 
 T0 = time.time()
 
@@ -48,7 +51,7 @@ def bench(llm: LLM, name: str, label: str, kw: dict, prompt_len: int, new_tokens
         if kw.get("mode") is None:
             run = lambda n: generate(model, prompt, max_new_tokens=n)  # noqa: E731
         else:
-            run = lambda n: generate_fast(model, prompt, max_new_tokens=n, **kw)  # noqa: E731
+            run = lambda n: generate_fast(model, prompt, max_new_tokens=n, runners=llm.runners, **kw)  # noqa: E731
         run(8)  # warm-up; builds (captures / compiles) the runner
         if llm.device.type == "cuda":
             torch.cuda.synchronize()
@@ -113,8 +116,9 @@ def main(argv=None) -> int:
             say(f"  tokenizer encode {r['tokens']:5d} tokens: {r['encode_ms']:.3f} ms")
         say(f"  tokenizer decode of one token: {results['tokenizer']['decode_one_token_us']:.2f} us")
         for r in results["h2d_copy"]["rows"]:
-            say(f"  H2D {r['bytes']:>9d} B: pageable {r['pageable_total_ms']:.4f} ms (host {r['pageable_host_ms']:.4f}) "
-                f"pinned {r['pinned_total_ms']:.4f} ms (host {r['pinned_host_ms']:.4f})")
+            say(f"  H2D {r['bytes']:>9d} B: pageable {r['pageable_total_ms']:.4f} ms "
+                f"(host {r['pageable_host_ms']:.4f}) pinned {r['pinned_total_ms']:.4f} ms "
+                f"(host {r['pinned_host_ms']:.4f})")
         for v, s in results["sampling"].items():
             say(f"  sampling V={v}: gpu {s['gpu_ms']:.3f} ms, gpu+read {s['gpu_then_host_ms']:.3f} ms, "
                 f"cpu {s['cpu_ms']:.3f} ms; greedy gpu {s['greedy_gpu_ms']:.3f} / cpu {s['greedy_cpu_ms']:.3f} ms")

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# One device call for the Triton kernels issue: the kernels' tests on the GPU (fp32, fp16, bf16, including the
-# gpu-marked cases: fp16 RMSNorm at +-1000, softmax sums at context 2048 in fp16, int8 with K = 14336), then the
-# micro-benchmarks written as an llmlab bench file. Everything goes under $OUT.
+# The Triton kernels on the GPU: `OUT=DIR bash tools/h200_kernels.sh`, run from the repository root on the GPU
+# machine (torch, Triton and pytest; no install, no network). It runs the kernels' tests (tests/test_kernels_*.py:
+# fp32, fp16 and bf16, the gpu-marked cases included) with autotuning off, so that each kernel runs its one default
+# config, spread over pytest-xdist workers where xdist is installed (with autotuning on, one process takes over
+# 20 min). Then `python3 -m llmlab.kernels.bench_kernels --ops all` times RMSNorm, RoPE, SwiGLU, decode attention at
+# 1K-32K keys, the fused GEMVs and the int8/int4 weight-only matmuls at Llama-3.1-8B's shapes from CUDA-graph replay,
+# autotuned, against the copy bandwidth and PyTorch / cuBLAS (a few minutes in all). It writes into $OUT: device.txt,
+# kernel_tests.log, kernel_bench.log and the bench file nvidia-h200_kernels_micro_<time>.json (copy it into
+# data/bench/ and commit it: the README quotes the newest one). KERNEL_OPS picks fewer ops (a comma list of
+# elementwise, attention, matmul, gemv); PYTEST_WORKERS sets the number of xdist workers (default: one per core).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/llmlab-out}; mkdir -p "$OUT"
-PYTEST="python3 -m pytest -o addopts= -p no:cacheprovider -q -rs"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__)"
-  git rev-parse HEAD 2>/dev/null || echo "commit: (not a git checkout)"
-} 2>&1 | tee "$OUT/device.txt"
+LOG_NAME=kernels.log
+source "$(dirname "$0")/h200_lib.sh"
 
-
-$PYTEST tests/test_kernels_*.py 2>&1 | tee "$OUT/kernel_tests.log"
-python3 -m llmlab.kernels.bench_kernels --out "$OUT" 2>&1 | tee "$OUT/kernel_bench.log"
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${PYTEST_WORKERS:-auto} --dist load")
+env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST $XDIST tests/test_kernels_*.py 2>&1 | tee "$OUT/kernel_tests.log"
+python3 -m llmlab.kernels.bench_kernels --ops "${KERNEL_OPS:-all}" --out "$OUT" 2>&1 | tee "$OUT/kernel_bench.log"
+exit "${PIPESTATUS[0]}"

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-import llmlab
-from llmlab.cache import sizing, kv_quant
-from llmlab.measure import kv_costs
-from llmlab.engine import LLM
-from llmlab.envinfo import describe, git_commit, versions
-from llmlab.cache.paged_cache import PagedKVCache
-from llmlab.cache.prefix_reuse import compare_ttft
-from llmlab.switches import apply_switches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python3 tools/...` from a plain checkout
+
+import llmlab  # noqa: E402
+from llmlab.cache import sizing, kv_quant  # noqa: E402
+from llmlab.measure import kv_costs  # noqa: E402
+from llmlab.engine import LLM  # noqa: E402
+from llmlab.envinfo import describe, git_commit, versions  # noqa: E402
+from llmlab.cache.paged_cache import PagedKVCache  # noqa: E402
+from llmlab.cache.prefix_reuse import compare_ttft  # noqa: E402
+from llmlab.switches import apply_switches  # noqa: E402
 
 
 class CountingPagedKVCache(PagedKVCache):
@@ -51,7 +54,7 @@ def triton_kernels(llm: LLM, on: bool):
     if not on:
         yield {}
         return
-    llm, kwargs = apply_switches(llm, {"triton_kernels": True})  # patches llm.model in place
+    llm, kwargs = apply_switches(llm, {"triton_kernels": True})  # swaps the kernel modules into llm.model
     try:
         yield kwargs
     finally:

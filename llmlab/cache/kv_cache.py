@@ -16,7 +16,7 @@ import numbers
 import torch
 
 from llmlab.config import ModelConfig
-from llmlab.cache.sizing import check_fits
+from llmlab.cache.sizing import bytes_per_token, check_fits
 
 
 def check_cache_args(config: ModelConfig, dtype, **counts) -> None:
@@ -73,11 +73,8 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.length = 0  # tokens written so far (host-side bookkeeping)
 
-    @staticmethod
-    def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
-        """2 x layers x KV heads x head_dim x bytes per element: the cache cost of one token of one sequence."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem
+    # 2 x layers x KV heads x head_dim x bytes per element: the cache cost of one token of one sequence
+    bytes_per_token = staticmethod(bytes_per_token)
 
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write the new tokens' K/V at `positions` and return all cached K/V up to the last written position.

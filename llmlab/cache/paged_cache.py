@@ -12,7 +12,7 @@ Three ways to attend over a paged cache, all here:
   sequence's blocks into a contiguous (B, Hkv, S, hd) tensor and lets the model's ordinary SDPA attend. This is the
   reference path: it is exact, but the gather copies the whole cache every step — the cost a paged kernel avoids;
 * `PagedKVCache.write` + `PagedKVCache.decode_attention` (a decode step under the Triton kernels switch,
-  `llmlab.kernels.patch_model`): `write` stores the new K/V (the first half of `update`), then the Triton paged
+  `llmlab.kernels.modules`): `write` stores the new K/V (the first half of `update`), then the Triton paged
   kernel (`llmlab.kernels.paged_decode_attention`) reads each row's K/V in place through its block table — no
   gathered copy. The block tables and lengths go to the device once per step, shared by all layers;
 * `paged_attention` (PyTorch reference of the paged decode kernel): queries read K/V straight from the pool through
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from llmlab.cache.block_manager import BlockManager
 from llmlab.config import ModelConfig
 from llmlab.cache.kv_cache import check_cache_args
-from llmlab.cache.sizing import check_fits
+from llmlab.cache.sizing import bytes_per_token, check_fits
 
 
 class PagedKVCache:
@@ -258,10 +258,7 @@ class PagedKVCache:
         self._step_tensors = None
         self._slots, self._end = None, 0  # a layer > 0 write now needs a fresh layer-0 write first
 
-    @staticmethod
-    def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem
+    bytes_per_token = staticmethod(bytes_per_token)  # the same bytes per token as the contiguous cache
 
     @property
     def used_bytes(self) -> int:

@@ -39,6 +39,7 @@ class StaticKVCache(KVCache):
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
         super().__init__(config, batch_size, max_seq_len, dtype, device)
         self.slots = torch.arange(max_seq_len, device=device)  # (S,) slot index == absolute position
+        self._lengths_for = None  # (positions, its version, batch, lengths): `decode_lengths`' last answer
 
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, hd) at `positions` and return the whole buffers of rows 0..B-1.
@@ -74,6 +75,32 @@ class StaticKVCache(KVCache):
         zero = torch.zeros((), dtype=self.k[0].dtype, device=visible.device)
         return zero.masked_fill(~visible, float("-inf"))  # (B or 1, 1, T, S)
 
+    def decode_lengths(self, positions: torch.Tensor, batch: int) -> torch.Tensor:
+        """(batch,) int64: how many slots each row's newest token attends to (its position + 1), for the decode
+        kernels that read only the filled slots (`llmlab.kernels.modules.TritonAttention`). positions as in
+        `update` (the last one of a row counts).
+
+        Computed once per forward pass — every layer gets the same `positions` tensor — and remembered here until
+        that tensor changes (a loop that adds 1 to it in place bumps its version).
+
+        Raises ValueError (before anything is written) for a position outside the slots, as `update`'s indexing
+        refuses it; the check reads the positions on the host, so it is skipped while a CUDA graph is captured
+        (the graph runner checks its positions on the host before each replay).
+        """
+        held = self._lengths_for
+        if held is not None and held[0] is positions and held[1] == positions._version and held[2] == batch:
+            return held[3]
+        pos = row_positions(positions, batch)
+        S = self.k[0].shape[2]
+        if not (pos.is_cuda and torch.cuda.is_current_stream_capturing()):
+            lo, hi = int(pos.min()), int(pos.max())
+            if lo < 0 or hi >= S:
+                raise ValueError(f"position {hi if hi >= S else lo} is outside the static KV cache's {S} slots "
+                                 f"(0..{S - 1}): build the cache with a larger max_seq_len, or start a new sequence")
+        lengths = pos + 1
+        self._lengths_for = (positions, positions._version, batch, lengths)
+        return lengths
+
     def rows(self, start: int, stop: int) -> "StaticKVCache":
         """A cache over rows start..stop-1 that shares these buffers (e.g. to prefill one row of a batch)."""
         if not 0 <= start < stop <= self.batch_size:
@@ -86,3 +113,8 @@ class StaticKVCache(KVCache):
 
     def reset(self) -> None:
         """Nothing to do: the mask hides whatever an earlier sequence left in the buffers."""
+
+
+def row_positions(positions: torch.Tensor, batch: int) -> torch.Tensor:
+    """(batch,) the position of each row's last new token: positions is (B, T) (one per row) or (T,) (shared)."""
+    return positions[:, -1] if positions.dim() == 2 else positions[-1:].expand(batch)

@@ -10,16 +10,41 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     rope_cache.py              one decode step's RoPE and static-KV-cache write, fused into one launch
     decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
     paged_decode_attention.py  the same over a paged KV cache, through block tables
-    dequant_matmul.py          weight-only int8 (per channel) and int4 (group-wise, 2 per byte) matmul, M = 1..16
+    attention_splits.py        how decode attention splits the sequence: the split configs, which are worth timing
+    lse_merge.py               the merge of the splits' partial outputs by their log-sum-exp (a kernel, or in-kernel)
+    weight_quant.py            weight-only int8 (per channel) and int4 (group-wise, 2 per byte) formats, references
+    int8_matmul.py             int8 weight-only matmul, M = 1..16 (a CUDA-core GEMV at M = 1)
+    int4_matmul.py             int4 weight-only matmul, M = 1..16: which kernel runs; the tensor-core tile for M > 1
+    int4_gemv.py               int4_matmul's M = 1 GEMVs in Triton (input-stationary; K-walking with split-K)
     int4_gemv_gluon.py         int4_matmul's M = 1 path on CUDA GPUs, in Gluon (Triton's explicit-layout dialect)
+    packed_fields.py           Triton helpers: packed int4/int8 fields read as fp32 without a conversion instruction
+    quant_tiles.py             the tiles the int8/int4 kernels are autotuned over
+    split_k.py                 split-K for a GEMV, finished in the same launch (the M = 1 GEMVs)
     int4_mma_gemv.py           (experimental, slower) int4 GEMV on the tensor cores, weights in mma fragment order
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
     argmax.py                  the greedy token over a 100K+ vocabulary in one launch
-    patch_model.py             the "Triton kernels" switch: route a Transformer's ops through the kernels
+    modules.py                 the "Triton kernels" switch: kernel modules swapped into a Transformer (swap_in)
+    decode_step.py             KernelDecodeStep: residual adds folded across layers, the fused batch-1 step, argmax
     step_tuning.py             the "step tuning" switch: choose the batch-1 GEMVs' tiles by timing the whole step
     bench_kernels.py           micro-benchmarks -> an llmlab bench file (python -m llmlab.kernels.bench_kernels)
     lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb
 
+    from llmlab.kernels import KernelDecodeStep, swap_in, swap_out
+    swap_in(model)                          # RMSNorm, MLP, Attention -> their kernel modules (same parameters)
+    step = KernelDecodeStep(model)          # the model-level pieces, for the decode runner (`kernels=step`)
+    swap_out(model)                         # the PyTorch modules again
+
 Importing this package imports no triton; the op modules do. Without a GPU, set TRITON_INTERPRET=1 before
 importing triton to run the kernels (slowly; fp32, and fp16 where numpy has it) in Triton's CPU interpreter.
 """
+
+_LAZY = {"swap_in": "modules", "swap_out": "modules", "is_swapped": "modules", "KernelDecodeStep": "decode_step"}
+
+
+def __getattr__(name: str):
+    # `from llmlab.kernels import swap_in` imports modules.py on first use (it imports torch and llmlab.model)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

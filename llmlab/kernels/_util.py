@@ -172,8 +172,8 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
     READING a 256 MB buffer, so the weights come from HBM and the L2 holds clean lines — as in a decode step, where
     the layer before streamed its own weights.
     Triton's default (`triton.testing.do_bench`) clears the L2 by WRITING 256 MB first: the launch then also pays
-    for writing those dirty lines back, and on the H200 (call R) it chose configs 20-30% slower under CUDA-graph
-    replay than the best ones of the sweep. Returns the `quantiles` of the times (ms), as do_bench does."""
+    for writing those dirty lines back, and on the H200 it chose configs 20-30% slower under CUDA-graph replay
+    than the best ones. Returns the `quantiles` of the times (ms), as do_bench does."""
     device = torch.cuda.current_device()
     if device not in _flush_buffers:
         _flush_buffers[device] = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
@@ -186,7 +186,7 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
         # keep the GPU busy (~0.1 ms) while the host queues the launch(es): a config whose call is two launches
         # (decode attention's split + merge, the merge queued from the autotuner's post_hook) is then timed
         # without the host's launch gap between them, as in a CUDA graph — otherwise one-launch configs win
-        # unfairly (call AI: at 8K keys a fused-merge config 28% slower under graph replay)
+        # unfairly (at 8K keys it chose a fused-merge config 28% slower under graph replay)
         torch.cuda._sleep(_QUEUE_CYCLES)
         start.record()
         kernel_call()

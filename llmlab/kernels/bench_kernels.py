@@ -3,7 +3,7 @@
     python -m llmlab.kernels.bench_kernels --out results/        # on a CUDA GPU: bf16, realistic sizes
     python -m llmlab.kernels.bench_kernels --smoke --out /tmp/x  # anywhere: tiny sizes, checks the file's shape
 
-Each row is `llmlab.measure.bench.result_row(workload=<op>, step="triton" | "pytorch", ...)` with
+Each row is `llmlab.measure.bench_file.result_row(workload=<op>, step="triton" | "pytorch", ...)` with
 `bw_fraction` = achieved GB/s / measured copy GB/s (bytes the op must move: its inputs read once, outputs written
 once — the same count for both implementations, so the fraction compares them fairly), and for the weight-only
 matmuls `speedup_vs_bf16` = time of `x @ W.T` in bf16 / time of the kernel.
@@ -93,18 +93,19 @@ def _copies(nbytes: int, device: str) -> int:
 def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
     """The rows of the bench file. ops: "all", or a comma list of "elementwise", "attention", "matmul", "gemv"."""
     want = {"elementwise", "attention", "matmul", "gemv"} if ops == "all" else set(ops.split(","))
-    from llmlab.measure.bench import result_row
+    from llmlab.measure.bench_file import result_row
 
     from llmlab.sampling import argmax_rows
 
     from .argmax import argmax
     from .decode_attention import decode_attention, decode_attention_reference
     from .fused_gemv import fused_gemv, fused_gemv_reference
-    from .dequant_matmul import (dequant_matmul_reference, dequantize_int4, dequantize_int8, gluon_gemv_status,
-                                 int4_matmul, int8_matmul, quantize_int4, quantize_int8)
+    from .int4_matmul import gluon_gemv_status, int4_matmul
+    from .int8_matmul import int8_matmul
     from .rmsnorm import rmsnorm, rmsnorm_reference
     from .rope import rope_, rope_reference
     from .swiglu import swiglu, swiglu_reference
+    from .weight_quant import dequant_matmul_reference, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
     gpu = device == "cuda"
     dt = torch.bfloat16 if gpu else torch.float32
@@ -209,7 +210,7 @@ def run(device: str, smoke: bool, ops: str = "all") -> list[dict]:
                                        batch_size=M, weights=wlabel, time_ms=t, time_ms_eager=t_eager,
                                        GBps=wbytes / t / 1e6, bytes=wbytes, shape=[M, Nw, Kw],
                                        group_size=group if op == "int4_matmul" else None))
-                if op == "int4_matmul" and M == 1:  # which GEMV int4_matmul ran (see dequant_matmul.USE_GLUON)
+                if op == "int4_matmul" and M == 1:  # which GEMV int4_matmul ran (see int4_matmul.USE_GLUON)
                     rows[-1]["kernel"] = "gluon" if gluon_gemv_status(device) == "gluon" else "triton"
             for r in rows[-3:]:
                 r["speedup_vs_bf16"] = times["dense_matmul"] / r["time_ms"]
@@ -242,7 +243,7 @@ def notes_for(device: str, smoke: bool) -> list[str]:
 
 def main(argv=None) -> int:
     """The command; returns the exit status (2, with a one-line error, where the kernels cannot run here)."""
-    from llmlab.measure.bench import bench_document, bench_filename, peaks_dict, save_bench
+    from llmlab.measure.bench_file import bench_document, bench_filename, peaks_dict, save_bench
 
     from ._util import interpret_mode, triton_status
 

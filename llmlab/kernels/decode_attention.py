@@ -8,14 +8,14 @@ At decode time each sequence has ONE new query token per head, but thousands of 
        SPLIT_N keys, ONCE, for all n_rep query heads that share it (GQA, Ainslie et al. 2023,
        https://arxiv.org/abs/2305.13245), and writes a partial output normalized by its own softmax sum plus the
        log-sum-exp of its scores;
-    2. `_decode_merge_kernel`, grid (B * H,): rescales the partials by exp(lse_s - max lse) and sums them — or,
+    2. the merge (`lse_merge.py`), grid (B * H,): rescales the partials by exp(lse_s - max lse) and sums them — or,
        for a config with FUSED_MERGE, the split kernel's last program of each (sequence, KV head) does that itself
-       (`_merge_last`: each split counts itself done on an atomic counter), and there is no second launch.
+       (`lse_merge.merge_last`: each split counts itself done on an atomic counter), and there is no second launch.
 
-The split length SPLIT_N is autotuned with the tile (`SPLIT_CONFIGS`: longer splits pipeline their loads better,
-shorter ones make more programs), so the split count cdiv(S, SPLIT_N) is only known once the autotuner has picked
-a config; the wrapper reads it back (`best_config`) to tell the merge. When one split covers the whole cache, the
-split kernel writes the output itself and there is no merge: one launch.
+The split length SPLIT_N is autotuned with the tile (`attention_splits.py`: longer splits pipeline their loads
+better, shorter ones make more programs), so the split count cdiv(S, SPLIT_N) is only known once the autotuner has
+picked a config; the wrapper reads it back (`best_config`) to tell the merge. When one split covers the whole cache,
+the split kernel writes the output itself and there is no merge: one launch.
 
 Cache layout: (B, Hkv, S, hd), as `llmlab.cache.kv_cache.KVCache` (any strides with a contiguous last dimension, so the
 cache's `[:B, :, :end]` views go in without a copy).
@@ -33,6 +33,9 @@ import triton.language as tl
 
 from ._util import (autotune_configs, check_flag, check_tensors, demo_needs_cuda, num_sms, pdl_kwargs, pdl_supported,
                     tune_bench, zero_on_error)
+from .attention_splits import (DEFAULT_CONFIG, NUM_SPLITS_CONFIG, SPLIT_CONFIGS, candidate_split_configs,
+                               kv_bytes_per_key)
+from .lse_merge import FUSED_MERGE_TILE, merge_into, merge_last, split_counters
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -56,42 +59,16 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.cat(outs)  # (B, H, hd)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# What the split kernel is tuned over. A config fixes the K/V tile (BLOCK_N keys per loop step, warps, pipeline
-# stages) AND the split length SPLIT_N (keys per program, a multiple of BLOCK_N), which sets the grid:
-# B * Hkv x cdiv(S, SPLIT_N) programs. The split length is a trade-off that depends on S, B * Hkv, head_dim and the
-# GPU, so it is measured rather than derived from the SM count:
-#   * short splits: many programs (every SM busy), but each runs only 1-2 tiles — no room for the loop's software
-#     pipelining to overlap one tile's loads with the previous tile's math — and the merge has more partials to read;
-#   * long splits: each program streams many tiles with several loads in flight, but too few programs leave SMs idle;
-#   * one split (SPLIT_N >= S): no merge at all — the split kernel writes the output itself, one launch instead of
-#     two. This is the short-context case (a chat turn of a few hundred tokens), where the launch is most of the time.
-# Each config is timed as split + merge (`_merge_during_tuning`), so the merge's cost is in the comparison.
-_TILES = ((32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3))  # (BLOCK_N, num_warps, num_stages)
-_SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
-# FUSED_MERGE: the split kernel's last program merges (`_merge_last`) instead of a merge kernel. Measured on the H200
-# (call P, 8 KV heads, hd 128): at 1K keys, 4 splits with the fused merge took 8.0 us against 14.1 us for the best
-# unfused config; at 8K-32K (16-32 splits) it was 10-13% slower than the merge kernel, whose B * H programs merge
-# in parallel while the fused merge runs in one program per KV head at the kernel's tail. So it is tuned like the
-# rest, offered only up to FUSED_MAX_SPLITS splits (`_candidate_configs`).
-SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
-                 for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
-FUSED_MAX_SPLITS = 8
-# the one config in the interpreter (and with LLMLAB_TRITON_AUTOTUNE=0): short splits, so small test caches still
-# split into several programs and go through the merge
-_DEFAULT_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 64, "FUSED_MERGE": False})
-# an explicit num_splits: this tile, SPLIT_N = 0 (the kernel shares S out over the grid's programs), not tuned
-_NUM_SPLITS_CONFIG = triton.Config({"BLOCK_N": 32, "SPLIT_N": 0}, num_warps=4, num_stages=3)
-
 # Programmatic dependent launch (`pdl_enabled` in _util.py): the split kernel and the merge are launched with
 # launch_pdl, so the GPU may start each while the kernel before it still runs — the split kernel allows it at its
 # very start (`gdc_launch_dependents`) — and each program waits in `gdc_wait` until the previous kernel has finished
 # and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
 # LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
 USE_PDL = None
-
-MAX_SPLITS = 256  # partials per (sequence, head) the merge may have to combine (and the scratch buffers hold)
-MAX_PROGRAMS_PER_SM = 16  # splitting finer than this many programs per SM only adds merge work
+# Launches with an explicit num_splits or config (not tuned): the last split merges (True), or the merge kernel
+# runs after the split kernel (False). The tuned kernel takes FUSED_MERGE from its config; the paged kernel always
+# launches the merge kernel.
+FUSE_MERGE = True
 
 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
@@ -115,11 +92,11 @@ def _decode_split_kernel(
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
     (out_ptr, the output dtype); otherwise a partial output o (fp32, normalized by its own softmax sum) and the
-    log-sum-exp of its scores, for `_decode_merge_kernel`. SPLIT_N = 0: S shared out evenly over the grid's
+    log-sum-exp of its scores, for the merge (`lse_merge.py`). SPLIT_N = 0: S shared out evenly over the grid's
     programs in whole BLOCK_N tiles (an explicit num_splits; the last splits may then be empty). With lengths
     (HAS_LENS: a static cache replayed by a CUDA graph at every length) each row's filled length is shared out over
     the grid's cdiv(S, SPLIT_N) splits instead, so a short row is not all in its first split.
-    FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`_merge_last`),
+    FUSED_MERGE: the last split of each (sequence, KV head) to finish merges the partials itself (`merge_last`),
     so there is no merge kernel to launch.
     PREFETCH (with lengths; `decode_attention`'s prefetch_kv): the program's first K/V tile is loaded BEFORE the
     wait for the kernel before — which may write only each row's newest key and value (slot seq_len - 1), read
@@ -197,11 +174,11 @@ def _decode_split_kernel(
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], o,
                  mask=out_mask)
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
-        if FUSED_MERGE:  # count this split done; the last one merges (memory order: see dequant_matmul's
-            tl.debug_barrier()  # `_split_k_store`, the same pattern)
+        if FUSED_MERGE:  # count this split done; the last one merges (memory order: see split_k.py's
+            tl.debug_barrier()  # `split_k_store`, the same pattern)
             done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
             if done == tl.num_programs(1) - 1:
-                _merge_last(o_ptr + b * stride_ob, lse_ptr + b * stride_lb, out_ptr + b * stride_outb, kvh, N_REP,
+                merge_last(o_ptr + b * stride_ob, lse_ptr + b * stride_lb, out_ptr + b * stride_outb, kvh, N_REP,
                             HD, tl.num_programs(1), stride_oh, stride_os, stride_lh, stride_outh,
                             BLOCK_HM, BLOCK_S, BLOCK_D)
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
@@ -233,117 +210,10 @@ def _tile_output(p, v, alpha, acc, IEEE: tl.constexpr):
     return acc * alpha[:, None] + pv
 
 
-@triton.jit
-def _merge_last(o_base, lse_base, out_base, kvh, N_REP, HD, num_splits,
-                stride_oh, stride_os, stride_lh, stride_outh,
-                BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The merge of `_decode_merge_kernel` for the n_rep query heads of one KV head at once, run by the split
-    kernel's last program: (BLOCK_HM heads, BLOCK_S splits, BLOCK_D) tiles with a running max per head. Reads the
-    partials with .cg loads (L2: other SMs wrote them in this launch)."""
-    hm = tl.arange(0, BLOCK_HM)
-    heads = kvh * N_REP + hm
-    hmask = hm < N_REP
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HD
-    m_i = tl.full([BLOCK_HM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_HM], tl.float32)
-    acc = tl.zeros([BLOCK_HM, BLOCK_D], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        sp = s0 + tl.arange(0, BLOCK_S)
-        hs_mask = hmask[:, None] & (sp < num_splits)[None, :]
-        lse = tl.load(lse_base + heads[:, None] * stride_lh + sp[None, :], mask=hs_mask, other=float("-inf"),
-                      cache_modifier=".cg")  # (BLOCK_HM, BLOCK_S)
-        o = tl.load(o_base + heads[:, None, None] * stride_oh + sp[None, :, None] * stride_os + d[None, None, :],
-                    mask=hs_mask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_i, tl.max(lse, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding heads (hm >= n_rep) stay all -inf
-        alpha = tl.exp(m_i - m_safe)  # 0 at the first chunk
-        w = tl.exp(lse - m_safe[:, None])  # an empty split (lse = -inf) weighs 0
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
-        l_i = l_i * alpha + tl.sum(w, axis=1)
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_base + heads[:, None] * stride_outh + d[None, :], out.to(out_base.dtype.element_ty),
-             mask=hmask[:, None] & dmask[None, :])
-
-
-@triton.jit
-def _decode_merge_kernel(
-    # pointers
-    o_ptr, lse_ptr, out_ptr,
-    # sizes
-    H, HD, num_splits,
-    # strides (elements); the split index of lse is contiguous
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
-    # meta-parameters
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr = False,
-):
-    """Program b * H + h: out[b, h] = sum_s exp(lse_s) o_s / sum_s exp(lse_s), over the first num_splits splits,
-    BLOCK_S splits at a time with a running max (the same online rescaling as the split kernel's softmax), so any
-    split count fits in registers. TRIGGER (with PDL): let the next kernel launch at this one's start (see
-    `decode_attention`'s trigger_next)."""
-    pid = tl.program_id(0)
-    b = pid // H
-    h = pid % H
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HD
-    o_base = o_ptr + b * stride_ob + h * stride_oh
-    lse_base = lse_ptr + b * stride_lb + h * stride_lh
-    if PDL:  # launched before the split kernel ended: wait until it has, and its partials are visible
-        if TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    m_i = tl.full([], float("-inf"), tl.float32)  # running max of the lse: finite after the first chunk
-    l_i = tl.zeros([], tl.float32)  # running sum of exp(lse - m_i)
-    acc = tl.zeros([BLOCK_D], tl.float32)  # running sum of exp(lse - m_i) * o
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < num_splits
-        lse = tl.load(lse_base + s, mask=smask, other=float("-inf"))
-        o = tl.load(o_base + s[:, None] * stride_os + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0)
-        m_new = tl.maximum(m_i, tl.max(lse, axis=0))  # split 0 is never empty, so this is finite
-        alpha = tl.exp(m_i - m_new)  # rescales the chunks summed so far (0 at the first chunk)
-        w = tl.exp(lse - m_new)  # an empty split (lse = -inf) weighs 0
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-        l_i = l_i * alpha + tl.sum(w, axis=0)
-        m_i = m_new
-    tl.store(out_ptr + b * stride_outb + h * stride_outh + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=dmask)
-
-
-MERGE_TILE = 8192  # fp32 partials one merge program holds at a time (BLOCK_S x BLOCK_D): 64 registers a thread
-FUSED_MERGE_TILE = 4096  # the same for the split kernel's own merge (BLOCK_HM x BLOCK_S x BLOCK_D)
-# Launches with an explicit num_splits or config (not tuned): the last split merges (True), or the merge kernel
-# runs after the split kernel (False). The tuned kernel takes FUSED_MERGE from its config; the paged kernel always
-# launches the merge kernel.
-FUSE_MERGE = True
-_counters: dict = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """(n,) int32 zeros: one "splits done" counter per (sequence, KV head) for the fused merge; each launch's last
-    split zeroes its own. Kept for the process's life per (device, n): a captured CUDA graph keeps their address.
-    Launches on one stream are ordered; two streams running decode attention of one size at once are not safe."""
-    key = (device, n)
-    if key not in _counters:
-        _counters[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _counters[key]
-
-
 def _merge_into(o_part: torch.Tensor, lse: torch.Tensor, splits: int, out: torch.Tensor,
                 trigger_next: bool = False) -> None:
-    """Merge the first `splits` partials of o_part (B, H, >= splits, hd) fp32 and lse (B, H, >= splits) fp32
-    (split index contiguous) into out (B, H, hd), any float dtype. One launch, B * H programs. trigger_next: as
-    `decode_attention`'s."""
-    B, H, _, hd = o_part.shape
-    BLOCK_D = triton.next_power_of_2(hd)
-    _decode_merge_kernel[(B * H,)](
-        o_part, lse, out,
-        H, hd, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_S=min(triton.next_power_of_2(splits), max(1, MERGE_TILE // BLOCK_D)), BLOCK_D=BLOCK_D,
-        TRIGGER=trigger_next, **_pdl_kwargs(out.device),
-    )
+    """`lse_merge.merge_into` with PDL as `USE_PDL` says: the partials' merge after a split kernel launch."""
+    merge_into(o_part, lse, splits, out, trigger_next, _pdl_kwargs(out.device))
 
 
 def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -355,59 +225,10 @@ def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) ->
     return out
 
 
-FULL_SPLIT_BYTES = 256 * 1024  # with seq_lens: a split may be one program's K/V of up to this many bytes when full
-
-
-def _candidate_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: bool, sms: int,
-                       key_bytes: int = 512) -> list:
-    """The configs worth timing for one tuning key (all of them when there is only one, as in the interpreter).
-
-    1. at most MAX_SPLITS splits and MAX_PROGRAMS_PER_SM programs per SM (or the longest splits, if none is left);
-    2. every split length >= S gives the same one-split launch: only the shortest of them is kept;
-    3. with seq_lens (a static cache: S is its capacity, the filled lengths sit on the device), the tuner sees the
-       lengths of the call that tunes — a warm-up, often short — but a CUDA graph replays the same grid at every
-       later length: keep only split lengths that still give each SM a program when the cache is full, or whose
-       program reads at most FULL_SPLIT_BYTES of K/V when full (key_bytes = 2 x hd x element size per key; e.g. a
-       1024-slot cache of a 1B model, hd 64 in bf16: one split of 256 KB per KV head, no merge) — or the shortest;
-    4. the fused merge (FUSED_MERGE) only with 2..FUSED_MAX_SPLITS splits (one split has no merge at all), and
-       not with seq_lens: in the model's decode step (a static cache) the 8K-context workload ran 8% slower with
-       it offered (call R: 714 vs 759 tokens/s, TPOT +89 us, the CUDA-graph rung unchanged).
-    """
-    configs = list(configs)
-    if len(configs) <= 1:
-        return configs
-
-    def splits(c):
-        return triton.cdiv(s_bucket, c.kwargs["SPLIT_N"])
-
-    def shortest(cs):
-        n = min(c.kwargs["SPLIT_N"] for c in cs)
-        return [c for c in cs if c.kwargs["SPLIT_N"] == n]
-
-    keep = [c for c in configs
-            if splits(c) <= MAX_SPLITS and bhkv_bucket * splits(c) <= MAX_PROGRAMS_PER_SM * sms]
-    if not keep:
-        longest = max(c.kwargs["SPLIT_N"] for c in configs)
-        keep = [c for c in configs if c.kwargs["SPLIT_N"] == longest]
-    one_split = [c for c in keep if splits(c) == 1]
-    if one_split:
-        keep = [c for c in keep if c.kwargs["SPLIT_N"] <= shortest(one_split)[0].kwargs["SPLIT_N"]]
-    if has_lens:
-        keep = [c for c in keep if bhkv_bucket * splits(c) >= sms
-                or c.kwargs["SPLIT_N"] * key_bytes <= FULL_SPLIT_BYTES] or shortest(keep)
-    return [c for c in keep if not c.kwargs.get("FUSED_MERGE")
-            or (not has_lens and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
-
-
 def _prune(configs, nargs, **kwargs) -> list:
-    """The autotuner's early_config_prune: `_candidate_configs` for this call's key."""
-    return _candidate_configs(configs, nargs["S_BUCKET"], nargs["BHKV_BUCKET"], kwargs["HAS_LENS"],
-                              num_sms(nargs["q_ptr"].device), _key_bytes(nargs["k_ptr"], nargs["HD"]))
-
-
-def _key_bytes(k: torch.Tensor, hd: int) -> int:
-    """Bytes of K and V per cached key of one KV head."""
-    return 2 * hd * k.element_size()
+    """The autotuner's early_config_prune: `candidate_split_configs` for this call's key."""
+    return candidate_split_configs(configs, nargs["S_BUCKET"], nargs["BHKV_BUCKET"], kwargs["HAS_LENS"],
+                                   num_sms(nargs["q_ptr"].device), kv_bytes_per_key(nargs["k_ptr"], nargs["HD"]))
 
 
 def _merge_during_tuning(nargs: dict, exception) -> None:
@@ -433,8 +254,8 @@ def autotuned_split_kernel(configs: list, **autotune_kwargs):
 
 # timed as the GEMVs are (`tune_bench`: a read flush, then the GPU kept busy while the host queues the split and
 # merge launches). Triton's default timing picked, at 8K keys, a fused-merge config 28% slower under CUDA-graph
-# replay than the sweep's best (calls AH, AI): its gap between the two launches counted against every unfused one
-_decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=_DEFAULT_CONFIG),
+# replay than the best: its gap between the two launches counted against every unfused one
+_decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=DEFAULT_CONFIG),
                                              do_bench=tune_bench)
 
 
@@ -451,7 +272,7 @@ def _pdl_kwargs(device: torch.device) -> dict:
 def _shortest_split(kernel, s_bucket: int, bhkv_bucket: int, has_lens: bool, sms: int, key_bytes: int) -> int:
     """The shortest SPLIT_N the autotuned `kernel` may pick for this key: it sizes the scratch buffers."""
     return min(c.kwargs["SPLIT_N"]
-               for c in _candidate_configs(kernel.configs, s_bucket, bhkv_bucket, has_lens, sms, key_bytes))
+               for c in candidate_split_configs(kernel.configs, s_bucket, bhkv_bucket, has_lens, sms, key_bytes))
 
 
 # Keys (with lengths) already tuned on a full cache. The autotuner times its configs on the call that first meets a
@@ -468,7 +289,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
     Neither num_splits nor config: the autotuned kernel (`_decode_split_tuned`). Otherwise the plain jit kernel
-    with `config` (default `_NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
+    with `config` (default `NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
     if num_splits is given, SPLIT_N = 0: S shared out over that many programs per (sequence, KV head).
     """
     B, H, hd = q.shape
@@ -490,11 +311,11 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
         kernel, meta = _decode_split_tuned, {}
         # scratch for the most splits any candidate config makes; the grid follows the config the tuner picks
         max_splits = triton.cdiv(S, _shortest_split(kernel, s_bucket, bhkv_bucket, has_lens, num_sms(q.device),
-                                                    _key_bytes(k, hd)))
+                                                    kv_bytes_per_key(k, hd)))
         grid = lambda META: (B * Hkv, triton.cdiv(S, META["SPLIT_N"]))  # noqa: E731
     else:
         kernel = _decode_split_kernel
-        meta = (_NUM_SPLITS_CONFIG if config is None else config).all_kwargs()
+        meta = (NUM_SPLITS_CONFIG if config is None else config).all_kwargs()
         if num_splits is not None:
             max_splits = max(1, min(num_splits, S))
             meta["SPLIT_N"] = 0
@@ -509,7 +330,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
         meta.setdefault("FUSED_MERGE", FUSE_MERGE)
     block_d = max(16, triton.next_power_of_2(hd))
     block_hm = triton.next_power_of_2(n_rep)
-    counters = _split_counters(q.device, B * Hkv)
+    counters = split_counters(q.device, B * Hkv)
     with zero_on_error(counters):
         kernel[grid](
             q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
@@ -549,14 +370,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
         scale: softmax scale, default 1/sqrt(hd) (as SDPA).
         num_splits: programs per (sequence, KV head) along the sequence, an int >= 1: S shared out in whole
             tiles (with seq_lens: each row's filled length); the last may be empty. Default (None): the autotuned
-            split length (`SPLIT_CONFIGS`), one split when that covers S.
+            split length (`attention_splits.SPLIT_CONFIGS`), one split when that covers S.
         check_lens: read seq_lens on the host to check they lie in 1..S (a GPU -> CPU sync; skipped during CUDA
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
         trigger_next: with PDL, the merge kernel lets the NEXT kernel launch at its start (`gdc_launch_dependents`),
             so a next kernel with work that does not depend on the attention — the model's o projection loads
-            its weights before it waits (`fused_gemv`) — does it while the attention runs. Measured on the H200
-            (call AR): the 1B chat decode step 13 us faster with it (16 layers); but a chain of attention calls
-            alone ran 15% slower at 8K keys (the next split kernel's programs, which have nothing to do before
+            its weights before it waits (`fused_gemv`) — does it while the attention runs. On the H200 the 1B
+            chat decode step was 13 us faster with it (16 layers); but a chain of attention calls alone ran 15%
+            slower at 8K keys (the next split kernel's programs, which have nothing to do before
             they wait, then sit on the SMs), so it is off unless the caller knows what comes next. It concerns
             the merge kernel only: with one split or the split kernel's own merge there is none, and the split
             kernel always lets the next kernel launch at its start.
@@ -564,8 +385,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             sequence's newest (slot seq_lens[b] - 1) were written before the kernel launched just before this
             call started — as in the model's decode step, where that kernel (`rope_and_cache_`) writes only the
             new token's K/V. Then, with PDL, each split program loads its first K/V tile BEFORE it waits for that
-            kernel, and reads the newest slot again after. Without PDL it changes nothing. Measured on the H200
-            (call AY, 1B chat decode, one process): 851 -> 844 us per step; at 8K context unchanged.
+            kernel, and reads the newest slot again after. Without PDL it changes nothing. On the H200 the 1B
+            chat decode step went from 851 to 844 us; at 8K context unchanged.
         config: run the split kernel with this config (a `triton.Config` with BLOCK_N, SPLIT_N and FUSED_MERGE,
             e.g. one of `candidate_configs`) instead of the autotuner's pick — how `step_tuning` runs the one it
             chose by timing the whole decode step. Not together with num_splits.
@@ -660,11 +481,11 @@ def _check_split_config(config) -> None:
 
 def candidate_configs(q: torch.Tensor, k: torch.Tensor, has_lens: bool = True) -> list:
     """The split configs the autotuner would time for a call with q (B, H, hd) and a cache k (B, Hkv, S, hd)
-    (`_candidate_configs`: with has_lens, a static cache's, no fused merge). One config where autotuning is off
+    (`candidate_split_configs`: with has_lens, a static cache's, no fused merge). One config where autotuning is off
     (the interpreter, LLMLAB_TRITON_AUTOTUNE=0). `step_tuning` times each of them inside the decode step."""
     B, Hkv, S, hd = k.shape
-    return _candidate_configs(_decode_split_tuned.configs, triton.next_power_of_2(S), triton.next_power_of_2(B * Hkv),
-                              has_lens, num_sms(q.device), _key_bytes(k, hd))
+    return candidate_split_configs(_decode_split_tuned.configs, triton.next_power_of_2(S),
+                                   triton.next_power_of_2(B * Hkv), has_lens, num_sms(q.device), kv_bytes_per_key(k, hd))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""int4 GEMV at batch 1 written in Gluon: the input-stationary GEMV of dequant_matmul.py with its row sums laid out
-by hand.
+"""int4 GEMV at batch 1 written in Gluon: the input-stationary GEMV of int4_gemv.py with its row sums laid out by
+hand.
 
 `int4_matmul` runs this kernel for M = 1 on a CUDA GPU, for rows of up to MAX_K weights, when Triton ships Gluon
 (`triton.experimental.gluon`, Triton 3.6 and later) and the kernel compiles. Otherwise, and in the CPU interpreter
-(which does not run Gluon), it runs the Triton kernel `_int4_gemv_is_kernel` in dequant_matmul.py. Both form the
-same products the same way; they sum them in a different order, as each chunk's row sums cross the threads
-differently.
+(which does not run Gluon), it runs the Triton kernel `_int4_gemv_is_kernel` in int4_gemv.py. Both form the same
+products the same way; they sum them in a different order, as each chunk's row sums cross the threads differently.
 
-The design (see dequant_matmul.py's notes on `_int4_gemv_is_kernel` for the long form): a program spans whole rows.
+The design (see int4_gemv.py's notes on the input-stationary GEMV for the long form): a program spans whole rows.
 Thread slot q owns k in [32q, 32q + 32) for the program's life, so its 32 values of x are loaded and lifted once;
 rows stream past R at a time, each chunk of R rows one 16-byte load per thread and row, the next chunk requested
-before this one's math. Per row a thread does 32 masks and 32 FMAs (`_field`, `_lift`).
+before this one's math. Per row a thread does 32 masks and 32 FMAs (`_field`, `_lift`: packed_fields.py's
+`field_f32` and `lift`).
 
 What Gluon adds is control of the layouts (https://triton-lang.org/main/getting-started/tutorials/ and
 triton/python/tutorials/gluon in the Triton repository). Per chunk the (R, Q) partial sums must be summed over Q.
@@ -24,24 +24,17 @@ through shared memory (3 barriers). Here:
 Two shared arrays are used alternately (the turn's parity); Triton's barrier analysis cannot tell the two apart, so
 it adds one barrier before the store: 2 barriers per chunk, against 3 plus 5R shuffle steps.
 
-Measured on an H200 (Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph replay; the kernel micro-benchmark of call
-CS, `data/bench/nvidia-h200_kernels_micro_20261202T164242Z.json`): 9.9 us at 14336 x 4096 (3.35x cuBLAS bf16; the
-Triton kernel took 12.6 us in call CN), 13.1 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (2.90x), 4.4 us at
-4096 x 4096 (3.00x). Sweeps: `tools/exp_int4_gluon.py`, calls CN-CR (data/runs/2026-12-02_h200_session19.md).
-At K = 14336 the 448 slots of a row need 16 warps, so one program fits an SM. Every config took 13.0-13.2 us there,
-while the same bytes as 16384 rows of 3584 took 10.3 us (call CR). Session 20 (calls CT-CY,
-data/runs/2026-12-02_h200_session20.md) tried and measured several changes; each was slower:
-- rows split into 2 or 4 parts, joined in the kernel by a per-chunk counter: 13.8 us;
-- 2-4 chunks of loads in flight: 13.6-14.5 us;
-- the cross-warp step batched over turns: 13.4-16.8 us.
-Even with that step removed the kernel takes 11.1 us, short of the 10.3-10.7 us that 3x would need there.
+On an H200 (Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph replay; the kernel micro-benchmark
+`data/bench/nvidia-h200_kernels_micro_20261202T164242Z.json`): 9.9 us at 14336 x 4096 (3.35x cuBLAS bf16; the Triton
+kernel takes 12.6 us), 13.1 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (2.90x), 4.4 us at 4096 x 4096
+(3.00x). At K = 14336 the 448 slots of a row need 16 warps, so one program fits an SM: every config took 13.0-13.2 us
+there, while the same bytes as 16384 rows of 3584 took 10.3 us; splitting rows across programs, keeping 2-4 chunks of
+loads in flight and batching the cross-warp step over turns were each slower there (13.4-16.8 us).
 
-Configs (from the same calls): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many
-persistent programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or
-one per chunk when there are fewer chunks. That was the best program count, or within 2% of it, at every shape in
-calls CO and CQ, whose times repeated to within 1%. The "balanced" count (the fewest programs that keep the most
-chunks per program what one wave gives) lost 7% at 4096 x 4096 (4.65 against 4.37 us): fewer programs, less in
-flight.
+Configs (`config`): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many persistent
+programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or one per chunk
+when there are fewer chunks. That was the best program count, or within 2% of it, at every shape timed; fewer
+programs (the fewest that keep one wave's chunks per program) lost 7% at 4096 x 4096: less in flight.
 """
 
 from __future__ import annotations
@@ -59,10 +52,10 @@ try:  # Gluon is experimental: present from Triton 3.6, its names still move bet
 except Exception as e:  # noqa: BLE001 - any import failure means: use the Triton kernel
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
-X_EXP = 64  # as dequant_matmul.X_EXP: the sums are kept times 2^-X_EXP (see `_field` there)
+X_EXP = 64  # as packed_fields.X_EXP: the sums are kept times 2^-X_EXP (see `field_f32` there)
 # The longest rows it takes: up to 512 slots of 32 weights, one slot per thread in 16 warps. Longer rows would put
 # two or more slots in each thread; ptxas then spills registers (172 bytes at K = 28672) and no such config was
-# timed, so int4_matmul sends them to dequant_matmul's K-walking GEMV.
+# timed, so int4_matmul sends them to int4_gemv.py's K-walking GEMV.
 MAX_K = 16384
 
 
@@ -86,12 +79,12 @@ if GLUON_ERROR is None:
     @gluon.jit
     def _field(w, SHIFT: gl.constexpr):
         """The 4-bit field at bits SHIFT.. of int32 words w, read as an fp32 subnormal: field * 2^(SHIFT - 149).
-        (dequant_matmul.`_field`; a Gluon kernel cannot call a Triton function.)"""
+        (packed_fields.`field_f32`; a Gluon kernel cannot call a Triton function.)"""
         return (w & (15 << SHIFT)).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def _lift(x, SHIFT: gl.constexpr):
-        """x * 2^(149 - SHIFT - X_EXP), the partner of `_field(w, SHIFT)` (dequant_matmul.`_lift`)."""
+        """x * 2^(149 - SHIFT - X_EXP), the partner of `_field(w, SHIFT)` (packed_fields.`lift`)."""
         return x * (2.0 ** (149 - SHIFT - 64))
 
     @gluon.jit
@@ -265,7 +258,7 @@ def _layouts(R: int, NW: int, S: int) -> dict:
 
 
 def config(K: int) -> tuple[int, int, int]:
-    """(R rows per chunk, NW warps, S slots per thread) for rows of K weights (calls CN-CO: see the module notes)."""
+    """(R rows per chunk, NW warps, S slots per thread) for rows of K weights (see the module notes)."""
     Q = max(32, triton.next_power_of_2(K // 32))
     NW = min(16, Q // 32)
     return (8 if Q <= 128 else 4), NW, Q // (32 * NW)
@@ -285,7 +278,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
 
     Args:
         x: (1, K) fp32 / fp16 / bf16, any stride along K (only row 0 is read).
-        packed: (N, K // 2) uint8, two int4 codes per byte (dequant_matmul's layout), rows contiguous and 4-byte
+        packed: (N, K // 2) uint8, two int4 codes per byte (weight_quant's layout), rows contiguous and 4-byte
             aligned; K <= MAX_K.
         scales: (N, K // G) float (fp32 from quantize_int4), any strides.
         y: (1, N) in x's dtype, any stride along N.

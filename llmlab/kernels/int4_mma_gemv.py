@@ -1,6 +1,6 @@
 """int4 GEMV on the tensor cores (M = 1, fp16/bf16 activations): weights stored in the mma fragment order.
 
-The CUDA-core GEMV in `dequant_matmul` spends ~3.5 instructions on every int4 weight (unpack, convert, FMA) — at
+The CUDA-core GEMVs of `int4_gemv` spend ~3.5 instructions on every int4 weight (unpack, convert, FMA) — at
 batch 1 the SM cannot issue them as fast as the memory delivers 4-bit weights. Marlin (Frantar et al. 2024,
 https://arxiv.org/abs/2408.11743, https://github.com/IST-DASLab/marlin) hands the multiply-adds to the tensor cores
 and makes the unpacking nearly free by storing the weights, once, in the order the mma instruction wants them:
@@ -21,18 +21,18 @@ and makes the unpacking nearly free by storing the weights, once, in the order t
 The mma is written in inline PTX (`tl.inline_asm_elementwise`, pack = 4: one asm instance gets one lane's four
 consecutive words — four k-steps of one 16-row block — and chains four mmas). That relies on the lane that holds
 word c of a (.., 128)-word tile being lane c // 4, which is the blocked layout Triton gives a contiguous int32 load
-of 128 words per warp (16 bytes per lane); `tools/exp_int4_mma.py` prints the layout it compiled to, and the GPU
-tests check the results against x @ dequant(W)^T. There is no CPU path: the Triton interpreter does not run inline
-assembly, so `int4_mma_gemv` needs a CUDA GPU (sm_80 or later), and the CPU tests check the repacking.
+of 128 words per warp (16 bytes per lane), and the GPU tests check the results against x @ dequant(W)^T. There is
+no CPU path: the Triton interpreter does not run inline assembly, so `int4_mma_gemv` needs a CUDA GPU (sm_80 or
+later), and the CPU tests check the repacking.
 
 Status: EXPERIMENTAL and not wired into `int4_matmul` — it is correct (GPU tests; relative error 1.6e-3 against
-x @ dequant(W)^T in fp32, bf16's rounding) but SLOWER than the CUDA-core GEMV. Measured on the H200 (call AF,
-`tools/exp_int4_mma.py`, CUDA-graph replay, M = 1, bf16, group 128): 25.7 / 24.9 / 10.4 / 14.6 us at 14336 x 4096,
-4096 x 14336, 4096 x 4096, 6144 x 4096 — 1.13-1.29x cuBLAS bf16, where the CUDA-core GEMV takes 14.7 / 16.7 / 7.8 /
-9.5 us. Nsight Compute (call AG, 14336 x 4096, 2 row blocks per one-warp program): 3.4 warps per SM (theoretical
-occupancy 20%: 16 KB of pipeline buffers per program), an instruction issued on 22% of a scheduler's cycles, the
-largest stall waiting on shared memory (the x fragments and the accumulator's layout change pass through it). Fewer
-instructions do not help a kernel whose one warp per scheduler waits on latency. Next: keep x in registers (a
+x @ dequant(W)^T in fp32, bf16's rounding) but SLOWER than the CUDA-core GEMV. Measured on the H200 (CUDA-graph
+replay, M = 1, bf16, group 128): 25.7 / 24.9 / 10.4 / 14.6 us at 14336 x 4096, 4096 x 14336, 4096 x 4096,
+6144 x 4096 — 1.13-1.29x cuBLAS bf16, where the CUDA-core GEMV takes 14.7 / 16.7 / 7.8 / 9.5 us. Nsight Compute
+(14336 x 4096, 2 row blocks per one-warp program): 3.4 warps per SM (theoretical occupancy 20%: 16 KB of pipeline
+buffers per program), an instruction issued on 22% of a scheduler's cycles, the largest stall waiting on shared
+memory (the x fragments and the accumulator's layout change pass through it). Fewer instructions do not help a
+kernel whose one warp per scheduler waits on latency. Next: keep x in registers (a
 lane's 16 x values per chunk are one 32-byte load: no shared memory), scales in the same lane order so the
 accumulator needs no layout change, and more, shallower programs per SM.
 

@@ -4,30 +4,30 @@ Triton's autotuner (https://triton-lang.org/main/python-api/generated/triton.aut
 itself: launch, wait, repeat. Inside a decode step a kernel runs in a different world. With programmatic dependent
 launch its programs start while the kernel before it still streams its own weights, and they load their first tile
 before they wait (`fused_gemv`); the kernel after it does the same to it. A tile that wins alone can lose there,
-and the other way round. Measured on the H200 (call BB, Llama-3.2-1B shape, bf16, chat, one process, four
-alternating rounds): the down projection (2048 x 8192) with the isolated pick (4 rows x 512, one warp, 4 stages)
-gave 850 us per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us. With this
-module (call BC) the step chose 4 rows x 2048, eight warps, 2 stages for the down projection: 839 -> 795 us per
-step (chat, five alternating rounds), 993 -> 886 us at an 8K context; the chat ladder's rung reached 0.774 ms per
-token, 75.5% of the bandwidth roofline. Tuning took ~6 s (about 100 captures of the step).
+and the other way round. Measured on the H200 (Llama-3.2-1B shape, bf16, chat, one process, four alternating
+rounds): the down projection (2048 x 8192) with the isolated pick (4 rows x 512, one warp, 4 stages) gave 850 us
+per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us. Timing the step, the
+down projection got 4 rows x 2048, eight warps, 2 stages: 839 -> 795 us per step (chat, five alternating rounds),
+993 -> 886 us at an 8K context. Tuning took ~6 s (about 100 captures of the step).
 
-So this module times the step itself. For each GEMV role of `_one_token_decode` (q/k/v, o, gate/up, down; every
-layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have timed for
-that shape (`fused_gemv.candidate_configs`), replays it, and keeps the fastest; then the same for decode attention's
-split config (`decode_attention.candidate_configs`), whose best depends on the static cache's size, so the choice is
-made for caches the size of the timed runner's and named by it (`patch_model.attention_role`, e.g.
-"attention@1024"). It is coordinate descent — one role at a time, the others at their current config — with the
-closest few timed again in rounds of alternating order, so that drift hits them alike. The chosen configs go into
-the model (`patch_model.STEP_TILES_ATTR`), where the step reads them; runners captured before are not reused (their
-fingerprint changes). Call BF (1B, chat): the attention's 32-key tiles instead of the autotuner's 64 at the same
-split length, a further ~20 us; 849 -> 777 us per step with both (one process, five rounds); the chat ladder's rung
-0.769 ms per token, MBU 75.6%. Tuning took 8-19 s.
+So this module times the step itself. For each GEMV role of `KernelDecodeStep.one_token` (q/k/v, o, gate/up,
+down; every layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have
+timed for that shape (`fused_gemv.candidate_configs`), replays it, and keeps the fastest; then the same for decode
+attention's split config (`decode_attention.candidate_configs`), whose best depends on the static cache's size,
+so the choice is made for caches the size of the timed runner's and named by it (`decode_step.attention_role`,
+e.g. "attention@1024"). It is coordinate descent — one role at a time, the others at their current config — with
+the closest few timed again in rounds of alternating order, so that drift hits them alike. The chosen configs go
+into the step (`KernelDecodeStep.tiles`), which runs them; runners captured before are not reused (their
+fingerprint changes). With the attention's split chosen too (32-key tiles instead of the autotuner's 64 at the
+same split length, a further ~20 us): 849 -> 777 us per step (1B, chat, one process, five rounds). Tuning took
+8-19 s.
 
-    from llmlab.kernels import patch_model, step_tuning
-    patch_model.enable(model)                # model: an llmlab Transformer on a CUDA GPU
-    report = step_tuning.tune_decode_step(model)
+    from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
+    step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
+    report = step_tuning.tune_decode_step(step)
 
-The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per model, dtype and device.
+The "step tuning" switch (`llmlab.switches`, a ladder rung) does this once per model, dtype and device
+(`tune_once`); `chosen_tiles(llm)` and `tuning_report(llm)` say what it chose and how long it took.
 """
 
 from __future__ import annotations
@@ -37,19 +37,21 @@ import math
 import numbers
 import statistics
 import time
+import weakref
 
 import torch
 
-from . import decode_attention, fused_gemv, patch_model
+from . import _util, decode_attention, fused_gemv
+from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
-# attention (role "attention@<slots>", `patch_model.attention_role`) last
+# attention (role "attention@<slots>", `attention_role`) last
 ORDER = ("gate_up", "down", "qkv", "o")
 
 
 def runner_slots(model, context: int = 256, steps: int = 32) -> int:
     """Slots per row of the static cache `measure_step_ms` builds: 1024 (a chat runner's size,
-    `llmlab.runtime.cuda_graphs.runner_for`), more if context + steps needs it, the model's context if shorter.
+    `llmlab.runtime.cuda_graphs.RunnerCache`), more if context + steps needs it, the model's context if shorter.
 
     Raises ValueError if steps < 1, context < 0, or the model's context cannot hold `steps` + 8 tokens."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(context, bool) \
@@ -63,20 +65,20 @@ def runner_slots(model, context: int = 256, steps: int = 32) -> int:
     return slots
 
 
-def measure_step_ms(model, context: int = 256, steps: int = 32) -> float:
-    """Mean time (ms) of one batch-1 decode step of `model`, replayed from a CUDA graph captured now, with
-    `context` tokens in the cache (fewer if the model's context is short; their values do not matter for the
-    time): CUDA events around `steps` steps (each a replay plus the device-side advance of the token and position,
-    as `generate_fast` runs them), after three untimed ones. The cache has `runner_slots` slots. (On a CPU: the
-    same steps run eagerly and are timed by the host clock — in Triton's interpreter that says nothing about a GPU;
-    the tests use it.)
+def measure_step_ms(step: KernelDecodeStep, context: int = 256, steps: int = 32) -> float:
+    """Mean time (ms) of one batch-1 decode step of `step` (with its tiles), replayed from a CUDA graph captured
+    now, with `context` tokens in the cache (fewer if the model's context is short; their values do not matter for
+    the time): CUDA events around `steps` steps (each a replay plus the device-side advance of the token and
+    position, as `generate_fast` runs them), after three untimed ones. The cache has `runner_slots` slots. (On a
+    CPU: the same steps run eagerly and are timed by the host clock — in Triton's interpreter that says nothing
+    about a GPU; the tests use it.)
 
     Raises ValueError if the model's context cannot hold `steps` + 8 tokens, or steps < 1, or context < 0."""
     from llmlab.runtime.cuda_graphs import GraphDecoder
 
-    slots = runner_slots(model, context, steps)
+    slots = runner_slots(step.model, context, steps)
     context = min(context, slots - steps - 4)
-    runner = GraphDecoder(model, max_batch=1, max_seq_len=slots)
+    runner = GraphDecoder(step.model, max_batch=1, max_seq_len=slots, kernels=step)
     runner.start(torch.zeros(1, dtype=torch.long, device=runner.device), context)
     for _ in range(3):
         runner.advance(runner.step()[1])
@@ -94,20 +96,21 @@ def measure_step_ms(model, context: int = 256, steps: int = 32) -> float:
     return start.elapsed_time(end) / steps
 
 
-def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None, candidates: dict | None = None,
-                     rounds: int = 3, finalists: int = 3, keep_margin: float = 0.005, log=None) -> dict:
+def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int = 32, measure=None,
+                     candidates: dict | None = None, rounds: int = 3, finalists: int = 3, keep_margin: float = 0.005,
+                     log=None) -> dict:
     """Choose a tile for each GEMV role of the batch-1 decode step, and the attention's split config, by timing
     the captured step (see above).
 
     Args:
-        model: an `llmlab.model.Transformer` with the Triton kernels on (`patch_model.enable`), Llama-shaped (the
-            fused batch-1 step runs it: no biases, no sliding window, one dtype).
+        step: the Triton kernels' decode step (`KernelDecodeStep`, `LLM.kernels`) of an `llmlab.model.Transformer`,
+            Llama-shaped (the fused batch-1 step runs it: no biases, no sliding window, one dtype).
         context, steps: the step is timed `steps` times with `context` tokens cached (default 256: between a chat
             turn's 128-token prompt and its end), on a static cache of `runner_slots(model, context, steps)` slots;
-            the attention's choice is made for caches of that size (role `patch_model.attention_role(slots)`).
-        measure: model -> step time in ms (a finite number > 0). Default `measure_step_ms` (CUDA) with context and
-            steps. Tests pass a stand-in.
-        candidates: {role: [triton.Config, ...]} (roles from `patch_model.GEMV_ROLES`, or the attention role) to
+            the attention's choice is made for caches of that size (role `attention_role(slots)`).
+        measure: step -> step time in ms (a finite number > 0), with the tiles it holds now. Default
+            `measure_step_ms` (CUDA) with context and steps. Tests pass a stand-in.
+        candidates: {role: [triton.Config, ...]} (roles from `GEMV_ROLES`, or the attention role) to
             try instead of `fused_gemv.candidate_configs` / `decode_attention.candidate_configs`; a role with fewer
             than two candidates is left alone (with autotuning off there is one).
         rounds: rounds over the finalists, the order reversed every other round; each finalist is kept by its
@@ -120,20 +123,23 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
     Returns:
         {role: {"chosen": str, "current": str, "step_ms": {config: median ms}, "first_pass_ms": {config: ms},
         "failed": {config: error}}} ("autotuner" names the autotuner's own pick; a tile that could not run, e.g. too
-        many registers for this GPU, is in "failed" and never chosen). The chosen tiles are stored on the model.
+        many registers for this GPU, is in "failed" and never chosen). The chosen tiles are the step's `tiles`.
         Empty where every role has fewer than two candidates (autotuning off), with a line saying so to `log`.
 
     Raises:
-        ValueError: the Triton kernels are not on; a model the fused batch-1 step does not run; rounds or
+        ValueError: not a KernelDecodeStep (the Triton kernels are not on); a model the fused batch-1 step does
+            not run; rounds or
             finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role;
             `measure` returning anything but a finite number > 0.
         TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]}.
         RuntimeError: no `measure` given and no CUDA GPU.
-        On any error (or an interrupt) the model keeps the tiles it had before the call.
+        On any error (or an interrupt) the step keeps the tiles it had before the call.
     """
-    if not patch_model.is_enabled(model):
-        raise ValueError("tune_decode_step: turn the Triton kernels on first (llmlab.kernels.patch_model.enable, "
-                         "or the triton_kernels switch); their batch-1 decode step is what it tunes")
+    if not isinstance(step, KernelDecodeStep):
+        raise ValueError(f"tune_decode_step: turn the Triton kernels on first and pass their decode step "
+                         f"(llmlab.kernels.KernelDecodeStep(swap_in(model)), or LLM.kernels after the triton_kernels "
+                         f"switch), not {type(step).__name__}: its batch-1 decode step is what it tunes")
+    model = step.model
     ok, why = fusable(model)
     if not ok:
         raise ValueError(f"tune_decode_step: {why}")
@@ -151,10 +157,10 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
     if isinstance(keep_margin, bool) or not isinstance(keep_margin, numbers.Real) or not 0 <= keep_margin < 1:
         raise ValueError(f"tune_decode_step: keep_margin must be a fraction in [0, 1) (0.005 = 0.5%), got "
                          f"{keep_margin!r}")
-    attention = patch_model.attention_role(slots)
+    attention = attention_role(slots)
     _check_candidates(candidates, attention)
-    weights = patch_model.gemv_weights(model)
-    before = dict(model.__dict__.get(patch_model.STEP_TILES_ATTR, {}))
+    weights = step.gemv_weights()
+    before = dict(step.tiles)
     tiles = dict(before)
     report = {}
     try:
@@ -167,16 +173,16 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
                 cands = fused_gemv.candidate_configs(weight, swiglu_out=glu)
             if len(cands) < 2:
                 continue
-            report[role] = _tune_role(model, tiles, role, cands, _checked(measure), rounds, finalists,
+            report[role] = _tune_role(step, tiles, role, cands, _checked(measure), rounds, finalists,
                                       keep_margin)
             if log is not None:
                 r = report[role]
                 log(f"step tuning {role:7s}: {r['chosen']} ({r['step_ms'][r['chosen']]:.4f} ms/step; "
                     f"{r['current']}: {r['step_ms'][r['current']]:.4f})")
     except BaseException:
-        _set_tiles(model, before)
+        step.tiles = before
         raise
-    _set_tiles(model, tiles)
+    step.tiles = dict(tiles)
     if not report and log is not None:
         log("step tuning: every role has one config here (autotuning is off: Triton's interpreter, or "
             "LLMLAB_TRITON_AUTOTUNE=0), so there is nothing to choose")
@@ -186,8 +192,7 @@ def tune_decode_step(model, *, context: int = 256, steps: int = 32, measure=None
 def fusable(model) -> tuple[bool, str]:
     """(True, "") if `model`'s batch-1 decode step runs the fused GEMVs step tuning chooses tiles for; else
     (False, why): biases, a sliding window, or weights and norms of mixed dtypes take the per-module path."""
-    probe = next(model.parameters())
-    if not patch_model._one_token_fusable(model, probe) or model.norm.weight.dtype != probe.dtype:
+    if not fusable_shape(model, next(model.parameters()).dtype):
         return False, ("this model's decode step does not run the fused batch-1 GEMVs (biases, a sliding window "
                        "or mixed dtypes): there are no tiles to choose; leave step tuning off for it")
     return True, ""
@@ -208,7 +213,7 @@ def _check_candidates(candidates, attention: str) -> None:
     if not isinstance(candidates, dict):
         raise TypeError(f"tune_decode_step: candidates must be a dict {{role: [triton.Config, ...]}}, got "
                         f"{type(candidates).__name__}")
-    roles = patch_model.GEMV_ROLES + (attention,)
+    roles = GEMV_ROLES + (attention,)
     unknown = set(candidates) - set(roles)
     if unknown:
         raise ValueError(f"tune_decode_step: unknown role(s) {sorted(unknown)} in candidates; the roles of this "
@@ -234,8 +239,8 @@ class MeasureError(ValueError):
 
 def _checked(measure):
     """`measure`, refusing what is not a time: NaN, inf, zero, negative or not a number (MeasureError)."""
-    def timed(model):
-        t = measure(model)
+    def timed(step):
+        t = measure(step)
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t <= 0:
             raise MeasureError(f"tune_decode_step: measure returned {t!r}; it must return the step's time in ms, a "
                              f"finite number > 0")
@@ -247,14 +252,7 @@ def _name(config) -> str:
     return "autotuner" if config is None else str(config)
 
 
-def _set_tiles(model, tiles: dict) -> None:
-    if tiles:
-        model.__dict__[patch_model.STEP_TILES_ATTR] = dict(tiles)
-    else:
-        model.__dict__.pop(patch_model.STEP_TILES_ATTR, None)
-
-
-def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int, finalists: int,
+def _tune_role(step: KernelDecodeStep, tiles: dict, role: str, cands: list, measure, rounds: int, finalists: int,
                keep_margin: float) -> dict:
     """Time the step with each of `cands` for `role` (the other roles as in `tiles`), then the current tile and
     the fastest few in rounds (order reversed every other round); set tiles[role] to the winner. Returns the
@@ -263,9 +261,9 @@ def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int,
     cur = _name(current)
 
     def timed(config):
-        _set_tiles(model, {**tiles, role: config} if config is not None else
-                   {r: c for r, c in tiles.items() if r != role})
-        return measure(model)
+        step.tiles = ({**tiles, role: config} if config is not None else
+                      {r: c for r, c in tiles.items() if r != role})
+        return measure(step)
 
     first, failed = {}, {}
     by_name = {cur: current}
@@ -293,5 +291,51 @@ def _tune_role(model, tiles: dict, role: str, cands: list, measure, rounds: int,
         tiles.pop(role, None)
     else:
         tiles[role] = by_name[chosen]
-    _set_tiles(model, tiles)
+    step.tiles = dict(tiles)
     return {"chosen": chosen, "current": cur, "step_ms": med, "first_pass_ms": first, "failed": failed}
+
+
+# -- the switch: tune once per model, dtype and device -----------------------------------------------------------
+
+# model -> (what the tiles were tuned for, the tiles, {"seconds": tuning time, "roles": tune_decode_step's report}).
+# Weak keys: a model that is gone takes its entry with it (the entries hold no reference to the model).
+_tuned: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tuned_for(step: KernelDecodeStep) -> tuple:
+    """What chosen tiles depend on: device, dtype, the four GEMV weights' shapes, and whether PDL is on."""
+    probe = next(step.model.parameters())
+    shapes = tuple((role, tuple(w.shape)) for role, (w, _) in step.gemv_weights().items())
+    return (str(probe.device), probe.dtype, shapes, _util.pdl_enabled(probe.device))
+
+
+def tune_once(step: KernelDecodeStep, log=print) -> None:
+    """Give `step` the tiles chosen for its model as it is now (device, dtype, shapes: `tuned_for`), tuning
+    (`tune_decode_step`, starting from the autotuner's picks) only if they were never chosen for it. Remembered per
+    model, so the switch turned off and on again does not retune. On an error or an interrupt the step keeps the
+    tiles it had."""
+    key = tuned_for(step)
+    held = _tuned.get(step.model)
+    if held is None or held[0] != key:  # never tuned, or tuned for another dtype / device / shape
+        before = step.tiles
+        step.tiles = {}
+        t0 = time.perf_counter()
+        try:
+            report = tune_decode_step(step, log=log)
+        except BaseException:
+            step.tiles = before
+            raise
+        held = _tuned[step.model] = (key, dict(step.tiles), {"seconds": time.perf_counter() - t0, "roles": report})
+    step.tiles = dict(held[1])
+
+
+def chosen_tiles(llm) -> dict:
+    """{role: triton.Config} the LLM's kernel decode step runs now ({}: the autotuner's picks, or no kernels)."""
+    return {} if llm.kernels is None else dict(llm.kernels.tiles)
+
+
+def tuning_report(llm) -> dict | None:
+    """{"seconds": the tuning's own time, "roles": `tune_decode_step`'s report} of the last tuning of the LLM's
+    model by the switch (`tune_once`); None if it was never tuned."""
+    held = _tuned.get(llm.model)
+    return None if held is None else held[2]

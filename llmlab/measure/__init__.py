@@ -1,10 +1,16 @@
 """Measurement: the benchmark, the limits it compares against, and where the time goes.
 
-    bench.py       llmlab bench: workloads, the ladder's rungs and peers timed, the bench file written
-    roofline.py    bytes and FLOPs per step, the bandwidth/compute roofline, MBU and MFU
-    peaks.py       the device's measured copy bandwidth and matmul rate (cached, with how far to trust them)
-    timing.py      TTFT / TPOT / tokens-per-second arithmetic
-    profiling.py   torch.profiler over decode steps: kernels, launches and idle gaps per token
-    host_costs.py  what the host spends per token outside the GPU (tokenizer, sampling, Python)
-    kv_costs.py    a KV cache's memory and decode time, measured with real caches
+    bench.py          llmlab bench: a workload on a model, each ladder rung and the peers timed, the file written
+    workloads.py      the bench's named workloads (chat, batch, long) and their prompts
+    peers.py          the bench's peer: Hugging Face generate on the same weights
+    bench_metrics.py  what a timed run recorded, and its tokens/s, TTFT, TPOT, MBU and MFU
+    bench_file.py     the bench file's format: write, read, validate and find bench files
+    bench_table.py    what llmlab bench prints: the peaks line, the table of rows, the notes below it
+    batch_sweep.py    one decode at growing batch sizes: where bandwidth-bound turns compute-bound
+    roofline.py       bytes and FLOPs per step, the bandwidth/compute roofline, MBU and MFU
+    peaks.py          the device's measured copy bandwidth and matmul rate (cached, with how far to trust them)
+    timing.py         timing decode steps (CUDA events or the host clock), and waiting for a device (sync)
+    profiling.py      torch.profiler over decode steps: kernels, launches and idle gaps per token
+    host_costs.py     what the host spends per token outside the GPU (tokenizer, sampling, Python)
+    kv_costs.py       a KV cache's memory and decode time, measured with real caches
 """

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import statistics
 import tempfile
@@ -40,6 +39,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
+
+from llmlab.envinfo import device_name  # the cache is keyed by it (a CPU's model name and thread count)
 
 # -- datasheet values --------------------------------------------------------------------------------------------
 
@@ -389,24 +390,6 @@ def default_cache_path() -> Path:
         return Path(os.environ["LLMLAB_PEAKS_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "llmlab" / "peaks.json"
-
-
-def device_name(device: str | torch.device | None = None) -> str:
-    """`torch.cuda.get_device_name()` on a GPU; on a CPU its model name and torch's thread count
-    (e.g. "CPU: AMD EPYC 7763 64-Core Processor (2 threads)"), since the matmul rate depends on both."""
-    device = _device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"CPU: {model} ({torch.get_num_threads()} threads)"
 
 
 def _cache_key(name: str) -> str:

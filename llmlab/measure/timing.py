@@ -13,6 +13,14 @@ import time
 import torch
 
 
+def sync(device: torch.device | str) -> None:
+    """Wait until the work queued on `device` has finished: `torch.cuda.synchronize` on a CUDA device, nothing on a
+    CPU (there the work is done when the call returns). Read a host clock only after this."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class StepTimer:
     """Marks the boundaries between steps and reports each step's duration in milliseconds.
 

@@ -1,5 +1,6 @@
 """The runtime around the model: CUDA graphs captured per batch-size bucket and the generate loop that replays them.
 
-    cuda_graphs.py    GraphDecoder: capture the decode step (and the prefill by length bucket) and replay it
+    cuda_graphs.py    GraphDecoder: capture the decode step (and the prefill by length bucket) and replay it;
+                      RunnerCache: the runners kept between requests (`LLM.runners`)
     fast_generate.py  generate_fast: the static-cache loop with GPU sampling, pinned copies and graph replay
 """

@@ -26,8 +26,12 @@ capturing (the "eager static" path): that is how the CPU tests check everything 
 `compile=True` runs the step through `torch.compile` — with its own CUDA graphs (mode "reduce-overhead") when
 `cuda_graphs=False`, or as plain Inductor kernels captured by this runner's graphs when `cuda_graphs=True`.
 
-`runner_for(model, mode, batch, seq_len)` keeps one runner per (model, mode) and only rebuilds (recaptures) it
-when a request needs more rows or a longer cache than it has, or the model's weights were replaced.
+What runs in a step is the model's own forward and `llmlab.sampling.argmax_rows`, or, given `kernels` (the Triton
+kernels' decode step, `llmlab.kernels.KernelDecodeStep`), its forward and greedy pick.
+
+`RunnerCache.runner_for(model, mode, batch, seq_len)` keeps one runner per mode (`LLM.runners` holds one cache per
+LLM) and only rebuilds (recaptures) it when a request needs more rows or a longer cache than it has, or the model's
+weights, its modules or the kernels' step changed.
 """
 
 from __future__ import annotations
@@ -66,26 +70,24 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
 
 
-def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions: torch.Tensor):
+def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions: torch.Tensor, kernels=None):
     """One decode step: input_ids (b, 1) int64 at positions (b,) int64 -> logits (b, V) in the model's dtype and
     the greedy tokens (b,) int64. Writes each row's K/V at its position. Nothing in it reads a value on the host,
-    so it can be captured in a CUDA graph or compiled with fullgraph=True."""
-    logits = model(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
-    pick = getattr(model, "_llmlab_argmax", None)  # the "Triton kernels" switch's one-launch argmax, if on
-    return logits, (argmax_rows if pick is None else pick)(logits)
+    so it can be captured in a CUDA graph or compiled with fullgraph=True. kernels: None (the model's forward,
+    `argmax_rows`) or the kernels' step, whose `forward` and `greedy` run instead (`GraphDecoder`'s `kernels`)."""
+    forward = model if kernels is None else kernels.forward
+    logits = forward(input_ids, positions[:, None], kv_cache=cache, last_only=True)[:, -1]  # (b, V)
+    return logits, (argmax_rows if kernels is None else kernels.greedy)(logits)
 
 
-def weights_fingerprint(model) -> tuple:
-    """What a captured step depends on: (name, address, dtype, shape) of every parameter, which modules run a
-    swapped-in `forward` (the "Triton kernels" switch sets one per module) and the kernel configs chosen in the step
-    (`llmlab.kernels.step_tuning`: GEMV tiles, the attention's split). It changes when weights are replaced or
-    moved, a forward is swapped or a config is chosen, any of which makes captured graphs (they hold the old
-    addresses and the old kernels) stale."""
+def weights_fingerprint(model, kernels=None) -> tuple:
+    """What a captured step depends on: (name, address, dtype, shape) of every parameter, the class of every module
+    (`llmlab.kernels.swap_in` replaces some by kernel modules) and the kernels' step's own fingerprint (the kernel
+    configs `llmlab.kernels.step_tuning` chose). It changes when weights are replaced or moved, modules are swapped or a
+    config is chosen, any of which makes captured graphs (they hold the old addresses and the old kernels) stale."""
     params = tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in model.named_parameters())
-    forwards = tuple((n, getattr(m.__dict__["forward"], "__qualname__", repr(m.__dict__["forward"])))
-                     for n, m in model.named_modules() if "forward" in m.__dict__)
-    tiles = tuple(sorted((role, str(c)) for role, c in model.__dict__.get("_llmlab_step_tiles", {}).items()))
-    return params + forwards + (("step_tiles", tiles),)
+    modules = tuple((n, type(m).__qualname__) for n, m in model.named_modules())
+    return params + modules + (("kernels", None if kernels is None else kernels.fingerprint()),)
 
 
 def _raise_recompile_limit(limit: int = 64) -> None:
@@ -108,23 +110,31 @@ class GraphDecoder:
         cuda_graphs: capture the buckets (default: on a CUDA device). False: run the same step eagerly.
         compile: run the step through torch.compile (see the module docstring for the modes).
         warmup_steps: eager runs of each bucket before capturing it (cuBLAS and the compiler set up there).
+        kernels: the Triton kernels' decode step (`llmlab.kernels.KernelDecodeStep(model)`, `LLM.kernels`), or
+            any object with the same `forward(input_ids, positions, kv_cache, last_only)`, `greedy(logits)` and
+            `fingerprint()`: its forward runs the prefill and the step, its greedy picks the step's tokens, instead
+            of the model's forward and `argmax_rows`. None: the model's own.
 
     Attributes: `graphs` {bucket: CUDAGraph} (empty without capture), `prefill_graphs` {(bucket, padded length):
     CUDAGraph} (captured on first use by `prefill(..., bucketed=True)`), `buckets`, `cache` (the StaticKVCache),
     static input buffers `ids` (max_batch, 1) and `pos` (max_batch,), the last step's outputs `logits` (B, V) and
     `tokens` (B,) (views of the bucket's output tensors, which its graph rewrites at each replay; None before the
     first step),
-    `compile_mode` (None, "default" or "reduce-overhead").
+    `compile_mode` (None, "default" or "reduce-overhead"), `kernels`.
 
     Raises:
         ValueError: cuda_graphs=True on a model that is not on a CUDA device; bad sizes; max_seq_len beyond the
-            model's context. MemoryError: (CUDA) the cache does not fit.
+            model's context; kernels made for another model. MemoryError: (CUDA) the cache does not fit.
     """
 
     def __init__(self, model, max_batch: int = 1, max_seq_len: int | None = None, *, buckets=None,
-                 cuda_graphs: bool | None = None, compile: bool = False, warmup_steps: int = 2):
+                 cuda_graphs: bool | None = None, compile: bool = False, warmup_steps: int = 2, kernels=None):
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
+        if kernels is not None and getattr(kernels, "model", model) is not model:
+            raise ValueError(f"the kernels' step {kernels!r} was made for another model")
+        self.kernels = kernels
+        self.forward = model if kernels is None else kernels.forward  # the prefill's forward (the decode step's too)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":
@@ -180,11 +190,11 @@ class GraphDecoder:
                         self._forward(b)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
-        self.fingerprint = weights_fingerprint(model)
+        self.fingerprint = weights_fingerprint(model, kernels)
 
     @property
     def mode(self) -> str:
-        """"static", "graphs", "compile" or "compile+graphs" (the names of `runner_for` / `generate_fast`)."""
+        """"static", "graphs", "compile" or "compile+graphs" (the names of `RunnerCache` / `generate_fast`)."""
         return {v: k for k, v in MODES.items()}[(bool(self.graphs), self.compile_mode is not None)]
 
     # -- the step ---------------------------------------------------------------------------------------------
@@ -192,7 +202,7 @@ class GraphDecoder:
         """Run the step on rows 0..b-1 of the static buffers (eagerly, compiled, or while being captured)."""
         if self.compile_mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were already copied out
-        logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b])
+        logits, tokens = self._fn(self.model, self.cache, self.ids[:b], self.pos[:b], self.kernels)
         if self.compile_mode == "reduce-overhead":  # Inductor's graphs reuse their output memory at the next
             logits, tokens = logits.clone(), tokens.clone()  # call (of any bucket): keep copies of our own
         self._outputs[b] = (logits, tokens)
@@ -263,7 +273,7 @@ class GraphDecoder:
         if length is not None:
             return self._bucketed_prefill(input_ids, length)
         positions = torch.arange(T, device=self.device)
-        return self.model(input_ids, positions, kv_cache=self._cleared_rows(row, B), last_only=True)[:, -1]
+        return self.forward(input_ids, positions, kv_cache=self._cleared_rows(row, B), last_only=True)[:, -1]
 
     def _cleared_rows(self, row: int, n: int) -> StaticKVCache:
         """Cache rows row..row+n-1 (the whole cache, or a view of them), zeroed (see `prefill`)."""
@@ -320,8 +330,8 @@ class GraphDecoder:
 
     def _prefill_forward(self, b: int, length: int) -> None:
         """The bucketed prefill of rows 0..b-1 from the static inputs (eagerly, or while being captured)."""
-        logits = self.model(self._prefill_ids[:b, :length], self._prefill_pos[:length],
-                            kv_cache=self._cleared_rows(0, b), last_only=True)[:, -1]  # (b, V)
+        logits = self.forward(self._prefill_ids[:b, :length], self._prefill_pos[:length],
+                              kv_cache=self._cleared_rows(0, b), last_only=True)[:, -1]  # (b, V)
         self._prefill_outputs[(b, length)] = logits
 
     def _capture_prefill(self, b: int, length: int) -> torch.cuda.CUDAGraph | None:
@@ -417,54 +427,73 @@ class GraphDecoder:
     def __repr__(self) -> str:
         return (f"GraphDecoder(max_batch={self.max_batch}, max_seq_len={self.max_seq_len}, buckets={self.buckets}, "
                 f"graphs={len(self.graphs)}, prefill_graphs={len(self.prefill_graphs)}, "
-                f"compile={self.compile_mode}, device={self.device})")
+                f"compile={self.compile_mode}, kernels={self.kernels!r}, device={self.device})")
 
 
-class _RunnerCache(dict):
-    """{mode: GraphDecoder} kept on the model. Copying the model (LLM.to) or pickling it starts an empty cache:
-    graphs hold the old weights' addresses and cannot be copied."""
+class RunnerCache:
+    """Decode runners kept between requests, one per mode: `runners["graphs"]` is the current graph runner.
+
+    Owned by whoever keeps the model (`llmlab.engine.LLM.runners`; `generate_fast(..., runners=...)`). A copy
+    (deepcopy, pickling) starts empty: graphs hold the old weights' addresses and cannot be copied."""
+
+    def __init__(self):
+        self._runners: dict[str, GraphDecoder] = {}
+
+    def __getitem__(self, mode: str) -> GraphDecoder:
+        return self._runners[mode]
+
+    def __contains__(self, mode: str) -> bool:
+        return mode in self._runners
+
+    def __len__(self) -> int:
+        return len(self._runners)
 
     def __deepcopy__(self, memo):
-        return _RunnerCache()
+        return RunnerCache()
 
     def __reduce__(self):
-        return (_RunnerCache, ())
+        return (RunnerCache, ())
 
+    def clear(self) -> None:
+        """Drop every runner (and with it its cache and captured graphs)."""
+        self._runners.clear()
 
-def runner_for(model, mode: str, batch: int, seq_len: int, max_batch: int | None = None) -> GraphDecoder:
-    """The cached runner of `model` for `mode` that fits `batch` rows of `seq_len` tokens, built if needed.
+    def runner_for(self, model, mode: str, batch: int, seq_len: int, max_batch: int | None = None,
+                   kernels=None) -> GraphDecoder:
+        """The runner for `mode` that fits `batch` rows of `seq_len` tokens of `model` with `kernels`, built if
+        needed.
 
-    A runner is reused while it has enough rows and cache length and the model's weights are the ones it captured;
-    otherwise it is dropped and a bigger one is built (and captured/compiled): rows rounded up to a power of two,
-    lengths to MIN_SEQ or a multiple of SEQ_ROUND (capped at the model's context), never smaller than the old
-    runner's.
+        A runner is reused while it has enough rows and cache length, runs the same model and kernels' step, and
+        the weights, modules and tiles are the ones it captured (`weights_fingerprint`); otherwise it is dropped and a
+        bigger one is built (and captured/compiled): rows rounded up to a power of two, lengths to MIN_SEQ or a
+        multiple of SEQ_ROUND (capped at the model's context), never smaller than the old runner's.
 
-    mode: "static" (eager on the static cache), "graphs", "compile", "compile+graphs".
+        mode: "static" (eager on the static cache), "graphs", "compile", "compile+graphs". kernels: as
+        `GraphDecoder`.
 
-    Raises:
-        ValueError: unknown mode, graphs on a CPU model, seq_len beyond the model's context.
-    """
-    if mode not in MODES:
-        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
-    graphs, compiled = MODES[mode]
-    context = model.config.max_seq_len
-    if seq_len > context:
-        raise ValueError(f"{seq_len} tokens exceed the model's context of {context} tokens")
-    runners = model.__dict__.get("_llmlab_runners")
-    if runners is None:
-        runners = model.__dict__["_llmlab_runners"] = _RunnerCache()
-    old = runners.get(mode)
-    want_batch = max(batch, max_batch or 1)
-    if (old is not None and old.max_batch >= want_batch and old.max_seq_len >= seq_len
-            and old.fingerprint == weights_fingerprint(model)):
-        return old
-    rows = 2 ** math.ceil(math.log2(want_batch))
-    length = min(context, max(MIN_SEQ, SEQ_ROUND * math.ceil(seq_len / SEQ_ROUND)))
-    if old is not None:
-        if old.fingerprint == weights_fingerprint(model):
-            rows, length = max(rows, old.max_batch), max(length, old.max_seq_len)
-        del runners[mode]
-        del old  # free its cache and graph pools before allocating the new ones
-    runner = GraphDecoder(model, max_batch=rows, max_seq_len=length, cuda_graphs=graphs, compile=compiled)
-    runners[mode] = runner
-    return runner
+        Raises:
+            ValueError: unknown mode, graphs on a CPU model, seq_len beyond the model's context.
+        """
+        if mode not in MODES:
+            raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(MODES)}")
+        graphs, compiled = MODES[mode]
+        context = model.config.max_seq_len
+        if seq_len > context:
+            raise ValueError(f"{seq_len} tokens exceed the model's context of {context} tokens")
+        old = self._runners.get(mode)
+        want_batch = max(batch, max_batch or 1)
+        same = (old is not None and old.model is model and old.kernels is kernels
+                and old.fingerprint == weights_fingerprint(model, kernels))
+        if same and old.max_batch >= want_batch and old.max_seq_len >= seq_len:
+            return old
+        rows = 2 ** math.ceil(math.log2(want_batch))
+        length = min(context, max(MIN_SEQ, SEQ_ROUND * math.ceil(seq_len / SEQ_ROUND)))
+        if old is not None:
+            if same:
+                rows, length = max(rows, old.max_batch), max(length, old.max_seq_len)
+            del self._runners[mode]
+            del old  # free its cache and graph pools before allocating the new ones
+        runner = GraphDecoder(model, max_batch=rows, max_seq_len=length, cuda_graphs=graphs, compile=compiled,
+                              kernels=kernels)
+        self._runners[mode] = runner
+        return runner

@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from llmlab.runtime.cuda_graphs import MODES, GraphDecoder, runner_for
+from llmlab.runtime.cuda_graphs import MODES, GraphDecoder, RunnerCache
 from llmlab.generate import (Generation, _sync, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
                        to_device)
 from llmlab.sampling import check_sampling_args, sample, warn_greedy_filters
@@ -135,6 +135,8 @@ def generate_fast(
     prefill_graph: bool = False,
     max_batch: int | None = None,
     runner: GraphDecoder | None = None,
+    runners: RunnerCache | None = None,
+    kernels=None,
 ) -> Generation:
     """Generate like `llmlab.generate.generate` (same arguments, same `Generation`), through a static-cache runner.
 
@@ -150,14 +152,18 @@ def generate_fast(
         prefill_graph: replay the prefill from a CUDA graph of its padded length bucket (modes "graphs" and
             "compile+graphs"; in mode "static" the same padded prefill runs eagerly, for tests).
         max_batch: build the runner for at least this many rows (its buckets), e.g. to capture once for a sweep.
-        runner: decode on this `GraphDecoder` (its mode wins over `mode`) instead of the model's cached one.
+        runner: decode on this `GraphDecoder` (its mode wins over `mode`, and it runs its own `kernels`).
+        runners: take the runner from this `RunnerCache` (`RunnerCache.runner_for`: reused while it fits, built or
+            grown when it does not), e.g. `LLM.runners`. Neither runner nor runners: a runner built for this call.
+        kernels: the Triton kernels' decode step (`llmlab.kernels.KernelDecodeStep(model)`, `LLM.kernels`): the
+            runner runs its forward and greedy pick instead of the model's (see `GraphDecoder`); None: the model's.
 
     Returns:
         A `Generation`; `extra` holds decode_mode, bucket, n_graphs, compile_mode, host_reads, wasted_steps,
         wasted_ms, prefill_length (the padded length of a bucketed prefill, else None), n_prefill_graphs (the
-        runner's, so far). The first call for a model (and a call that needs a bigger runner) captures/compiles
-        first, and the first call that meets a prefill bucket captures its graph first; that time is not in
-        `step_ms`.
+        runner's, so far). A call that builds a runner (the first one on a `runners` cache, one that needs a
+        bigger runner, any call with neither runner nor runners) captures/compiles first, and the first call that
+        meets a prefill bucket captures its graph first; that time is not in `step_ms`.
 
     Warns:
         UserWarning: as `generate` (top_k or top_p given at temperature 0, where they have no effect).
@@ -165,7 +171,8 @@ def generate_fast(
     Raises:
         ValueError: as `generate` (empty prompt, lengths beyond the context, ids outside the vocabulary, bad
             sampling settings, a seed out of range), an unknown mode, graphs on a CPU model, eos_check_every < 1,
-            max_batch < 1, a runner too small, prefill_graph in mode "compile" (its runner captures nothing).
+            max_batch < 1, a runner too small, for another model or with other kernels, prefill_graph in mode
+            "compile" (its runner captures nothing).
         TypeError: as `generate` (ids, max_new_tokens or seed of the wrong type, an on_token that is not
             callable), gpu_sampling / pin_memory / prefill_graph not a bool, eos_check_every not a whole number.
             All checked on the host before anything is launched.
@@ -200,10 +207,14 @@ def generate_fast(
     generator = make_generator(seed, device)
 
     if runner is None:
-        runner = runner_for(model, mode, B, T + max_new_tokens, max_batch)  # may capture / compile (once)
+        runners = RunnerCache() if runners is None else runners
+        runner = runners.runner_for(model, mode, B, T + max_new_tokens, max_batch, kernels)  # may capture/compile
     elif runner.model is not model:
         raise ValueError(f"the runner ({runner}) was built for another model; build one for this model "
-                         f"(llmlab.runtime.cuda_graphs.runner_for) or leave runner=None")
+                         f"(llmlab.runtime.cuda_graphs.GraphDecoder) or leave runner=None")
+    elif kernels is not None and runner.kernels is not kernels:
+        raise ValueError(f"the runner ({runner}) runs other kernels than kernels={kernels!r}: leave kernels out "
+                         f"(the runner's own run) or build the runner with them")
     elif B > runner.max_batch or T + max_new_tokens > runner.max_seq_len:
         raise ValueError(f"the runner ({runner}) is too small: {B} rows (it has {runner.max_batch}) of "
                          f"{T} + {max_new_tokens} tokens (its cache holds {runner.max_seq_len}); build a larger "

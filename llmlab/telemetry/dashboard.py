@@ -20,7 +20,8 @@ recorded trace (`llmlab.telemetry.trace`, `data/traces/`) that best matches the 
 latency and tokens/s are still measured live, on the CPU.
 
 Threads. Generation runs on a worker thread ("llmlab-dashboard-run"); on a GPU the sampler has its own thread.
-Neither touches a widget: they append to buffers under a lock. The plots are updated from the kernel's main
+Neither touches a widget: they append to buffers under a lock (`llmlab.telemetry.live_run`: a run's state, its
+worker, its row in the table). The plots (`llmlab.telemetry.figures`) are updated from the kernel's main
 thread — ipywidgets messages sent from other threads are fragile under ipykernel 7 (jupyter-widgets/ipywidgets
 #4001, #4020):
 
@@ -37,108 +38,28 @@ from __future__ import annotations
 
 import asyncio
 import html
-import math
 import numbers
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
-import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
 from llmlab import envinfo
 from llmlab.engine import LLM
 from llmlab.generate import check_lengths, format_ms
+from llmlab.switches import SWITCHES, apply_switches
+from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, live_figure, results_table_html,
+                                      shown_gpu_series)
+from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, rolling_rate, run_row, take_samples,
+                                       trace_row)
 from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from llmlab.telemetry.record import setting_label
-from llmlab.switches import SWITCHES, apply_switches
-from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, summarize_run, trace_dir
+from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, trace_dir
 
-# the GPU panel's series: (key in sampler readings, legend name)
-GPU_SERIES = (
-    ("gpu_util_pct", "GPU-Util (nvidia-smi)"),
-    ("sm_active_pct", "SM activity"),
-    ("sm_occupancy_pct", "SM occupancy"),
-    ("dram_bw_util_pct", "DRAM bandwidth"),
-    ("mem_util_pct", "memory busy (nvidia-smi)"),  # shown only where GPM (the three above) is missing
-)
-_GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "dram_bw_util_pct")
-# the comparison: (row key, bar title, unit)
-BAR_METRICS = (
-    ("tokens_per_s", "tokens/s", ""),
-    ("ttft_ms", "TTFT", "ms"),
-    ("tpot_ms", "TPOT", "ms"),
-    ("mbu_pct", "MBU", "%"),
-    ("gpu_util_pct", "mean<br>GPU-Util", "%"),
-    ("sm_active_pct", "mean<br>SM activity", "%"),
-)
-ROLLING_TOKENS = 16  # tokens/s is averaged over this many tokens
-THREAD_NAME = "llmlab-dashboard-run"
 _UNSET: Any = object()  # "use the dashboard's default" for replay_speed (None has a meaning: all at once)
-
-
-def llmlab_threads() -> list[threading.Thread]:
-    """Live threads started by llmlab (the dashboard's worker, the NVML sampler): [] when nothing runs."""
-    return [t for t in threading.enumerate() if t.name.startswith("llmlab") and t.is_alive()]
-
-
-def rolling_rate(t_s: list[float], window: int = ROLLING_TOKENS) -> list[float | None]:
-    """tokens/s at each token over the previous `window` tokens (fewer at the start): k / (t_i - t_{i-k}).
-
-    t_s: the times (s) at which the tokens arrived. None for the first token (no interval yet).
-    """
-    out: list[float | None] = []
-    for i, t in enumerate(t_s):
-        k = min(window, i)
-        dt = t - t_s[i - k] if k else 0.0
-        out.append(k / dt if k and dt > 0 else None)
-    return out
-
-
-@dataclass
-class _Run:
-    """The state of one run, shared by the worker thread (appends under `lock`) and the main thread (reads)."""
-
-    number: int
-    settings: dict
-    label: str
-    llm: LLM | None
-    kwargs: dict
-    prompt_ids: list[int]
-    new_tokens: int
-    live_gpu: bool
-    idle_s: float
-    clock: Any  # () -> seconds on the run's time axis
-    sampler: Sampler | None = None
-    replay: Replay | None = None
-    replay_all: bool = False  # hand the whole trace out on the first poll (replay_speed None)
-    trace: Trace | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    worker: threading.Thread | None = None
-    tok_t: list = field(default_factory=list)  # when each token arrived (s, run clock)
-    tok_ms: list = field(default_factory=list)  # host-measured latency of each step (ms)
-    gen_start: float | None = None
-    gen_end: float | None = None
-    generation: Any = None
-    error: BaseException | None = None
-    cursor: int = 0  # sampler read_new cursor
-    samples: dict = field(default_factory=dict)  # columns received so far: t_s + series
-    t_wall0: float = 0.0
-    finished: bool = False
-    row: dict | None = None
-
-    def on_token(self, step: int, tokens: list[int]) -> bool:
-        t = self.clock()
-        with self.lock:
-            prev = self.tok_t[-1] if self.tok_t else self.gen_start
-            self.tok_t.append(t)
-            self.tok_ms.append((t - prev) * 1e3)
-        return self.stop.is_set()  # True asks generate to stop after this token
 
 
 class Dashboard:
@@ -171,7 +92,7 @@ class Dashboard:
         self.poll_s = poll_s
         self.sampler_backend = sampler_backend
         self.results: list[dict] = []
-        self._run: _Run | None = None
+        self._run: LiveRun | None = None
         self._task = None
         self._n = 0
         self._shown_traces: set = set()
@@ -211,7 +132,7 @@ class Dashboard:
         self._build_figures()
         self.status = W.HTML(self._status_html("Ready. Choose the switches and press Run."))
         self.mode = W.HTML(f"<b>{html.escape(self.mode_line)}</b>")
-        self.table = W.HTML(self._table_html())
+        self.table = W.HTML(results_table_html(self.results))
         self.widget = W.VBox([self.mode, self.controls_box, self.status, self.fig, W.HTML("<b>All runs</b>"),
                               self.table, self.bars])
         self.widget.add_class("llmlab-dashboard")
@@ -252,31 +173,9 @@ class Dashboard:
                                    layout=W.Layout(flex_flow="row wrap", align_items="center"))
 
     def _build_figures(self) -> None:
-        fig = make_subplots(rows=3, cols=1, vertical_spacing=0.09, row_heights=[0.44, 0.28, 0.28],
-                            subplot_titles=("GPU", "latency of each token (ms)", "tokens/s (last 16 tokens)"))
-        for key, name in GPU_SERIES:
-            fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=name, legendgroup="gpu",
-                                     line={"width": 2, "dash": "dot" if key == "mem_util_pct" else "solid"}),
-                          row=1, col=1)
-        fig.add_trace(go.Scatter(x=[], y=[], mode="markers", marker={"size": 4}, name="latency (ms)"),
-                      row=2, col=1)
-        fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name="tokens/s"), row=3, col=1)
-        fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=1)
-        fig.update_yaxes(title_text="ms", rangemode="tozero", row=2, col=1)
-        fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=3, col=1)
-        fig.update_xaxes(title_text="seconds", row=3, col=1)
-        fig.update_layout(height=640, margin={"l": 60, "r": 20, "t": 30, "b": 40},
-                          legend={"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"})
-        self.fig = go.FigureWidget(fig)
+        self.fig = live_figure()
         self._n_gpu = len(GPU_SERIES)
-
-        bars = make_subplots(rows=1, cols=len(BAR_METRICS), horizontal_spacing=0.05,
-                             subplot_titles=[f"{t} ({u})" if u else t for _, t, u in BAR_METRICS])
-        for i, _ in enumerate(BAR_METRICS):
-            bars.add_trace(go.Bar(x=[], y=[], showlegend=False), row=1, col=i + 1)
-        bars.update_xaxes(type="category", tickangle=0)
-        bars.update_layout(height=280, margin={"l": 40, "r": 10, "t": 50, "b": 30})
-        self.bars = go.FigureWidget(bars)
+        self.bars = comparison_bars()
 
     @property
     def latency_trace(self):
@@ -351,7 +250,7 @@ class Dashboard:
 
         self._n += 1
         speed = self.replay_speed if replay_speed is _UNSET else replay_speed
-        run = _Run(number=self._n, settings=settings, label=f"#{self._n} {setting_label(settings)}", llm=run_llm,
+        run = LiveRun(number=self._n, settings=settings, label=f"#{self._n} {setting_label(settings)}", llm=run_llm,
                    kwargs=kwargs, prompt_ids=prompt_ids, new_tokens=new, live_gpu=self.live_gpu,
                    idle_s=self.idle_s if self.live_gpu else 0.0, clock=None)
         run.t_wall0 = time.perf_counter()
@@ -373,52 +272,24 @@ class Dashboard:
                 title = "no GPU here, and no recorded trace to replay"
         self._reset_live_plot(run, title)
         self._run = run
-        run.worker = threading.Thread(target=self._work, args=(run,), name=THREAD_NAME, daemon=True)
+        run.worker = threading.Thread(target=decode, args=(run,), name=THREAD_NAME, daemon=True)
         run.worker.start()
         self.run_button.disabled = True
         self.stop_button.disabled = False
         self._set_status(f"Running {run.label}: {prompt_len}-token prompt, {new} new tokens on "
                          f"{envinfo.device_name(run_llm.device)} ...")
 
-    def _work(self, run: _Run) -> None:
-        """The worker thread: a 2-token warm-up, (idle), generate with on_token checking the stop event, (idle).
-        Never touches a widget; an exception is kept in run.error for the main thread."""
-        threads = torch.get_num_threads()
-        try:
-            if run.llm.device.type == "cpu":
-                # one intra-op thread for a CPU decode in this worker thread: with torch's default (one per core)
-                # the decode ran ~4x slower here than the same `generate` on the notebook's main thread (2 cores,
-                # 8.9 against 2.3 ms per token; with one thread 3.0, as `generate` with one). Set for this thread
-                # only (OpenMP keeps the count per calling thread), so the notebook's own cells keep theirs.
-                torch.set_num_threads(1)
-            # untimed warm-up: the first call in a process pays one-time costs (allocator, thread pools)
-            kwargs = {"stop_at_eos": False, **run.kwargs}  # time exactly new_tokens tokens
-            run.llm.generate(run.prompt_ids[:8], max_new_tokens=2, **kwargs)
-            if run.idle_s:
-                run.stop.wait(run.idle_s)
-            if not run.stop.is_set():
-                run.gen_start = run.clock()
-                run.generation = run.llm.generate(run.prompt_ids, max_new_tokens=run.new_tokens,
-                                                  on_token=run.on_token, **kwargs)
-                run.gen_end = run.clock()
-            if run.idle_s:
-                run.stop.wait(run.idle_s)
-        except BaseException as e:  # noqa: BLE001 — reported by the main thread
-            run.error = e
-        finally:
-            torch.set_num_threads(threads)
-
-    def _reset_live_plot(self, run: _Run, title: str) -> None:
+    def _reset_live_plot(self, run: LiveRun, title: str) -> None:
         if run.live_gpu:
             series = set(getattr(run.sampler.backend, "series", ()) or [k for k, _ in GPU_SERIES])
         elif run.trace is not None:
             series = set(run.trace.series)
         else:
             series = set()
-        has_gpm = any(k in series for k in _GPM_KEYS)
+        shown = shown_gpu_series(series)
         with self.fig.batch_update():
             for i, (key, _) in enumerate(GPU_SERIES):
-                show = key in series and (key != "mem_util_pct" or not has_gpm)
+                show = key in shown
                 self.fig.data[i].x, self.fig.data[i].y = [], []
                 self.fig.data[i].visible = True if show else False
             for tr in self.fig.data[self._n_gpu:]:
@@ -448,7 +319,7 @@ class Dashboard:
             return True
         return False
 
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: LiveRun) -> None:
         """Join the worker, stop the sampler, add the run to the table and bars (main thread)."""
         run.stop.set()
         if run.worker is not None:
@@ -468,8 +339,10 @@ class Dashboard:
         else:
             if run.trace is not None and run.trace.path not in self._shown_traces:
                 self._shown_traces.add(run.trace.path)
-                self.results.append(self._trace_row(run.trace))
-            run.row = self._run_row(run)
+                self.results.append(trace_row(run.trace, f"rec{len(self._shown_traces)}"))
+            device = torch.device(g.device)
+            peak = self._peak_bandwidth(device) if device.type == "cuda" else None  # MBU: GPU runs only
+            run.row = run_row(run, self.llm.config, peak)
             how = "stopped" if g.finish_reason == "stopped" else "done"
             # the status first, then the table: the page gets them as two messages, in this order, so whoever sees
             # the new row also sees how the run ended (a browser test read "Stopping ..." next to the new row)
@@ -482,22 +355,10 @@ class Dashboard:
         self.run_button.disabled = False
         self.stop_button.disabled = True
 
-    def _pull(self, run: _Run, everything: bool = False) -> None:
+    def _pull(self, run: LiveRun, everything: bool = False) -> None:
         """Main thread: take the new sampler readings (or the replay's due ones; all remaining if `everything`)
         and the new tokens, and redraw what changed in one message."""
-        if run.sampler is not None:
-            new, run.cursor = run.sampler.read_new(run.cursor)
-        elif run.replay is not None:
-            new = run.replay.rest() if everything else run.replay.until(run.clock())
-        else:
-            new = []
-        for r in new:
-            n = len(run.samples.get("t_s", []))
-            for k, v in r.items():
-                run.samples.setdefault(k, [None] * n).append(v)
-            for col in run.samples.values():
-                if len(col) < n + 1:
-                    col.append(None)
+        new = take_samples(run, everything)
         with run.lock:
             tok_t, tok_ms = list(run.tok_t), list(run.tok_ms)
         lat, rate = self.fig.data[self._n_gpu], self.fig.data[self._n_gpu + 1]
@@ -513,7 +374,7 @@ class Dashboard:
                 lat.x, lat.y = tok_t, tok_ms
                 rate.x, rate.y = tok_t, rolling_rate(tok_t)
 
-    # -- the rows ------------------------------------------------------------------------------------------------
+    # -- the table of runs ---------------------------------------------------------------------------------------
     def _peak_bandwidth(self, device: torch.device) -> float | None:
         if self._peak_bw is None:
             from llmlab.measure.peaks import measure_peaks
@@ -521,76 +382,8 @@ class Dashboard:
             self._peak_bw = measure_peaks(device).copy_bw_gb_s
         return self._peak_bw
 
-    def _run_row(self, run: _Run) -> dict:
-        g = run.generation
-        device = torch.device(g.device)
-        peak = self._peak_bandwidth(device) if device.type == "cuda" else None  # MBU: GPU runs only
-        window = (run.gen_start, run.gen_end) if run.live_gpu and run.gen_start is not None else None
-        s = summarize_run([g.step_ms], len(run.prompt_ids), self.llm.config, g.dtype, use_cache=g.use_cache,
-                          peak_bw_gb_s=peak, samples=run.samples if window else None, window=window)
-        return {
-            "key": f"#{run.number}",
-            "run": run.label,
-            "device": envinfo.device_name(device),
-            "source": "live GPU" if run.live_gpu else "live CPU" if device.type == "cpu" else "live (no NVML)",
-            "settings": dict(run.settings),
-            "tokens": g.n_generated,
-            "finish": g.finish_reason,
-            "tokens_per_s": s["tokens_per_s"],
-            "ttft_ms": s["ttft_ms"],
-            "tpot_ms": s["tpot_ms"],
-            "tpot_p90_ms": s["tpot_p90_ms"],
-            "mbu_pct": s["mbu"] * 100 if s["mbu"] is not None else None,
-            "gpu_util_pct": s.get("gpu_util_pct_mean"),
-            "sm_active_pct": s.get("sm_active_pct_mean"),
-            "dram_bw_util_pct": s.get("dram_bw_util_pct_mean"),
-            "step_ms": list(g.step_ms),
-        }
-
-    def _trace_row(self, trace: Trace) -> dict:
-        s = trace.summary
-        k = f"rec{len(self._shown_traces)}"
-        return {
-            "key": k,
-            "run": f"{k} recorded: {trace.meta.get('setting_label', '')}",
-            "device": trace.device,
-            "source": f"recorded {trace.date}",
-            "settings": trace.settings,
-            "tokens": s.get("n_tokens"),
-            "finish": f"{s.get('n_calls')} calls",
-            "tokens_per_s": s.get("tokens_per_s"),
-            "ttft_ms": s.get("ttft_ms"),
-            "tpot_ms": s.get("tpot_ms"),
-            "tpot_p90_ms": s.get("tpot_p90_ms"),
-            "mbu_pct": s["mbu"] * 100 if s.get("mbu") is not None else None,
-            "gpu_util_pct": s.get("gpu_util_pct_mean"),
-            "sm_active_pct": s.get("sm_active_pct_mean"),
-            "dram_bw_util_pct": s.get("dram_bw_util_pct_mean"),
-        }
-
-    def _table_html(self) -> str:
-        cols = [("run", "run", None), ("device", "device", None), ("source", "source", None),
-                ("tokens", "tokens", "d"), ("tokens_per_s", "tokens/s", ".1f"), ("ttft_ms", "TTFT ms", ".1f"),
-                ("tpot_ms", "TPOT ms", ".2f"), ("tpot_p90_ms", "TPOT p90 ms", ".2f"), ("mbu_pct", "MBU %", ".1f"),
-                ("gpu_util_pct", "GPU-Util %", ".1f"), ("sm_active_pct", "SM activity %", ".1f"),
-                ("dram_bw_util_pct", "DRAM BW %", ".1f")]
-
-        def cell(v, fmt):
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                return "–"
-            return html.escape(format(v, fmt) if fmt else str(v))
-
-        head = "".join(f"<th style='padding:2px 8px'>{html.escape(t)}</th>" for _, t, _ in cols)
-        body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{cell(r.get(k), f)}</td>" for k, _, f in cols)
-                       + "</tr>" for r in self.results)
-        if not self.results:
-            body = f"<tr><td colspan='{len(cols)}' style='padding:2px 8px'>no run yet</td></tr>"
-        note = "<div style='font-size:85%'>MBU (model bandwidth utilisation) is computed for GPU runs only, " \
-               "against the measured copy bandwidth; on a CPU a small model runs from caches.</div>"
-        return f"<table class='llmlab-results'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
-
     def _refresh_results(self) -> None:
-        self.table.value = self._table_html()
+        self.table.value = results_table_html(self.results)
         labels = [r["key"] for r in self.results]
         with self.bars.batch_update():
             for i, (key, _, _) in enumerate(BAR_METRICS):
@@ -630,7 +423,7 @@ class Dashboard:
             raise run.error
         return run.row
 
-    async def _poll(self, run: _Run) -> None:
+    async def _poll(self, run: LiveRun) -> None:
         try:
             while not self._tick():
                 await asyncio.sleep(self.poll_s)
@@ -689,54 +482,3 @@ class Dashboard:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- static figures of a recorded trace (lab 01) -----------------------------------------------------------------
-
-
-def trace_figure(trace: Trace, height: int = 560) -> go.Figure:
-    """GPU-Util vs SM activity vs SM occupancy vs DRAM bandwidth over the recording (top), and the latency of
-    each token (bottom), with the decoding window shaded. A static `go.Figure` (no widget)."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.6, 0.4],
-                        subplot_titles=(f"{trace.device}: what NVML reports (%)",
-                                        "latency of each token (ms); the first of each call includes the prefill"))
-    ts = trace.samples["t_s"]
-    has_gpm = any(k in trace.samples for k in _GPM_KEYS)
-    for key, name in GPU_SERIES:
-        if key in trace.samples and (key != "mem_util_pct" or not has_gpm):
-            fig.add_scatter(x=ts, y=trace.samples[key], mode="lines", name=name, row=1, col=1,
-                            line={"dash": "dot" if key == "mem_util_pct" else "solid"})
-    fig.add_scatter(x=trace.tokens["t_s"], y=trace.tokens["step_ms"], mode="markers", marker={"size": 3},
-                    name="token latency (ms)", row=2, col=1)
-    a, b = trace.decode_window
-    fig.add_vrect(x0=a, x1=b, fillcolor="gray", opacity=0.08, line_width=0, row=1, col=1)
-    fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=1)
-    fig.update_yaxes(title_text="ms", type="log", row=2, col=1)
-    fig.update_xaxes(title_text="seconds (shaded: decoding)", row=2, col=1)
-    fig.update_layout(height=height, title=f"Replay of {trace.label}", legend={"orientation": "h", "y": -0.15})
-    return fig
-
-
-def kernel_timeline_figure(trace: Trace, height: int = 260) -> go.Figure | None:
-    """The profiled decode steps of a trace as a timeline: a bar where a GPU kernel ran, white where none did.
-    None if the trace has no kernel profile."""
-    k = trace.kernels
-    if not k or not k.get("intervals_us"):
-        return None
-    xs, ys = [], []
-    for a, b in k["intervals_us"]:
-        xs += [a / 1e3, a / 1e3, b / 1e3, b / 1e3, None]
-        ys += [0, 1, 1, 0, None]
-    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", fill="toself", line={"width": 0.5},
-                               name="a kernel is running"))
-    t = 0.0
-    for i, step in enumerate(k.get("step_us", [])):
-        t += step / 1e3
-        if i < len(k["step_us"]) - 1:
-            fig.add_vline(x=t, line_dash="dash", line_color="gray")
-    busy = 100 * k["busy_us"] / k["window_us"]
-    fig.update_layout(height=height, yaxis={"visible": False, "range": [0, 1.3]},
-                      xaxis_title="ms (dashed: token boundaries)",
-                      title=f"{k['steps']} decode steps on {trace.device}: {k['n_kernels']} kernels, "
-                            f"a kernel running {busy:.0f}% of the time")
-    return fig

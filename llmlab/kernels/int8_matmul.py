@@ -1,0 +1,173 @@
+"""int8 weight-only matmul for decode: y = x @ (w_q * scales[:, None])^T, the int8 weights converted in registers.
+
+The format (per output channel) and the reference are in `llmlab.kernels.weight_quant`. Two kernels:
+
+  * M = 1 (batch-1 decode), rows that start on 4-byte boundaries: `_int8_gemv_kernel`, a GEMV on the CUDA cores
+    (a (16 x K) tensor-core tile would be 15/16 padding). Each program owns BLOCK_N rows and walks K, 32 bits (4
+    weights) at a time; x is loaded once per K tile as a (J, 4) tile and split into the x of each byte position, so
+    a word's four products are one FMA chain in one thread, and the bytes become floats in one instruction each
+    (`packed_fields.field_f32`). SPLIT_K programs may share a row block's K range (`split_k.py`).
+  * anything else: `_int8_matmul_kernel`, one tl.dot per K tile over 16-row blocks of x, any strides.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import split_k
+from ._util import check_tensors, demo_needs_cuda, tune_bench, zero_on_error
+from .packed_fields import X_EXP, field_f32, lift, split4
+from .quant_tiles import GEMV1_CONFIGS, GEMV_CONFIGS, gemv1_prune
+from .split_k import split_k_range, split_k_store
+from .weight_quant import ACT_DTYPES, BLOCK_M, check_are_tensors, check_x, word_rows
+
+
+@triton.autotune(configs=GEMV_CONFIGS, key=["N", "K"])
+@triton.jit
+def _int8_matmul_kernel(
+    # pointers
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    # sizes
+    M, N, K,
+    # strides (elements)
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # (BLOCK_M, BLOCK_K)
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)  # (BLOCK_K, BLOCK_N) int8
+        if IEEE:
+            acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")
+        else:
+            acc += tl.dot(x, w.to(x.dtype))  # |w| <= 127 is exact in fp16 and bf16
+    s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    y = acc * s[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": gemv1_prune},
+                 do_bench=tune_bench)
+@triton.jit
+def _int8_gemv_kernel(
+    # pointers (ws, cnt: the split-K scratch, see `split_k_store`)
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
+    # sizes
+    N, K,
+    # strides (elements; stride_wn in 32-bit words: the rows are read 4 weights at a time)
+    stride_xk, stride_wn, stride_yn, stride_ws,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    """M = 1: the int4 GEMV's scheme for int8 weights: XOR 0x80 turns each signed byte w into w + 128 in 0..255,
+    read by `field_f32`; 128 times each word's x sum comes off; one scale per output row, applied to each split's
+    sums."""
+    J: tl.constexpr = BLOCK_K // 4  # int32 words per row in a K tile (K is a multiple of 4)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, J)
+    ri = tl.arange(0, 4)
+    n_mask = rn < N
+    w_words = w_ptr.to(tl.pointer_type(tl.int32))
+    k_start, k_end = split_k_range(K, BLOCK_K, SPLIT_K)
+    acc = tl.zeros([BLOCK_N, J], tl.float32)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+        jw = k0 // 4 + rj
+        w = tl.load(w_words + rn[:, None] * stride_wn + jw[None, :],
+                    mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J): byte i = weight 4j + i
+        u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: each byte w becomes w + 128 in 0..255
+        top = u >> 16
+        kk = k0 + 4 * rj[:, None] + ri[None, :]
+        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
+        x0, x1, x2, x3 = split4(x)
+        sx = (x0 + x1 + x2 + x3) * (128.0 * 2.0 ** -X_EXP)  # (J,): the bytes' offset of 128
+        part = field_f32(u, 0, 8) * lift(x0, 0)[None, :] - sx[None, :]
+        part += field_f32(u, 8, 8) * lift(x1, 8)[None, :]
+        part += field_f32(top, 0, 8) * lift(x2, 0)[None, :]
+        part += field_f32(top, 8, 8) * lift(x3, 8)[None, :]
+        acc += part
+    s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    y = tl.sum(acc, axis=1) * 2.0 ** X_EXP * s  # back from the sums' scale first: s * 2^64 could overflow
+    split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
+
+
+def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """y = x @ (w_q * scales[:, None])^T with int8 weights dequantized in registers.
+
+    Args:
+        x: (M, K) fp32 / fp16 / bf16 activations (fp32 in the CPU interpreter); M = 1..16 is the target.
+        w_q: (N, K) int8 (`quantize_int8`). scales: (N,) float (any float dtype; used in fp32).
+
+    Returns:
+        (M, N) in x's dtype, accumulated in fp32.
+
+    M = 1 with rows that start on 4-byte boundaries (K a multiple of 4, a contiguous w_q) runs the CUDA-core GEMV,
+    which reads 32-bit words; anything else runs the tl.dot kernel, which reads any strides.
+
+    Numerics of the M = 1 GEMV (see `field_f32`): exact products, fp32 sums, for 2^-62 <= |x| < 2^43 (about 2e-19 to
+    9e12; all of fp16's range). A bf16/fp32 element of x at or above 2^43 can make every output inf or NaN (where
+    it meets the field lifted most); elements far below 2^-62 lose precision and, below ~1e-26, count as 0. The
+    offset of the stored codes (128 here, 8 for int4) comes off as that times the sum of x per word, so an x with a
+    large mean loses a few bits to cancellation.
+
+    Raises:
+        ValueError: shape mismatches, M = 0. TypeError: wrong dtypes. Warns once for M > 16 (correct, slow).
+    """
+    check_tensors("int8_matmul", ACT_DTYPES, x=x)
+    check_are_tensors("int8_matmul", w_q=w_q, scales=scales)
+    if w_q.dtype != torch.int8 or not scales.is_floating_point():
+        raise TypeError(f"int8_matmul: w_q must be int8 and scales float, got {w_q.dtype} and {scales.dtype}")
+    if w_q.dim() != 2 or scales.shape != (w_q.shape[0],):
+        raise ValueError(f"int8_matmul: w_q must be (N, K) and scales (N,), got {tuple(w_q.shape)} and "
+                         f"{tuple(scales.shape)}")
+    if w_q.device != x.device or scales.device != x.device:
+        raise ValueError(f"int8_matmul: x, w_q, scales must be on one device ({x.device}, {w_q.device}, "
+                         f"{scales.device})")
+    N, K = w_q.shape
+    check_x("int8_matmul", x, K)
+    scales = scales.contiguous()  # the kernels read scales[n] at offset n
+    M = x.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 1 and word_rows(w_q, K, 4):  # batch-1 decode: the CUDA-core GEMV
+        ws, cnt = split_k.scratch(x.device, N)
+        with zero_on_error(cnt):
+            _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+                x, w_q, scales, y, ws, cnt,
+                N, K,
+                x.stride(1), w_q.stride(0) // 4, y.stride(1), ws.stride(0),
+            )
+        return y
+    grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+    _int8_matmul_kernel[grid](
+        x, w_q, scales, y,
+        M, N, K,
+        x.stride(0), x.stride(1), w_q.stride(0), w_q.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=BLOCK_M, IEEE=x.dtype == torch.float32,
+    )
+    return y
+
+
+if __name__ == "__main__":
+    demo_needs_cuda("int8_matmul")
+    from triton.testing import do_bench
+
+    from .weight_quant import quantize_int8
+
+    torch.manual_seed(0)
+    for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        w8, s8 = quantize_int8(w)
+        for M in (1, 16):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ms_bf16, ms8 = do_bench(lambda: x @ w.T), do_bench(lambda: int8_matmul(x, w8, s8))
+            print(f"N={N} K={K} M={M:2d}: bf16 {ms_bf16 * 1e3:6.1f} us  int8 {ms8 * 1e3:6.1f} us "
+                  f"(x{ms_bf16 / ms8:.2f})")

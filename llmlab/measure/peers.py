@@ -1,0 +1,100 @@
+"""The bench's peer: Hugging Face transformers `generate` on the SAME weights as the llmlab model.
+
+`hf_peer_model` builds a transformers model that shares llmlab's weight tensors (no copy); `run_hf` runs a
+workload with its `generate`, all requests as ONE left-padded batch with an attention mask (its normal way), eager
+or with its static cache (which transformers compiles on a GPU). Greedy decoding; EOS is ignored, so every request
+generates exactly its new tokens, as the llmlab rows do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmlab.engine import LLM
+from llmlab.measure.bench_metrics import Call, Run
+from llmlab.measure.timing import StepTimer, sync
+
+
+def hf_peer_model(llm: LLM):
+    """A transformers `AutoModelForCausalLM` that SHARES llmlab's weight tensors (no copy, same device and dtype).
+
+    Built from `llm.config.to_hf_config()`, then `load_state_dict(..., assign=True)` with llmlab's parameters
+    (names: 'model.' + llmlab's, lm_head tied where the config says so). Raises ImportError without transformers,
+    RuntimeError if a weight would be left at its random initialisation.
+    """
+    import transformers
+
+    hf_cfg = llm.config.to_hf_config()
+    cfg = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
+    with torch.device(llm.device):
+        hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=llm.dtype, attn_implementation="sdpa")
+    wanted = set(hf.state_dict())
+    ours = {("model." + k if k != "lm_head.weight" else k): v for k, v in llm.model.state_dict().items()}
+    state = {k: v for k, v in ours.items() if k in wanted}
+    missing = wanted - set(state)
+    if llm.config.tie_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise RuntimeError(f"transformers model has weights llmlab does not: {sorted(missing)[:5]}")
+    hf.load_state_dict(state, strict=False, assign=True)
+    if llm.config.tie_embeddings:
+        hf.tie_weights()
+        if hf.lm_head.weight.data_ptr() != llm.model.embed_tokens.weight.data_ptr():
+            hf.lm_head.weight = hf.model.embed_tokens.weight
+    hf.to(llm.device)  # the parameters are llmlab's already; this moves any buffer built elsewhere (RoPE tables)
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.eos_token_id = None  # never stop early: every request generates all its tokens
+    return hf.eval()
+
+
+class _StepClock:
+    """Marks step boundaries from inside Hugging Face `generate` (a logits processor runs once per new token).
+
+    CUDA events are recorded into the stream (no host synchronisation added); on a CPU the host clock is read.
+    """
+
+    def __init__(self, device: torch.device):
+        self.timer = StepTimer(device)
+
+    def __call__(self, input_ids, scores):
+        self.timer.mark()
+        return scores
+
+
+def run_hf(hf, prompts: list[list[int]], new_tokens: int, static: bool, pad_id: int = 0) -> Run:
+    """Run a workload with Hugging Face `generate`: all requests as ONE batch, left-padded with an attention mask.
+
+    Greedy, exactly `new_tokens` new tokens (min_new_tokens = max_new_tokens). static=True adds
+    `cache_implementation="static"` (transformers then compiles the forward pass on a GPU). Step times come from
+    a logits processor that marks a CUDA event each time a token is chosen.
+    """
+    from transformers import LogitsProcessorList
+
+    device = next(hf.parameters()).device
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), T), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):] = torch.tensor(p)
+        mask[i, T - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    clock = _StepClock(device)
+    extra = {"cache_implementation": "static"} if static else {}
+    sync(device)
+    clock.timer.start()
+    out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, logits_processor=LogitsProcessorList([clock]), pad_token_id=pad_id,
+                      **extra)
+    step_ms = clock.timer.step_ms()
+    tokens = out[:, T:].tolist()
+    return Run([Call(list(range(len(prompts))), [len(p) for p in prompts], step_ms, tokens)])
+
+
+def transformers_version() -> str:
+    """transformers' version, "?" where it is not installed."""
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:
+        return "?"
