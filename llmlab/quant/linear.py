@@ -1,0 +1,224 @@
+"""Weight-only quantized linear layers: `Int8Linear` and `Int4Linear`, drop-in replacements for `nn.Linear`.
+
+Only the WEIGHTS are stored in 8 or 4 bits; activations stay in the model's dtype (fp32 / fp16 / bf16) and every
+product is computed in that dtype (or fp32). At decode time a linear layer is memory-bound (each weight is read once
+per step and used for a handful of multiply-adds), so storing it in fewer bytes makes the step faster by about the
+ratio of bytes; `weight_bytes()` gives those bytes, for model-bandwidth-utilisation (MBU) numbers.
+
+The formats are those of `llmlab.kernels.weight_quant` (this module only wraps them in nn.Modules):
+
+  int8, per output channel, SYMMETRIC:
+      w_q (N, K) int8 in [-127, 127], scales (N,) fp32 = max |W[n, :]| / 127
+      W[n, k] ~= w_q[n, k] * scales[n]
+  int4, group-wise (G = group_size consecutive inputs of one row share a scale), SYMMETRIC, two values per byte:
+      packed (N, K // 2) uint8, scales (N, K // G) fp32 = max |W[n, group]| / 7
+      W[n, k] ~= (u[n, k] - 8) * scales[n, k // G],   u in 0..15 the 4-bit code,
+      packed[n, j] = u[n, 2j] | (u[n, 2j + 1] << 4)   (even k in the low nibble, odd k in the high nibble)
+
+Symmetric or zero-point? Both formats are SYMMETRIC: there are no zero points. The code `u - 8` is a signed value
+in -8..7 centred on 0, and the scale is chosen from the group's largest magnitude, so 0.0 is always represented
+exactly and -8 is never produced (the quantizer clamps to -7..7 in effect: round(w / (absmax / 7)) lies in
+[-7, 7]). Why symmetric: (1) the Triton kernels `int8_matmul` / `int4_matmul` take only (packed, scales), so the
+format must be what they read; (2) trained LLM weights are close to zero-mean within a row or a group of 32-128, so
+a zero point buys little; (3) one fewer tensor to read per group and one fewer subtraction per weight in the
+kernel. What it costs: one of the 16 int4 codes (-8) is unused and a lopsided group (all weights of one sign) uses
+only half of the code range. Asymmetric (zero-point) int4, as used by AWQ (Lin et al.,
+https://arxiv.org/abs/2306.00978) and many GPTQ (Frantar et al., https://arxiv.org/abs/2210.17323) checkpoints,
+would add `zeros (N, K // G)` and compute (u - z) * s. Those papers also choose the rounding (GPTQ: error feedback
+from second-order statistics) or rescale salient channels (AWQ: activation-aware scaling); here rounding is plain
+round-to-nearest, the baseline both papers improve on.
+
+The module-swap idea (replace each nn.Linear by a quantized module that holds packed weights as buffers and keeps
+the model code unchanged) is gpt-fast's (https://github.com/pytorch-labs/gpt-fast, quantize.py).
+
+Forward, y = x @ dequant(W)^T + bias, x (..., K) -> y (..., N) in x's dtype:
+  * on a CUDA device, with 1..16 rows (M = the product of x's leading dimensions) and a Triton install: the fused
+    kernel `llmlab.kernels.int8_matmul.int8_matmul` / `llmlab.kernels.int4_matmul.int4_matmul`, which reads the
+    packed weights and converts them in registers (the decode case);
+  * otherwise (a CPU, more than 16 rows i.e. prefill, no Triton): plain PyTorch, dequantize to x's dtype and call
+    F.linear. This materialises an (N, K) copy of the weight per call, so it saves memory at rest, not bandwidth.
+Triton is imported lazily, at the first call that takes the kernel path: `import llmlab.quant` does not import it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from llmlab.kernels.weight_quant import (ACT_DTYPES, BLOCK_M, dequantize_int4, dequantize_int8, quantize_int4,
+                                         quantize_int8)
+
+__all__ = ["QuantizedLinear", "Int8Linear", "Int4Linear", "KERNEL_MAX_M"]
+
+KERNEL_MAX_M = BLOCK_M  # rows up to which the fused kernels are used (one 16-row tile: W is read once)
+
+_warned_no_triton = False
+
+
+def _check_linear(op: str, linear) -> None:
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"{op}: expected an nn.Linear, got {type(linear).__name__}; quantize a model's layers with "
+                        f"llmlab.quant.quantize_model(model, ...)")
+
+
+class QuantizedLinear(nn.Module):
+    """What `Int8Linear` and `Int4Linear` share: shapes, the bias, the forward dispatch, `weight_bytes`.
+
+    Attributes:
+        in_features (K), out_features (N): as nn.Linear's.
+        bias: (N,) buffer in the original layer's dtype, or None. Not quantized.
+        orig_dtype: the dtype of the original weight (what `dequantize_model` restores).
+        use_kernel: True (default) lets the forward use the Triton kernel on CUDA for M <= 16; False forces the
+            PyTorch path everywhere (a switch for comparing the two).
+    """
+
+    scheme = ""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, orig_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.orig_dtype = orig_dtype
+        self.use_kernel = True
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    # -- to be provided by the subclasses -------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The (N, K) weight the packed values stand for, in `dtype`."""
+        raise NotImplementedError
+
+    def packed_tensors(self) -> list[torch.Tensor]:
+        """The tensors that hold the weight (packed values, scales, zero points if any): what `weight_bytes` sums."""
+        raise NotImplementedError
+
+    def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        """Bytes of the stored weight: packed values + scales (+ zero points; these formats have none). The bias is
+        not included (it is not quantized; `llmlab.quant.weight_bytes(model)` counts it with the other tensors)."""
+        return sum(t.numel() * t.element_size() for t in self.packed_tensors())
+
+    def _kernel_ok(self, x2d: torch.Tensor) -> bool:
+        return (self.use_kernel and x2d.is_cuda and 1 <= x2d.shape[0] <= KERNEL_MAX_M
+                and x2d.dtype in ACT_DTYPES and self.packed_tensors()[0].device == x2d.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., K) float -> (..., N) in x's dtype: x @ dequant(W)^T + bias (see the module docstring for which
+        path runs). Raises ValueError when x's last dimension is not K."""
+        global _warned_no_triton
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: x has last dimension {x.shape[-1]}, the layer expects "
+                             f"in_features = {self.in_features}")
+        x2d = x.reshape(-1, self.in_features)
+        if self._kernel_ok(x2d):
+            try:
+                y = self._kernel(x2d)
+            except ImportError as e:  # no triton on this machine: the PyTorch path gives the same answer
+                if not _warned_no_triton:
+                    _warned_no_triton = True
+                    warnings.warn(f"{type(self).__name__}: the Triton kernel cannot be imported ({e}); using "
+                                  f"dequantize + F.linear instead", stacklevel=2)
+                self.use_kernel = False
+            else:
+                if self.bias is not None:
+                    y = y + self.bias.to(y.dtype)
+                return y.reshape(*x.shape[:-1], self.out_features)
+        w = self.dequantize(x.dtype)
+        return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"scheme={self.scheme}")
+
+
+class Int8Linear(QuantizedLinear):
+    """nn.Linear with its weight stored as int8, one fp32 scale per output channel (row), symmetric.
+
+    Buffers: w_q (N, K) int8, scales (N,) fp32, bias (N,) or None. Bytes: N*K + 4*N (vs 2*N*K in bf16).
+    """
+
+    scheme = "int8"
+
+    def __init__(self, w_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 orig_dtype: torch.dtype = torch.float32):
+        N, K = w_q.shape
+        super().__init__(K, N, bias, orig_dtype)
+        self.register_buffer("w_q", w_q)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, name: str | None = None) -> "Int8Linear":
+        """Quantize `linear` (any float dtype, any device; it is left unchanged) into a new Int8Linear on the same
+        device. `name` names the layer in error messages.
+
+        Raises:
+            TypeError: `linear` is not an nn.Linear.
+            ValueError: its weight holds NaN or inf (from `quantize_int8`).
+        """
+        _check_linear("Int8Linear.from_linear", linear)
+        with torch.no_grad():
+            w_q, scales = quantize_int8(linear.weight.detach(), name=name)
+        return cls(w_q, scales, linear.bias, linear.weight.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) weight w_q * scales[:, None], computed in fp32 then cast to `dtype`."""
+        return dequantize_int8(self.w_q, self.scales).to(dtype)
+
+    def packed_tensors(self) -> list[torch.Tensor]:
+        return [self.w_q, self.scales]
+
+    def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
+        from llmlab.kernels.int8_matmul import int8_matmul  # lazy: imports triton
+        return int8_matmul(x2d, self.w_q, self.scales)
+
+
+class Int4Linear(QuantizedLinear):
+    """nn.Linear with its weight stored as int4, two per byte, one fp32 scale per group of `group_size` inputs of a
+    row, symmetric (no zero points; see the module docstring).
+
+    Buffers: packed (N, K // 2) uint8, scales (N, K // group_size) fp32, bias (N,) or None.
+    Bytes: N*K/2 + 4*N*K/group_size (at group_size 128: 0.53 bytes per weight, vs 2 in bf16).
+    """
+
+    scheme = "int4"
+
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 orig_dtype: torch.dtype = torch.float32):
+        N, half = packed.shape
+        super().__init__(2 * half, N, bias, orig_dtype)
+        self.group_size = 2 * half // scales.shape[1]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, name: str | None = None) -> "Int4Linear":
+        """Quantize `linear` (any float dtype, any device; it is left unchanged) into a new Int4Linear on the same
+        device, one scale per `group_size` consecutive inputs. `name` names the layer in error messages.
+
+        Raises:
+            TypeError: `linear` is not an nn.Linear; group_size is not an int.
+            ValueError: in_features not a multiple of 32; group_size not a positive multiple of 32 that divides
+                in_features; NaN or inf weights (all from `llmlab.kernels.weight_quant.quantize_int4`).
+        """
+        _check_linear("Int4Linear.from_linear", linear)
+        with torch.no_grad():
+            packed, scales = quantize_int4(linear.weight.detach(), group_size, name=name)
+        return cls(packed, scales, linear.bias, linear.weight.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) weight (code - 8) * its group's scale, computed in fp32 then cast to `dtype`."""
+        return dequantize_int4(self.packed, self.scales).to(dtype)
+
+    def packed_tensors(self) -> list[torch.Tensor]:
+        return [self.packed, self.scales]
+
+    def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
+        from llmlab.kernels.int4_matmul import int4_matmul  # lazy: imports triton
+        return int4_matmul(x2d, self.packed, self.scales)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}"

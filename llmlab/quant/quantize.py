@@ -1,0 +1,171 @@
+"""Quantize a loaded model by swapping modules: every nn.Linear of the decoder layers becomes an `Int8Linear` or
+`Int4Linear` (llmlab/quant/linear.py), in place; the model's code does not change (gpt-fast's approach,
+https://github.com/pytorch-labs/gpt-fast).
+
+    model = llmlab.load().model
+    quantize_model(model, "int8")                 # q/k/v/o and gate/up/down of every layer
+    quantize_model(model2, "int4", group_size=64) # int4, one scale per 64 inputs
+    weight_bytes(model)                           # bytes the weights now occupy
+    dequantize_model(model)                       # back to nn.Linear (with the rounded weights)
+
+What is swapped: every nn.Linear inside the model except `lm_head` (unless include_lm_head=True). In a
+`llmlab.model.Transformer` that is q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj of each layer. The
+token embedding (an nn.Embedding) and the RMSNorm gains are never touched. With tied embeddings (lm_head.weight IS
+embed_tokens.weight) quantizing lm_head gives it its own int8/int4 copy; the embedding keeps the original values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .linear import Int4Linear, Int8Linear, QuantizedLinear
+
+__all__ = ["SCHEMES", "GROUP_SIZES", "quantize_model", "dequantize_model", "is_quantized", "quantized_layers",
+           "weight_bytes"]
+
+SCHEMES = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)  # the int4 group sizes this course uses (the kernels accept any multiple of 32)
+
+
+def _check_model(op: str, model) -> None:
+    if not isinstance(model, nn.Module):
+        hint = " (an LLM: pass llm.model)" if isinstance(getattr(model, "model", None), nn.Module) else ""
+        raise TypeError(f"{op}: expected a torch.nn.Module{hint}, got {type(model).__name__}")
+
+
+def _targets(model: nn.Module, include_lm_head: bool) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """(full name, parent, attribute, linear) of every nn.Linear to swap, in module order."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        for attr, child in parent.named_children():
+            name = f"{parent_name}.{attr}" if parent_name else attr
+            if type(child) is nn.Linear and (include_lm_head or name != "lm_head"):
+                found.append((name, parent, attr, child))
+    return found
+
+
+def quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
+    """{name: module} of the model's quantized linear layers (empty when it is not quantized)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """True when any of the model's modules is an Int8Linear or Int4Linear."""
+    _check_model("is_quantized", model)
+    return bool(quantized_layers(model))
+
+
+def _check_group_size(group_size, targets) -> None:
+    """The int4 group size must divide the input dimension of every layer to be swapped; checked for all layers
+    before any is swapped, so a refused call leaves the model as it was."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"quantize_model: group_size must be an int, one of {GROUP_SIZES}; got {group_size!r}")
+    ks = sorted({lin.in_features for _, _, _, lin in targets})
+    valid = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
+    bad = [(name, lin.in_features) for name, _, _, lin in targets
+           if group_size <= 0 or group_size % 32 or lin.in_features % group_size]
+    if bad:
+        name, k = bad[0]
+        choices = (f"valid choices for this model: {', '.join(map(str, valid))}" if valid else
+                   f"no group size of {GROUP_SIZES} divides every input dimension {ks}; use scheme='int8'")
+        raise ValueError(f"quantize_model: group_size={group_size} does not fit {name} (in_features K = {k}): the "
+                         f"group size must be a positive multiple of 32 that divides every layer's K ({ks}); "
+                         f"{choices}")
+
+
+def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128,
+                   include_lm_head: bool = False) -> nn.Module:
+    """Replace the model's linear layers by weight-only quantized ones, in place. Returns the model.
+
+    Args:
+        model: a `llmlab.model.Transformer` (or any nn.Module; its nn.Linear children are swapped). Its device
+            and dtype are kept: the packed weights live where the weights were.
+        scheme: "int8" (per output channel) or "int4" (group-wise, two per byte). Both symmetric.
+        group_size: int4 only (ignored for int8): inputs per scale; 32, 64 or 128 (128 is the usual choice:
+            smaller groups track the weights more closely and cost more scale bytes).
+        include_lm_head: also quantize the output projection `lm_head` (off by default: it is the layer most
+            sensitive to rounding, and with tied embeddings it shares its weight with the embedding).
+
+    Raises:
+        TypeError: model is not an nn.Module (an `LLM`: pass llm.model); group_size not an int.
+        ValueError: an unknown scheme; a model already quantized (dequantize_model first, or reload it); a model
+            whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out first); a group size
+            that does not divide some layer's input dimension (the message names group_size and the valid
+            choices); no linear layer to quantize; a weight with NaN or inf.
+    """
+    _check_model("quantize_model", model)
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantize_model: unknown scheme {scheme!r}; use one of {SCHEMES}")
+    if is_quantized(model):
+        raise ValueError(f"quantize_model: the model is already quantized ({len(quantized_layers(model))} layers); "
+                         f"quantizing twice would round the rounded weights again. Call "
+                         f"llmlab.quant.dequantize_model(model) first, or reload the model")
+    swapped = [n for n, m in model.named_modules() if type(m).__module__ == "llmlab.kernels.modules"]
+    if swapped:
+        raise ValueError(f"quantize_model: {swapped[0]} is a Triton-kernel module (the 'Triton kernels' switch), "
+                         f"which fuses the layers' weights; call llmlab.kernels.modules.swap_out(model) first")
+    targets = _targets(model, include_lm_head)
+    if not targets:
+        raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
+    if scheme == "int4":
+        _check_group_size(group_size, targets)
+    for name, parent, attr, linear in targets:
+        if scheme == "int8":
+            q = Int8Linear.from_linear(linear, name=name + ".weight")
+        else:
+            q = Int4Linear.from_linear(linear, group_size, name=name + ".weight")
+        q.train(linear.training)
+        setattr(parent, attr, q)
+    return model
+
+
+def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Undo `quantize_model`'s swap, in place: each quantized layer becomes an nn.Linear holding its DEQUANTIZED
+    weight (the rounded values, not the original ones: quantization is lossy) in `dtype` (default: the original
+    layer's dtype). A quantized lm_head of a model with tied embeddings is re-tied to the embedding (which was never
+    quantized, so that restores the original exactly). Returns the model; a model with no quantized layer is
+    returned unchanged."""
+    _check_model("dequantize_model", model)
+    tie = getattr(getattr(model, "config", None), "tie_embeddings", False)
+    for parent_name, parent in list(model.named_modules()):
+        for attr, child in list(parent.named_children()):
+            if not isinstance(child, QuantizedLinear):
+                continue
+            dt = dtype or child.orig_dtype
+            lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                            device=child.scales.device, dtype=dt)
+            with torch.no_grad():
+                if tie and not parent_name and attr == "lm_head" and hasattr(model, "embed_tokens"):
+                    lin.weight = model.embed_tokens.weight
+                else:
+                    lin.weight.copy_(child.dequantize(dt))
+                if child.bias is not None:
+                    lin.bias.copy_(child.bias)
+            lin.train(child.training)
+            setattr(parent, attr, lin)
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights occupy: the quantized layers' packed values + scales (`QuantizedLinear.
+    weight_bytes`), plus every other parameter and float buffer (embedding, norms, biases, unquantized layers)
+    at its own dtype; a tensor shared by two modules (tied embeddings) counts once. Non-weight buffers (RoPE
+    tables: `inv_freq`, `cos`/`sin` caches) are not weights and are left out.
+
+    This is what one decode step must read (the weights part of it), the numerator of MBU."""
+    _check_model("weight_bytes", model)
+    seen: set[int] = set()
+    total = 0
+    packed_ids = set()
+    for m in quantized_layers(model).values():
+        for t in m.packed_tensors():
+            packed_ids.add(id(t))
+            total += t.numel() * t.element_size()
+    for name, t in list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers()
+                                                       if n.endswith(".bias")]:
+        if id(t) in packed_ids or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
