@@ -253,6 +253,28 @@ class LLM:
         llm.kernels = None if self.kernels is None else self.kernels.for_model(model)
         return llm
 
+    def quantize(self, scheme: str, group_size: int = 128, include_lm_head: bool = False,
+                 inplace: bool = False) -> "LLM":
+        """This LLM with weight-only quantized linear layers (`llmlab.quant.quantize_model`).
+
+        scheme: "int8" (per output channel) or "int4" (group-wise, `group_size` inputs per scale). The embedding
+        stays as it is; lm_head only with include_lm_head. Returns a new LLM on a copy of the model (the original
+        keeps its weights, for side-by-side comparisons), or self when inplace=True (no second copy in memory).
+        Raises ValueError, before changing anything, for a scheme or group size the layers cannot take, a model
+        already quantized, or the "Triton kernels" switch on (its fused decode step reads unquantized weights).
+        """
+        from llmlab.quant import quantize_model
+
+        if self.kernels is not None:
+            raise ValueError("quantize: the Triton kernels switch is on, and its fused decode step reads the "
+                             "unquantized weights; quantize the LLM without it (apply the switch afterwards)")
+        llm = self if inplace else LLM(copy.deepcopy(self.model), self.tokenizer, name=self.name,
+                                       random_weights=self.random_weights)
+        quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
+        llm.runners = RunnerCache()  # graphs captured before hold the old layers
+        llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "")
+        return llm
+
     def encode(self, text: str) -> list[int]:
         """Text -> token ids (with BOS where the tokenizer's post-processor adds one). Raises ValueError without a
         tokenizer or for text that is not valid Unicode; TypeError for anything but a str."""

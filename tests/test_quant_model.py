@@ -149,3 +149,19 @@ def test_perplexity_and_agreement_refuse_bad_input():
     with pytest.raises(ValueError, match="non-empty list of prompts"):
         greedy_agreement(model, model, [1, 2, 3], n_tokens=2)
     assert greedy_agreement(model, model, [[1, 2, 3], [4, 5]], n_tokens=4) == 1.0
+
+
+def test_llm_quantize_returns_a_quantized_copy_and_keeps_the_original():
+    import llmlab
+    from llmlab.quant import is_quantized
+
+    llm = llmlab.load()
+    q = llm.quantize("int8")
+    assert is_quantized(q.model) and not is_quantized(llm.model)
+    assert len(q.generate("The list", max_new_tokens=4).token_ids[0]) == 4  # decodes
+    with pytest.raises(ValueError, match="already"):
+        q.quantize("int8")
+    assert len(q.generate("The list", max_new_tokens=2).token_ids[0]) == 2  # still usable after the refusal
+    with pytest.raises(ValueError, match="group_size"):
+        llm.quantize("int4", group_size=128)  # 704-wide MLP input: 128 does not divide it
+    assert not is_quantized(llm.model)
