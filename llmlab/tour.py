@@ -18,6 +18,7 @@ from llmlab.checkpoint import DEFAULT_MODEL_DIR, resolve
 from llmlab.engine import LLM, check_text_prompt
 from llmlab.envinfo import device_name
 from llmlab.generate import format_ms
+from llmlab.measure.timing import cpu_threads_for, intra_op_threads
 from llmlab.ladder import LADDER, available_steps
 from llmlab.switches import apply_switches
 
@@ -52,23 +53,8 @@ def default_model_note(llm: LLM) -> str:
             f"the quality of the text)")
 
 
-def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The list",
-             max_new_tokens: int = 128, repeats: int = 3, print_fn=print) -> list[dict]:
-    """Run every setting `repeats` times (after one warm-up) and print a table of medians.
-
-    Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
-    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
-    max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
-    Raises ValueError for a prompt that is empty or only whitespace, before the model loads.
-    """
-    check_text_prompt(prompt)
-    folder = resolve(model)
-    llm = LLM.load(folder, device=device, dtype=dtype)
-    print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
-             f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
-    print_fn(device_line(llm))
-    shown = prompt if len(prompt) <= 80 else prompt[:80] + f"... ({len(prompt)} characters)"
-    print_fn(f"prompt {shown!r}, {max_new_tokens} new token{'s' if max_new_tokens != 1 else ''}, greedy, median of {repeats} runs\n")
+def _time_settings(llm: LLM, prompt: str, max_new_tokens: int, repeats: int) -> tuple[list[dict], list]:
+    """Each tour setting run `repeats` times after one warm-up: (rows of medians, the ladder's skipped steps)."""
     rows, reference = [], None
     _, skipped = available_steps(llm)
     for setting in tour_settings(llm):
@@ -88,6 +74,32 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
             "text": runs[0].text,
             "note": setting.note,
         })
+    return rows, skipped
+
+
+def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The list",
+             max_new_tokens: int = 128, repeats: int = 3, print_fn=print) -> list[dict]:
+    """Run every setting `repeats` times (after one warm-up) and print a table of medians.
+
+    Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
+    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
+    max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
+    Raises ValueError for a prompt that is empty or only whitespace, before the model loads.
+    """
+    check_text_prompt(prompt)
+    folder = resolve(model)
+    llm = LLM.load(folder, device=device, dtype=dtype)
+    print_fn(f"llmlab tour — {llm.name}: {llm.config.num_params() / 1e6:.1f}M parameters, "
+             f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
+    print_fn(device_line(llm))
+    shown = prompt if len(prompt) <= 80 else prompt[:80] + f"... ({len(prompt)} characters)"
+    print_fn(f"prompt {shown!r}, {max_new_tokens} new token{'s' if max_new_tokens != 1 else ''}, greedy, median of {repeats} runs\n")
+    threads = cpu_threads_for(llm.device, llm.config.num_params())
+    if threads == 1:
+        print_fn("(a small model on a CPU: timed on one intra-op thread, steadier and faster than one per core; "
+                 "set OMP_NUM_THREADS to choose)\n")
+    with intra_op_threads(threads):
+        rows, skipped = _time_settings(llm, prompt, max_new_tokens, repeats)
     base = rows[0]["tokens_per_s"]
     print_fn(f"{'setting':<16}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
     for r in rows:

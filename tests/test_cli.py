@@ -160,3 +160,29 @@ def test_tour_explains_the_default_models_text_only_for_it(tmp_path):
     lines = []
     run_tour(str(folder), device="cpu", max_new_tokens=2, repeats=1, print_fn=lines.append)
     assert not any("toy model" in line for line in lines)
+
+
+def test_a_small_model_on_a_cpu_is_timed_on_one_thread(monkeypatch):
+    import torch
+
+    from llmlab.measure.timing import SMALL_CPU_MODEL, cpu_threads_for, intra_op_threads
+    from llmlab.tour import run_tour
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_threads_for("cpu", 7.7e6) == 1
+    assert cpu_threads_for("cpu", SMALL_CPU_MODEL) is None  # a large model's matrices are worth splitting
+    assert cpu_threads_for("cuda", 7.7e6) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_threads_for("cpu", 7.7e6) is None  # the user's choice wins
+    monkeypatch.delenv("OMP_NUM_THREADS")
+
+    before = torch.get_num_threads()
+    seen = []
+    with intra_op_threads(1):
+        seen.append(torch.get_num_threads())
+    assert seen == [1] and torch.get_num_threads() == before
+
+    lines = []
+    run_tour("default", device="cpu", max_new_tokens=2, repeats=1, print_fn=lines.append)
+    assert any("one intra-op thread" in line for line in lines)
+    assert torch.get_num_threads() == before

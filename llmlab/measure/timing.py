@@ -8,9 +8,13 @@ done when the call returns and the host clock is right.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import torch
+
+SMALL_CPU_MODEL = 50e6  # parameters below which a CPU decode runs on one intra-op thread (`cpu_threads_for`)
 
 
 def sync(device: torch.device | str) -> None:
@@ -19,6 +23,29 @@ def sync(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cpu_threads_for(device: torch.device | str, n_params: float) -> int | None:
+    """How many intra-op threads to time a model with: 1 for a small model (< SMALL_CPU_MODEL parameters) on a CPU,
+    unless OMP_NUM_THREADS is set; None (torch's default, one per core) otherwise. A small model's matrices are
+    too small to split: waking the other threads costs more than they save, and on a core shared with other work
+    every step waits for the slowest thread (a 2-core machine with one core busy decoded ~10x slower on two
+    threads than on one)."""
+    if torch.device(device).type != "cpu" or n_params >= SMALL_CPU_MODEL or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return 1
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """Run the block with torch's intra-op thread count set to n (None: left as it is); restored afterwards."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class StepTimer:
