@@ -6,7 +6,6 @@ import os
 import platform
 import subprocess
 from importlib import metadata
-from pathlib import Path
 
 import torch
 

@@ -25,7 +25,7 @@ from llmlab.cache.kv_cache import KVCache
 from llmlab.model import Transformer
 from llmlab.measure.roofline import RunMetrics
 from llmlab.sampling import check_sampling_args, sample, warn_greedy_filters
-from llmlab.measure.timing import StepTimer
+from llmlab.measure.timing import StepTimer, sync
 
 
 @dataclass
@@ -90,11 +90,6 @@ def format_ms(ms: float | None, spec: str = ".2f", unit: str = "") -> str:
     if ms is None or math.isnan(ms):
         return "-"
     return f"{ms:{spec}}{unit}"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def check_max_new_tokens(max_new_tokens) -> None:
@@ -314,7 +309,7 @@ def generate(
     next_input, positions = ids, torch.arange(T, device=device)
     finish = "length"
 
-    _sync(device)
+    sync(device)
     timer = StepTimer(device)
     timer.start()
     for step in range(max_new_tokens):

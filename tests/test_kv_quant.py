@@ -9,7 +9,7 @@ import torch
 from llmlab.generate import generate
 from llmlab.cache.kv_cache import KVCache
 from llmlab.cache.kv_quant import (QuantizedKVCache, dequantize, greedy_agreement, perplexity, quality_report, quantize,
-                             quantized_cache)
+                                   quantized_cache)
 from tiny_models import prompt_ids, tiny_config, tiny_model
 
 

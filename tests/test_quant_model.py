@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from llmlab.generate import generate
-from llmlab.quant import (Int4Linear, Int8Linear, QuantizedLinear, dequantize_model, greedy_agreement,
+from llmlab.quant import (Int4Linear, Int8Linear, dequantize_model, greedy_agreement,
                           is_quantized, perplexity, quantize_model, quantized_layers, weight_bytes)
 from tiny_models import prompt_ids, tiny_model
 

@@ -14,8 +14,8 @@ import torch
 from llmlab import cli
 from llmlab.telemetry import record as record_mod
 from llmlab.engine import LLM
-from llmlab.telemetry.record import (parse_setting, profile_kernels, profile_steps, record_setting, setting_label, setting_slug,
-                           summarize_kernels, summary_table)
+from llmlab.telemetry.record import (parse_setting, profile_kernels, profile_steps, record_setting, setting_label,
+                                     setting_slug, summarize_kernels, summary_table)
 from llmlab.telemetry.trace import load_trace, save_trace
 from tiny_models import tiny_model
 

@@ -9,7 +9,7 @@ import pytest
 from llmlab.measure import roofline
 from llmlab.config import ModelConfig
 from llmlab.telemetry.trace import (DEFAULT_TRACE_DIR, Replay, Trace, find_trace, list_traces, load_trace, load_traces,
-                          replay, save_trace, slug, summarize_run, trace_dir, trace_filename, window_means)
+                                    replay, save_trace, slug, summarize_run, trace_dir, trace_filename, window_means)
 from trace_fixture import FIXTURE, synthetic_trace
 
 

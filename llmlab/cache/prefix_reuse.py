@@ -28,6 +28,7 @@ import torch
 from llmlab.generate import prepare_prompt
 from llmlab.cache.kv_cache import KVCache
 from llmlab.cache.paged_cache import PagedKVCache
+from llmlab.measure.timing import sync
 
 
 @dataclass
@@ -41,11 +42,6 @@ class Turn:
     prefilled: int  # tokens the prefill actually computed
     reused: int  # tokens whose K/V came from the cache
     cache_bytes: int  # KV bytes holding this conversation after the turn (used blocks for the paged cache)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Conversation:
@@ -111,7 +107,7 @@ class Conversation:
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ValueError(f"the conversation would reach {len(prompt) + max_new_tokens} tokens, beyond "
                              f"max_seq_len={self.max_seq_len}; start a new conversation")
-        _sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         if self.mode == "none":
             cache = KVCache(self.model.config, 1, len(prompt) + max_new_tokens, self.dtype, self.device)
@@ -126,7 +122,7 @@ class Conversation:
         try:
             logits = self._forward(prompt[reused:], reused, cache)
             reply = [int(logits.argmax())]
-            _sync(self.device)
+            sync(self.device)
             ttft = (time.perf_counter() - t0) * 1e3
             pos = len(prompt)
             while len(reply) < max_new_tokens and reply[-1] not in stop:
@@ -136,7 +132,7 @@ class Conversation:
                 logits = self._forward([reply[-1]], pos, cache)
                 reply.append(int(logits.argmax()))
                 pos += 1
-            _sync(self.device)
+            sync(self.device)
         except BaseException:  # an error or an interrupt (Ctrl-C) part-way: the history is left as it was, and
             if self.mode == "paged":  # blocks hashed for tokens whose K/V may not be written must not be reused
                 cache.blocks.forget_prefix(0, reused)

@@ -40,10 +40,10 @@ from typing import Callable
 import torch
 
 from llmlab.runtime.cuda_graphs import MODES, GraphDecoder, RunnerCache
-from llmlab.generate import (Generation, _sync, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
-                       to_device)
+from llmlab.generate import (Generation, check_flags, check_on_token, check_seed, make_generator, prepare_prompt,
+                             to_device)
 from llmlab.sampling import check_sampling_args, sample, warn_greedy_filters
-from llmlab.measure.timing import StepTimer
+from llmlab.measure.timing import StepTimer, sync
 
 
 class _Collector:
@@ -228,7 +228,7 @@ def generate_fast(
     if prefill_graph:
         runner.capture_prefill(ids)  # now, untimed, as the decode graphs were
 
-    _sync(device)
+    sync(device)
     timer = StepTimer(device)
     timer.start()
     steps_run = 0
