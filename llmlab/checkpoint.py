@@ -23,7 +23,7 @@ from llmlab.model import Transformer
 DEFAULT_MODEL_NAME = "pydoc-llama"
 DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / DEFAULT_MODEL_NAME
 _FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors",
-          "model.safetensors.index.json"]
+          "model.safetensors.index.json", "quant_config.json"]  # the last: a quantized folder (llmlab.quant.serialize)
 
 
 def default_model_dir() -> Path:

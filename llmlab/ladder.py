@@ -15,13 +15,16 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
                      INSTEAD of torch.compile's: CUDA graphs + these kernels, to compare hand fusion with Inductor's
     +step_tuning     the Triton kernels' configs chosen by timing the whole decode step (llmlab.kernels.step_tuning)
     +prefill_graphs  the prefill replayed from CUDA graphs too (prompt padded to a length bucket): a shorter TTFT
+    +int8            (side rung) weight-only int8 linear layers (llmlab.quant): half the bytes per decode step
+    +int4            (side rung) weight-only int4, one scale per 128 inputs: about a quarter of the bytes
+                     Both run on top of every rung below them; rungs added above keep the loaded weights
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
 
     from llmlab.ladder import LadderStep, register_step
-    register_step(LadderStep("+int8", {"weights": "int8"}, "weight-only int8: half the bytes per token",
-                             weights="int8"))   # with a "weights" switch registered first; until then, skipped
+    register_step(LadderStep("+int4_g32", {"weights": "int4-g32"}, "int4 weights, one scale per 32 inputs",
+                             weights="int4", weight_bytes_per_param=0.5 + 4 / 32))   # on top of the ladder
 
 The registries live in the Python process: `run_tour` / `run_bench` called after these lines climb the new rung
 (a notebook, a script); the `llmlab` command starts a new process with the built-in rungs only.
@@ -264,3 +267,12 @@ register_step(LadderStep("+prefill_graphs", {"prefill_graphs": True},
                          "once per bucket): a 128-token prefill launches as many kernels as a decode step, so the "
                          "time to the first token was the eager launch time",
                          gpu_only="CUDA graphs record and replay GPU kernel launches; a CPU has none"))
+register_step(LadderStep("+int8", {"weights": "int8"},
+                         "weight-only int8, one scale per output channel (llmlab.quant): half of bf16's bytes per "
+                         "weight, so a bandwidth-bound step should take about half the time; lm_head stays bf16",
+                         label="int8 weights", weights="int8", cumulative=False))
+register_step(LadderStep("+int4", {"weights": "int4"},
+                         "weight-only int4 in groups of 128 inputs per scale (llmlab.quant): a quarter of bf16's bytes "
+                         "plus the scales; lm_head stays bf16",
+                         label="int4 weights (g128)", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
+                         cumulative=False))

@@ -137,6 +137,32 @@ register(Switch("dtype", "dtype", None, "weights and activations in fp32, bf16 o
                 choices=(None, "fp32", "bf16", "fp16")))
 
 
+# -- lab 04: weight-only quantization (llmlab.quant) --------------------------------------------------------------
+# Runs a quantized COPY of the model (the loaded one keeps its weights for the other rows). Registered before the
+# kernel switches: the "Triton kernels" switch, applied after it, swaps its modules into the quantized copy (their
+# q/k/v and gate/up GEMVs then run on the packed weights: llmlab.quant.fused).
+
+WEIGHT_FORMATS = {"int8": ("int8", None), "int4": ("int4", 128), "int4-g64": ("int4", 64), "int4-g32": ("int4", 32)}
+
+
+def _weights(llm: LLM, value: str | None, kwargs: dict) -> LLM:
+    if value is None:
+        return llm
+    scheme, group_size = WEIGHT_FORMATS[value]
+    if llm.kernels is not None:  # the loaded model may hold the kernel modules from an earlier row: put the
+        from llmlab.kernels import modules  # PyTorch ones back before copying (the copy gets its own later)
+
+        modules.swap_out(llm.model)
+        llm.kernels = None
+    return llm.quantize(scheme, group_size=group_size or 128)
+
+
+register(Switch("weights", "weights", None,
+                "store the linear layers' weights in int8 (one scale per output channel) or int4 (one scale per "
+                "group of 128, 64 or 32 inputs) and dequantize them in the matmul: fewer bytes per decode step",
+                _weights, choices=(None, *WEIGHT_FORMATS)))
+
+
 # -- system-overhead fixes (llmlab.runtime.cuda_graphs, llmlab.runtime.fast_generate) ------------------------------------------
 # Each sets one `LLM.generate` keyword; any of cuda_graphs / torch_compile / gpu_sampling routes the call to
 # `generate_fast` (static KV cache). Turning several on combines them (graphs + compile = "compile+graphs").

@@ -52,11 +52,11 @@ def test_quick_chat_writes_one_valid_file(chat_doc):
 def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     doc, _ = chat_doc
     steps = [r["step"] for r in doc["results"]]
-    assert steps == ["no_kv_cache", "eager", "hf_eager", "hf_static", "roofline"]
+    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "hf_eager", "hf_static", "roofline"]
     for r in doc["results"]:
         assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
         assert r["workload"] == "chat" and r["model"] == "pydoc-llama" and r["batch_size"] == 1
-        assert r["weights"] == "fp32"
+        assert r["weights"] == {"+int8": "int8", "+int4": "int4"}.get(r["step"], "fp32")
         assert r["tokens_per_s"] > 0
         assert r["gpu_util"] is None and r["sm_active"] is None and r["peak_mem_GB"] is None  # not a GPU run
     rows = {r["step"]: r for r in doc["results"]}
@@ -461,7 +461,7 @@ def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
     assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
-    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager;" in err and "--peers" in err
+    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4;" in err and "--peers" in err
     assert not list(tmp_path.iterdir())
     llm = LLM(tiny_model(seed=0), name="tiny")
     with pytest.raises(bench.NothingToRun, match="nothing to measure"):

@@ -4,7 +4,9 @@
 # network). "main" (the default, ~6 min) runs `llmlab bench` on the chat workload for the Llama-3.2-1B shape (random
 # bf16 weights) and for the shipped default model, every rung of the ladder with Hugging Face's eager and
 # static-cache `generate` as peers, then `llmlab profile` of the 1B shape's eager and CUDA-graph decode; "extra"
-# (~7 min) runs the batch (64 requests) and long (8K context) workloads on the 1B shape from eager up, with peers.
+# (~7 min) runs the batch (64 requests) and long (8K context) workloads on the 1B shape from eager up, with peers;
+# "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
+# weight-only +int8 and +int4 rungs (no peers; the GPU tests of the quantized paths first).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -12,7 +14,8 @@
 # (its file lists them); bench files are rewritten after every row. BIG=default BENCH_ARGS=--quick runs it on a CPU.
 set -uo pipefail
 MODE=${1:-main}
-[[ $MODE == main || $MODE == extra ]] || { echo "usage: OUT=DIR bash tools/h200_bench.sh [main|extra]" >&2; exit 2; }
+[[ $MODE == main || $MODE == extra || $MODE == quant ]] ||
+  { echo "usage: OUT=DIR bash tools/h200_bench.sh [main|extra|quant]" >&2; exit 2; }
 DEADLINE_S=${DEADLINE_S:-540} LOG_NAME=bench.log
 source "$(dirname "$0")/h200_lib.sh"
 echo "mode: $MODE, deadline ${DEADLINE_S}s" | tee -a "$OUT/device.txt"
@@ -31,6 +34,13 @@ if [[ $MODE == main ]]; then
   step profile_eager 30 python3 -m llmlab.cli profile --model "$BIG" --trace "$OUT/profile_${BIG}_eager.json.gz"
   step profile_cuda_graphs 30 python3 -m llmlab.cli profile --model "$BIG" --setting cuda_graphs=true \
     --trace "$OUT/profile_${BIG}_cuda_graphs.json.gz"
+elif [[ $MODE == quant ]]; then
+  QBIG=${QBIG:-llama-3.1-8b}
+  step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_quant_runtime.py tests/test_quant_linear.py
+  step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
+    --time-budget "$(budget 150)"
+  step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
+    --time-budget "$(budget 20)"
 else
   step batch_1b 90 $BENCH --workload batch --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget 260

@@ -43,13 +43,21 @@ def attention_role(slots: int) -> str:
     return f"attention@{1 << max(0, int(slots) - 1).bit_length()}"
 
 
+def float_projections(model) -> bool:
+    """Are all the layers' projections plain float `nn.Linear`s? (False for a weight-only quantized model:
+    `llmlab.quant`.)"""
+    return all(type(m) is torch.nn.Linear for layer in model.layers for m in layer.modules()
+               if hasattr(m, "in_features"))
+
+
 def fusable_shape(model, dtype: torch.dtype) -> bool:
     """Can `one_token` run this model's batch-1 step, once the kernel modules are in? Llama-shaped layers only (no
-    biases, no sliding window), every layer parameter and the final norm in `dtype`."""
+    biases, no sliding window), float projections (`fused_gemv` reads float weights; a quantized model's step runs
+    its quantized layers through `forward`), every layer parameter and the final norm in `dtype`."""
     cfg = model.config
     if cfg.attention_bias or cfg.o_proj_bias or cfg.sliding_window is not None or model.norm.weight.dtype != dtype:
         return False
-    return all(p.dtype == dtype for p in model.layers.parameters())
+    return float_projections(model) and all(p.dtype == dtype for p in model.layers.parameters())
 
 
 def runs_fused(model, dtype: torch.dtype) -> bool:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from llmlab.cache.static_cache import row_positions
 from llmlab.model import (DECODE, PAGED_DECODE, STATIC_DECODE, MLP, Attention, RMSNorm, attention_path, repeat_kv,
                           sdpa_attention)
+from llmlab.quant.fused import FusedQuantized, all_quantized, fuse_quantized
 
 from ._util import interpret_mode, triton_status
 
@@ -125,17 +126,27 @@ class TritonRMSNorm(RMSNorm):
 class TritonMLP(MLP):
     """`llmlab.model.MLP` with gate and up as one GEMV and SwiGLU in one kernel (`llmlab/kernels/swiglu.py`)."""
 
-    fused: FusedWeights | None = None  # [gate; up] (`gate_up_weight`)
+    fused: FusedWeights | FusedQuantized | None = None  # [gate; up] (`gate_up_weight`, `gate_up`)
 
     def gate_up_weight(self) -> torch.Tensor:
-        """(2 I, D): the gate and up weights as one tensor (`fuse`)."""
+        """(2 I, D): the gate and up weights as one tensor (`fuse`). Float layers only."""
         self.fused = fuse((self.gate_proj, self.up_proj), self.fused)
         return self.fused.weight
+
+    def gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, 2 I) = [gate(x) | up(x)] in ONE matmul: over the fused float weight, or, for a
+        weight-only quantized model, one quantized layer over the fused packed weights
+        (`llmlab.quant.fused.fuse_quantized`)."""
+        layers = (self.gate_proj, self.up_proj)
+        if all_quantized(layers):
+            self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
+            return self.fused.layer(x)
+        return F.linear(x, self.gate_up_weight())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not kernel_ok(x):
             return super().forward(x)
-        gate_up = F.linear(x, self.gate_up_weight())  # (B, T, 2 I): one GEMV for both projections
+        gate_up = self.gate_up(x)  # (B, T, 2 I): one GEMV for both projections
         n_gate = self.gate_proj.out_features
         return self.down_proj(ops().swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]))
 
@@ -144,12 +155,23 @@ class TritonAttention(Attention):
     """`llmlab.model.Attention` with fused q/k/v, RoPE in place and, for one new token, flash-decoding attention
     (contiguous, static or paged cache)."""
 
-    fused: FusedWeights | None = None  # [q; k; v] (`qkv_weight`)
+    fused: FusedWeights | FusedQuantized | None = None  # [q; k; v] (`qkv_weight`, `qkv`)
 
     def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """((H + 2 Hkv) hd, D) weight and bias (or None): the q, k and v projections as one (`fuse`)."""
+        """((H + 2 Hkv) hd, D) weight and bias (or None): the q, k and v projections as one (`fuse`). Float layers
+        only."""
         self.fused = fuse((self.q_proj, self.k_proj, self.v_proj), self.fused)
         return self.fused.weight, self.fused.bias
+
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, (H + 2 Hkv) hd) = [q | k | v] in ONE matmul: over the fused float weight, or, for
+        a weight-only quantized model, one quantized layer over the fused packed weights
+        (`llmlab.quant.fused.fuse_quantized`)."""
+        layers = (self.q_proj, self.k_proj, self.v_proj)
+        if all_quantized(layers):
+            self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
+            return self.fused.layer(x)
+        return F.linear(x, *self.qkv_weight())
 
     def forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:
         if not kernel_ok(x):
@@ -157,7 +179,7 @@ class TritonAttention(Attention):
         K = ops()
         B, T, _ = x.shape
         H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = F.linear(x, *self.qkv_weight()).view(B, T, H + 2 * Hkv, hd)  # one GEMV for q, k and v
+        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, hd)  # one GEMV for q, k and v
         path = attention_path(T, kv_cache, mask, self.sliding_window)
         if path == STATIC_DECODE:
             y = self.static_decode(qkv[:, 0], positions, kv_cache, cos=cos, sin=sin)  # (B, H, hd)

@@ -42,7 +42,7 @@ import weakref
 import torch
 
 from . import _util, decode_attention, fused_gemv
-from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, fusable_shape
+from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, float_projections, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
 # attention (role "attention@<slots>", `attention_role`) last
@@ -192,6 +192,9 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
 def fusable(model) -> tuple[bool, str]:
     """(True, "") if `model`'s batch-1 decode step runs the fused GEMVs step tuning chooses tiles for; else
     (False, why): biases, a sliding window, or weights and norms of mixed dtypes take the per-module path."""
+    if not float_projections(model):
+        return False, ("this model's weights are quantized: its decode step runs the quantized layers' own GEMVs "
+                       "(llmlab.quant), not the fused float GEMVs step tuning chooses tiles for")
     if not fusable_shape(model, next(model.parameters()).dtype):
         return False, ("this model's decode step does not run the fused batch-1 GEMVs (biases, a sliding window "
                        "or mixed dtypes): there are no tiles to choose; leave step tuning off for it")
@@ -314,6 +317,11 @@ def tune_once(step: KernelDecodeStep, log=print) -> None:
     (`tune_decode_step`, starting from the autotuner's picks) only if they were never chosen for it. Remembered per
     model, so the switch turned off and on again does not retune. On an error or an interrupt the step keeps the
     tiles it had."""
+    ok, why = fusable(step.model)
+    if not ok:  # e.g. a quantized model on a rung above step tuning: nothing to tune, the kernels' own picks stay
+        log(f"step tuning skipped: {why}")
+        step.tiles = {}
+        return
     key = tuned_for(step)
     held = _tuned.get(step.model)
     if held is None or held[0] != key:  # never tuned, or tuned for another dtype / device / shape

@@ -37,9 +37,11 @@ from llmlab.measure import roofline
 from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filename, peaks_record, result_row, save_bench
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
+from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
 from llmlab.measure.peers import hf_peer_model, run_hf, transformers_version
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
+from llmlab.quant import is_quantized
 from llmlab.switches import apply_switches, describe
 
 # Other modules' names that callers outside llmlab.measure still reach through this module: `llmlab bench`
@@ -71,6 +73,20 @@ def run_llmlab(llm: LLM, kwargs: dict, prompts: list[list[int]], new_tokens: int
         g = llm.generate([prompts[i] for i in idx], max_new_tokens=new_tokens, stop_at_eos=False, **kwargs)
         run.calls.append(Call(idx, [len(prompts[i]) for i in idx], list(g.step_ms), g.token_ids))
     return run
+
+
+def _weight_bpp(step: LadderStep, llm: LLM, cfg) -> float:
+    """Bytes per weight a row's decode step reads, for its MBU: a quantized model's from its tensors (packed values
+    + scales + the float layers it keeps, e.g. lm_head: `step_weight_bytes`), else the rung's weight format."""
+    if is_quantized(llm.model):
+        return step_weight_bytes(llm.model) / roofline.weight_params_read(cfg)
+    return weight_bytes_per_param(step, llm.dtype)
+
+
+def _weight_sizes(llm: LLM) -> dict:
+    """The row's weights in GB: read per decode step (computed from the tensors) and allocated (measured)."""
+    return {"weights_read_GB": step_weight_bytes(llm.model) / 1e9,
+            "weights_allocated_GB": allocated_weight_bytes(llm.model) / 1e9}
 
 
 def _free(device: torch.device) -> None:
@@ -320,8 +336,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                 tuned = {"step_tiles": {role: str(c) for role, c in tiles.items()},
                          "step_tuning_s": report.get("seconds")}  # the tuning's own time (before warm-up)
             add_row(r.name, r.step.label, weights_label(r.step, run_llm.dtype),
-                    weight_bytes_per_param(r.step, run_llm.dtype), runs, hw, warm, settings=r.settings,
-                    setting_label=describe(r.settings), note=r.step.note, **tuned)
+                    _weight_bpp(r.step, run_llm, cfg), runs, hw, warm, settings=r.settings,
+                    setting_label=describe(r.settings), note=r.step.note, **_weight_sizes(run_llm), **tuned)
         except Exception as e:  # one broken rung must not lose the others
             failed(r.name, e)
         finally:

@@ -31,6 +31,16 @@ round-to-nearest, the baseline both papers improve on.
 The module-swap idea (replace each nn.Linear by a quantized module that holds packed weights as buffers and keeps
 the model code unchanged) is gpt-fast's (https://github.com/pytorch-labs/gpt-fast, quantize.py).
 
+Padding (int4, a group size that does not divide K): the weight is stored padded with zero columns to
+Kp = K rounded up to a multiple of group_size (`padded_k`), e.g. Llama-style MLPs with K = 704 at group_size 128
+store Kp = 768. The padded columns are 0.0, which the symmetric format stores exactly (code 8), and they do not move
+the last group's scale (its largest magnitude comes from the real columns), so the real weights are quantized as
+they would be without padding. `in_features` stays K (what x has), `padded_in_features` is Kp (what `packed` and
+`scales` hold), `dequantize()` returns (N, K) with the padding sliced off, the PyTorch forward multiplies by that,
+and the kernel forward pads x with zeros to Kp (the kernels need Kp a multiple of 32 and of the group size; zero
+inputs times zero weights add nothing). `weight_bytes()` counts the padded bytes: they are stored and read. With
+K a multiple of group_size, Kp = K and nothing is padded.
+
 Forward, y = x @ dequant(W)^T + bias, x (..., K) -> y (..., N) in x's dtype:
   * on a CUDA device, with 1..16 rows (M = the product of x's leading dimensions) and a Triton install: the fused
     kernel `llmlab.kernels.int8_matmul.int8_matmul` / `llmlab.kernels.int4_matmul.int4_matmul`, which reads the
@@ -51,11 +61,33 @@ import torch.nn.functional as F
 from llmlab.kernels.weight_quant import (ACT_DTYPES, BLOCK_M, dequantize_int4, dequantize_int8, quantize_int4,
                                          quantize_int8)
 
-__all__ = ["QuantizedLinear", "Int8Linear", "Int4Linear", "KERNEL_MAX_M"]
+__all__ = ["QuantizedLinear", "Int8Linear", "Int4Linear", "KERNEL_MAX_M", "check_group_size", "padded_k"]
 
 KERNEL_MAX_M = BLOCK_M  # rows up to which the fused kernels are used (one 16-row tile: W is read once)
 
 _warned_no_triton = False
+
+
+def check_group_size(op: str, group_size) -> None:
+    """An int4 group size the kernels can read: a positive int multiple of 32 (their smallest K tile). Any K fits
+    it once padded (`padded_k`).
+
+    Raises:
+        TypeError: group_size is not an int (a bool or a float included).
+        ValueError: group_size is not a positive multiple of 32; the message names group_size and usual values.
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"{op}: group_size must be an int, a positive multiple of 32 such as 32, 64 or 128; got "
+                        f"{group_size!r}")
+    if group_size <= 0 or group_size % 32:
+        raise ValueError(f"{op}: group_size must be a positive multiple of 32 (the int4 kernels' smallest K tile), "
+                         f"got {group_size}; use 32, 64 or 128 (128 is the usual choice)")
+
+
+def padded_k(K: int, group_size: int) -> int:
+    """Kp: the input dimension K rounded up to a multiple of `group_size`, the row length an `Int4Linear` stores
+    (K itself when group_size divides K). E.g. padded_k(704, 128) = 768, padded_k(704, 64) = 704."""
+    return -(-K // group_size) * group_size
 
 
 def _check_linear(op: str, linear) -> None:
@@ -69,6 +101,8 @@ class QuantizedLinear(nn.Module):
 
     Attributes:
         in_features (K), out_features (N): as nn.Linear's.
+        padded_in_features (Kp): the row length the packed tensors hold: K, or for an int4 layer whose group size
+            does not divide K, K rounded up to a multiple of it (see the module docstring, "Padding").
         bias: (N,) buffer in the original layer's dtype, or None. Not quantized.
         orig_dtype: the dtype of the original weight (what `dequantize_model` restores).
         use_kernel: True (default) lets the forward use the Triton kernel on CUDA for M <= 16; False forces the
@@ -80,6 +114,7 @@ class QuantizedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, orig_dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.padded_in_features = in_features
         self.orig_dtype = orig_dtype
         self.use_kernel = True
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
@@ -98,8 +133,9 @@ class QuantizedLinear(nn.Module):
 
     # -- shared ---------------------------------------------------------------------------------------------------
     def weight_bytes(self) -> int:
-        """Bytes of the stored weight: packed values + scales (+ zero points; these formats have none). The bias is
-        not included (it is not quantized; `llmlab.quant.weight_bytes(model)` counts it with the other tensors)."""
+        """Bytes of the stored weight: packed values + scales (+ zero points; these formats have none), padded
+        columns included (they are stored and read). The bias is not included (it is not quantized;
+        `llmlab.quant.weight_bytes(model)` counts it with the other tensors)."""
         return sum(t.numel() * t.element_size() for t in self.packed_tensors())
 
     def _kernel_ok(self, x2d: torch.Tensor) -> bool:
@@ -180,45 +216,80 @@ class Int4Linear(QuantizedLinear):
     """nn.Linear with its weight stored as int4, two per byte, one fp32 scale per group of `group_size` inputs of a
     row, symmetric (no zero points; see the module docstring).
 
-    Buffers: packed (N, K // 2) uint8, scales (N, K // group_size) fp32, bias (N,) or None.
-    Bytes: N*K/2 + 4*N*K/group_size (at group_size 128: 0.53 bytes per weight, vs 2 in bf16).
+    Buffers: packed (N, Kp // 2) uint8, scales (N, Kp // group_size) fp32, bias (N,) or None, where Kp =
+    `padded_in_features` is K rounded up to a multiple of group_size (K itself when group_size divides it; the
+    padded columns are zeros: see the module docstring, "Padding").
+    Bytes: N*Kp/2 + 4*N*Kp/group_size (at group_size 128: 0.53 bytes per weight, vs 2 in bf16).
+
+    Args:
+        packed, scales: as `llmlab.kernels.weight_quant.quantize_int4` returns them for the padded (N, Kp) weight.
+        bias, orig_dtype: as `QuantizedLinear`'s.
+        in_features: K, the layer's real input dimension; None means Kp (no padding).
+
+    Raises:
+        ValueError: packed or scales not 2-D, of different row counts, scales not a whole number of groups of Kp,
+            or in_features outside Kp - group_size < K <= Kp (the padding is less than one group).
     """
 
     scheme = "int4"
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                 orig_dtype: torch.dtype = torch.float32):
+                 orig_dtype: torch.dtype = torch.float32, in_features: int | None = None):
+        if packed.dim() != 2 or scales.dim() != 2 or scales.shape[0] != packed.shape[0] or not scales.shape[1] \
+                or (2 * packed.shape[1]) % scales.shape[1]:
+            raise ValueError(f"Int4Linear: packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not "
+                             f"match: give the (N, Kp // 2) uint8 weight and its (N, Kp // group_size) scales from "
+                             f"quantize_int4")
         N, half = packed.shape
-        super().__init__(2 * half, N, bias, orig_dtype)
-        self.group_size = 2 * half // scales.shape[1]
+        Kp, G = 2 * half, 2 * half // scales.shape[1]
+        K = Kp if in_features is None else in_features
+        if isinstance(K, bool) or not isinstance(K, int) or not Kp - G < K <= Kp:
+            raise ValueError(f"Int4Linear: in_features={K!r} does not fit packed rows of Kp = {Kp} in groups of "
+                             f"{G}: K must satisfy {Kp - G} < K <= {Kp} (the padding is less than one group)")
+        super().__init__(K, N, bias, orig_dtype)
+        self.padded_in_features = Kp
+        self.group_size = G
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, *, name: str | None = None) -> "Int4Linear":
         """Quantize `linear` (any float dtype, any device; it is left unchanged) into a new Int4Linear on the same
-        device, one scale per `group_size` consecutive inputs. `name` names the layer in error messages.
+        device, one scale per `group_size` consecutive inputs. When group_size does not divide in_features K, the
+        weight is first padded with zero columns to Kp = `padded_k(K, group_size)` (module docstring, "Padding").
+        `name` names the layer in error messages.
 
         Raises:
             TypeError: `linear` is not an nn.Linear; group_size is not an int.
-            ValueError: in_features not a multiple of 32; group_size not a positive multiple of 32 that divides
-                in_features; NaN or inf weights (all from `llmlab.kernels.weight_quant.quantize_int4`).
+            ValueError: group_size not a positive multiple of 32 (`check_group_size`); NaN or inf weights (from
+                `llmlab.kernels.weight_quant.quantize_int4`).
         """
         _check_linear("Int4Linear.from_linear", linear)
+        check_group_size("Int4Linear.from_linear", group_size)
+        K = linear.in_features
+        pad = padded_k(K, group_size) - K
         with torch.no_grad():
-            packed, scales = quantize_int4(linear.weight.detach(), group_size, name=name)
-        return cls(packed, scales, linear.bias, linear.weight.dtype)
+            w = linear.weight.detach()
+            w = F.pad(w, (0, pad)) if pad else w  # (N, Kp): zero columns at the end
+            packed, scales = quantize_int4(w, group_size, name=name)
+        return cls(packed, scales, linear.bias, linear.weight.dtype, in_features=K)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(N, K) weight (code - 8) * its group's scale, computed in fp32 then cast to `dtype`."""
-        return dequantize_int4(self.packed, self.scales).to(dtype)
+        """(N, K) weight (code - 8) * its group's scale, computed in fp32 then cast to `dtype`; padded columns (all
+        zeros) are sliced off."""
+        w = dequantize_int4(self.packed, self.scales)  # (N, Kp)
+        return (w if self.padded_in_features == self.in_features else w[:, :self.in_features]).to(dtype)
 
     def packed_tensors(self) -> list[torch.Tensor]:
         return [self.packed, self.scales]
 
     def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
         from llmlab.kernels.int4_matmul import int4_matmul  # lazy: imports triton
+        pad = self.padded_in_features - self.in_features
+        x2d = F.pad(x2d, (0, pad)) if pad else x2d  # (M, Kp): zero inputs meet the zero columns
         return int4_matmul(x2d, self.packed, self.scales)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", group_size={self.group_size}"
+        padded = (f", padded_in_features={self.padded_in_features}"
+                  if self.padded_in_features != self.in_features else "")
+        return super().extra_repr() + f", group_size={self.group_size}{padded}"

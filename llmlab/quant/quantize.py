@@ -4,7 +4,7 @@ https://github.com/pytorch-labs/gpt-fast).
 
     model = llmlab.load().model
     quantize_model(model, "int8")                 # q/k/v/o and gate/up/down of every layer
-    quantize_model(model2, "int4", group_size=64) # int4, one scale per 64 inputs
+    quantize_model(model2, "int4", group_size=64) # int4, one scale per 64 inputs (a K it does not divide: padded)
     weight_bytes(model)                           # bytes the weights now occupy
     dequantize_model(model)                       # back to nn.Linear (with the rounded weights)
 
@@ -57,21 +57,19 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def _check_group_size(group_size, targets) -> None:
-    """The int4 group size must divide the input dimension of every layer to be swapped; checked for all layers
-    before any is swapped, so a refused call leaves the model as it was."""
+    """An int4 group size the kernels can read: a positive int multiple of 32. Checked before any layer is swapped,
+    so a refused call leaves the model as it was. A layer whose K it does not divide is stored padded to the next
+    multiple of it (`Int4Linear`, "Padding"), so any K is accepted."""
     if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"quantize_model: group_size must be an int, one of {GROUP_SIZES}; got {group_size!r}")
-    ks = sorted({lin.in_features for _, _, _, lin in targets})
-    valid = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
-    bad = [(name, lin.in_features) for name, _, _, lin in targets
-           if group_size <= 0 or group_size % 32 or lin.in_features % group_size]
-    if bad:
-        name, k = bad[0]
-        choices = (f"valid choices for this model: {', '.join(map(str, valid))}" if valid else
-                   f"no group size of {GROUP_SIZES} divides every input dimension {ks}; use scheme='int8'")
-        raise ValueError(f"quantize_model: group_size={group_size} does not fit {name} (in_features K = {k}): the "
-                         f"group size must be a positive multiple of 32 that divides every layer's K ({ks}); "
-                         f"{choices}")
+        raise TypeError(f"quantize_model: group_size must be an int, one of {GROUP_SIZES} (or another positive "
+                        f"multiple of 32); got {group_size!r}")
+    if group_size <= 0 or group_size % 32:
+        ks = sorted({lin.in_features for _, _, _, lin in targets})
+        exact = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
+        unpadded = (f"of those, {', '.join(map(str, exact))} divide every layer's K {ks} (no padding)" if exact else
+                    f"none of them divides every layer's K {ks}, so some layers are stored padded")
+        raise ValueError(f"quantize_model: group_size={group_size} is not a positive multiple of 32 (the int4 "
+                         f"kernels' smallest K tile); use one of {GROUP_SIZES} (128 is the usual choice; {unpadded})")
 
 
 def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128,
@@ -83,16 +81,20 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
             and dtype are kept: the packed weights live where the weights were.
         scheme: "int8" (per output channel) or "int4" (group-wise, two per byte). Both symmetric.
         group_size: int4 only (ignored for int8): inputs per scale; 32, 64 or 128 (128 is the usual choice:
-            smaller groups track the weights more closely and cost more scale bytes).
+            smaller groups track the weights more closely and cost more scale bytes), or another positive multiple
+            of 32. A layer whose input dimension K it does not divide (K = 704 at 128, the default model's
+            down_proj) is stored padded with zero columns to Kp = `linear.padded_k(K, group_size)` (768): its
+            output is that of the unpadded weight, its `padded_in_features` is Kp, and `weight_bytes` counts the
+            padded bytes (llmlab/quant/linear.py, "Padding").
         include_lm_head: also quantize the output projection `lm_head` (off by default: it is the layer most
             sensitive to rounding, and with tied embeddings it shares its weight with the embedding).
 
     Raises:
         TypeError: model is not an nn.Module (an `LLM`: pass llm.model); group_size not an int.
         ValueError: an unknown scheme; a model already quantized (dequantize_model first, or reload it); a model
-            whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out first); a group size
-            that does not divide some layer's input dimension (the message names group_size and the valid
-            choices); no linear layer to quantize; a weight with NaN or inf.
+            whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out first); an int4
+            group size that is not a positive multiple of 32 (the message names group_size, the usual choices and
+            those that need no padding for this model); no linear layer to quantize; a weight with NaN or inf.
     """
     _check_model("quantize_model", model)
     if scheme not in SCHEMES:
