@@ -10,7 +10,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-
 SEED_RANGE = (-2**63, 2**64 - 1)  # what a torch generator takes (llmlab.generate.SEED_RANGE)
 
 # Argument types: each refuses a bad value while the arguments are parsed, before torch is imported or a model
@@ -263,6 +262,68 @@ def _bench(args) -> int:
     return 0 if ran else 2
 
 
+class _DeviceOnly:
+    """Stands in for an `LLM` that is not loaded yet: it has a device and nothing else, so a switch's
+    `available(llm)` that reads only `llm.device` answers, and one that needs the model raises AttributeError."""
+
+    def __init__(self, device):
+        self.device = device
+
+
+def _setting_text(key: str, value) -> str:
+    """How `--setting` spells a value: cuda_graphs=true, dtype=none, dtype=bf16."""
+    text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{key}={text}"
+
+
+def _check_settings_for_device(settings: dict, device: str) -> None:
+    """Refuse, before any model is built or loaded, a --setting that cannot run on `device` (the --device value).
+
+    Each switch set away from its default is asked `available(...)` with a stand-in that has only the resolved
+    device (`_DeviceOnly`): a switch that needs a CUDA GPU (`llmlab.switches.NEEDS_CUDA`), triton or a C++ compiler
+    is refused here; a switch whose answer depends on the model itself (step tuning's fusable layers) is left to
+    `apply_switches`, after the load. Then the rules `LLM.generate` keeps between switches (`check_fast_paths`,
+    e.g. GPU sampling without the KV cache) are checked for the same device.
+
+    Raises:
+        ValueError: an unknown --device, cuda asked for without a CUDA GPU (`llmlab.engine.pick_device`), or a
+            setting not available here — the message names the setting as --setting spells it, why, and the fix.
+    """
+    import torch
+
+    from llmlab.engine import check_fast_paths, pick_device
+    from llmlab.switches import NEEDS_CUDA, SWITCHES
+
+    dev = pick_device(device)
+    probe = _DeviceOnly(dev)
+    for key, value in settings.items():
+        switch = SWITCHES[key]  # parse_setting has refused unknown names
+        if value == switch.default:
+            continue
+        try:
+            ok, why = switch.available(probe)
+        except AttributeError:  # the answer needs the model: apply_switches asks again after the load
+            continue
+        if ok:
+            continue
+        fix = f"drop {_setting_text(key, value)} from --setting"
+        if why == NEEDS_CUDA:
+            if torch.cuda.is_available():
+                fix += f" or run it on the GPU with --device cuda (the model would load on {dev.type})"
+            else:
+                fix += " or run on a machine with an NVIDIA GPU (PyTorch sees no CUDA device here)"
+        raise ValueError(f"--setting {_setting_text(key, value)}: switch {switch.label!r} cannot run here: {why}; "
+                         f"{fix}")
+    values = {key: settings.get(key, switch.default) for key, switch in SWITCHES.items()}
+    try:
+        check_fast_paths(dev, use_cache=values.get("kv_cache", True), cuda_graphs=bool(values.get("cuda_graphs")),
+                         torch_compile=bool(values.get("torch_compile")), gpu_sampling=bool(values.get("gpu_sampling")),
+                         prefill_graphs=bool(values.get("prefill_graphs")))
+    except ValueError as e:
+        given = ",".join(_setting_text(key, value) for key, value in settings.items())
+        raise ValueError(f"--setting {given}: {e}") from None
+
+
 def _profile(args) -> int:
     from llmlab.measure.bench import load_bench_model
     from llmlab.measure.profiling import check_trace_path, format_summary, profile_decode
@@ -273,6 +334,7 @@ def _profile(args) -> int:
     if args.dtype is not None and settings.get("dtype") not in (None, args.dtype):
         raise ValueError(f"--dtype {args.dtype} and --setting dtype={settings['dtype']} disagree (the setting would "
                          f"win): give the dtype once")
+    _check_settings_for_device(settings, args.device)  # a GPU-only setting on a CPU: refused before the load
     llm, _, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     s = profile_decode(llm, n_steps=args.steps, settings=settings, prompt_len=args.prompt_tokens,
                        batch=args.batch, trace_path=trace)

@@ -146,8 +146,9 @@ def test_tour_help_gives_the_defaults():
 
 
 def test_tour_explains_the_default_models_text_only_for_it(tmp_path):
-    from llmlab.tour import run_tour
     from tiny_models import model_folder
+
+    from llmlab.tour import run_tour
 
     lines = []
     run_tour("default", device="cpu", max_new_tokens=2, repeats=1, print_fn=lines.append)

@@ -102,3 +102,11 @@ def test_transformers_loads_a_llama_with_the_root_on_the_path():
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "torch.Size([1, 3, 64])" in res.stdout
+
+
+def test_python_started_inside_the_package_folder_gets_a_clear_error_for_kernels():
+    """Started in llmlab/, `import kernels` (which transformers does) would find llmlab/kernels: it says why."""
+    run = subprocess.run([sys.executable, "-c", "import kernels"], cwd=ROOT / "llmlab", capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode != 0
+    assert "started inside the llmlab/ folder" in run.stderr, run.stderr[-2000:]

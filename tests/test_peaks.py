@@ -228,8 +228,8 @@ def test_the_test_session_keeps_out_of_the_users_cache():
 
     path = peaks.default_cache_path()
     assert Path(tempfile.gettempdir()) in path.parents and Path.home() / ".cache" not in path.parents
-    child = subprocess.run([sys.executable, "-c", "from llmlab.measure.peaks import default_cache_path as d; print(d())"],
-                           capture_output=True, text=True, check=True)
+    code = "from llmlab.measure.peaks import default_cache_path as d; print(d())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert child.stdout.strip() == str(path)
 
 

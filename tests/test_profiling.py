@@ -7,11 +7,11 @@ import gzip
 import json
 
 import pytest
+from tiny_models import tiny_model
 
 from llmlab.cli import main
 from llmlab.engine import LLM
 from llmlab.measure.profiling import Ev, call_totals, format_summary, profile_decode, step_gaps_us, summarize
-from tiny_models import tiny_model
 
 
 def _gpu_call(n_tokens: int, kernels_per_step: int = 3, step_us: float = 100.0, kernel_us: float = 10.0,
@@ -171,6 +171,115 @@ def test_profile_refuses_two_dtypes(capsys, monkeypatch):
     assert main(["profile", "--device", "cpu", "--dtype", "fp32", "--setting", "dtype=fp16"]) == 2
     err = capsys.readouterr().err
     assert "--dtype fp32 and --setting dtype=fp16 disagree (the setting would win): give the dtype once" in err
+
+
+class Loaded(Exception):
+    """Raised by the stand-in loader: the arguments got past every check made before the load."""
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """`load_bench_model` replaced: it records its calls and raises `Loaded` instead of building a model."""
+    import llmlab.measure.bench
+
+    calls = []
+
+    def loader(*a, **k):
+        calls.append((a, k))
+        raise Loaded()
+
+    monkeypatch.setattr(llmlab.measure.bench, "load_bench_model", loader)
+    return calls
+
+
+@pytest.mark.parametrize("setting, refused", [
+    ("cuda_graphs=true", "cuda_graphs=true"),
+    ("prefill_graphs=on", "prefill_graphs=true"),
+    ("pinned_memory=yes", "pinned_memory=true"),
+    ("triton_kernels=true", "triton_kernels=true"),  # needs triton and a CUDA GPU
+    ("step_tuning=true", "step_tuning=true"),
+    ("kv_cache=false,cuda_graphs=true,prefill_graphs=true", "cuda_graphs=true"),  # the first one found is named
+])
+def test_profile_refuses_a_gpu_only_setting_before_the_model_loads(setting, refused, no_loading, capsys,
+                                                                   monkeypatch):
+    """On a machine without CUDA, `llmlab profile --setting cuda_graphs=true` built the model (for a preset, GBs of
+    random weights) before apply_switches refused the setting."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["profile", "--model", "llama-3.1-8b", "--setting", setting]) == 2
+    out, err = capsys.readouterr()
+    assert no_loading == [] and out == ""
+    assert err.startswith(f"llmlab: error: --setting {refused}: switch ") and err.count("\n") == 1
+    assert "cannot run here" in err and f"drop {refused} from --setting" in err  # the fix
+    if "triton is not installed" not in err:
+        assert "needs a CUDA GPU" in err and "a machine with an NVIDIA GPU" in err
+
+
+def test_profile_on_the_cpu_of_a_gpu_machine_names_the_device_flag(no_loading, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU is there; --device cpu asks for the CPU
+    assert main(["profile", "--device", "cpu", "--setting", "cuda_graphs=true"]) == 2
+    err = capsys.readouterr().err
+    assert no_loading == []
+    assert "needs a CUDA GPU; drop cuda_graphs=true from --setting or run it on the GPU with --device cuda" in err
+
+
+def test_profile_refuses_torch_compile_without_a_compiler_before_the_model_loads(no_loading, capsys, monkeypatch):
+    import shutil
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no g++, c++ or clang++
+    assert main(["profile", "--setting", "torch_compile=true"]) == 2
+    err = capsys.readouterr().err
+    assert no_loading == []
+    assert err.startswith("llmlab: error: --setting torch_compile=true: switch 'torch.compile' cannot run here: ")
+    assert "C++ compiler" in err and "drop torch_compile=true from --setting" in err
+
+
+def test_profile_refuses_switches_that_cannot_run_together_before_the_model_loads(no_loading, capsys):
+    assert main(["profile", "--device", "cpu", "--setting", "kv_cache=false,gpu_sampling=true"]) == 2
+    err = capsys.readouterr().err
+    assert no_loading == []
+    assert err.startswith("llmlab: error: --setting kv_cache=false,gpu_sampling=true: ")
+    assert "turn the KV cache on" in err
+
+
+@pytest.mark.parametrize("setting", ["", "kv_cache=false", "gpu_sampling=true", "dtype=bf16,paged_kv=true",
+                                     "cuda_graphs=false,triton_kernels=off"])  # off = the default: nothing to check
+def test_profile_lets_settings_a_cpu_runs_reach_the_loader(setting, no_loading, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(Loaded):
+        main(["profile", "--setting", setting] if setting else ["profile"])
+    assert len(no_loading) == 1
+
+
+def test_a_switch_that_needs_the_model_to_answer_is_left_to_apply_switches(no_loading, monkeypatch):
+    """On a GPU, step tuning's availability depends on the model's layers (`step_tuning.fusable`): the check
+    before the load cannot answer it and lets it through; `apply_switches` asks again after the load."""
+    import dataclasses
+
+    import torch
+
+    from llmlab import switches
+
+    asked = []
+
+    def needs_the_model(llm):
+        asked.append(llm.device.type)
+        return llm.model is not None, ""  # the stand-in has no model: AttributeError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(switches.SWITCHES, "step_tuning",
+                        dataclasses.replace(switches.SWITCHES["step_tuning"], available=needs_the_model))
+    with pytest.raises(Loaded):
+        main(["profile", "--device", "cuda", "--setting", "step_tuning=true"])
+    assert asked == ["cuda"] and len(no_loading) == 1
 
 
 def test_profile_decode_checks_the_trace_path_first(llm, tmp_path):

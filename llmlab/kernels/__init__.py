@@ -9,6 +9,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     rope.py                    rotary embedding applied to q and k in place (Hugging Face rotate-half pairing)
     rope_cache.py              one decode step's RoPE and static-KV-cache write, fused into one launch
     decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
+    split_attention.py         flash-decoding's first step: one program's attention over a slice of the keys
     paged_decode_attention.py  the same over a paged KV cache, through block tables
     attention_splits.py        how decode attention splits the sequence: the split configs, which are worth timing
     lse_merge.py               the merge of the splits' partial outputs by their log-sum-exp (a kernel, or in-kernel)
@@ -37,6 +38,12 @@ transformers imports (tests/test_import_names.py checks that the repository expo
 Importing this package imports no triton; the op modules do. Without a GPU, set TRITON_INTERPRET=1 before
 importing triton to run the kernels (slowly; fp32, and fp16 where numpy has it) in Triton's CPU interpreter.
 """
+
+if __name__ != "llmlab.kernels":  # imported as a top-level `kernels`: Python was started inside llmlab/
+    raise ImportError("llmlab/kernels was imported as the top-level module 'kernels' because Python was started "
+                      "inside the llmlab/ folder, where it would shadow Hugging Face's `kernels` package that "
+                      "transformers imports. Start Python (or Jupyter) from the repository root or any folder "
+                      "outside llmlab/.")
 
 _LAZY = {"swap_in": "modules", "swap_out": "modules", "is_swapped": "modules", "KernelDecodeStep": "decode_step"}
 

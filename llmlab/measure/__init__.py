@@ -9,8 +9,11 @@
     batch_sweep.py    one decode at growing batch sizes: where bandwidth-bound turns compute-bound
     roofline.py       bytes and FLOPs per step, the bandwidth/compute roofline, MBU and MFU
     peaks.py          the device's measured copy bandwidth and matmul rate (cached, with how far to trust them)
+    peak_timing.py    timing the copy and matmul peaks, and judging whether the machine was quiet
     timing.py         timing decode steps (CUDA events or the host clock), and waiting for a device (sync)
     profiling.py      torch.profiler over decode steps: kernels, launches and idle gaps per token
     host_costs.py     what the host spends per token outside the GPU (tokenizer, sampling, Python)
     kv_costs.py       a KV cache's memory and decode time, measured with real caches
+    model_bytes.py    the bytes of weights a decode step reads (computed) and the bytes they occupy (allocated)
+    serving.py        serving metrics from request timestamps: queueing, TTFT, TPOT at p50/p90/p99, tokens/s
 """
