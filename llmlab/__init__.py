@@ -13,7 +13,28 @@ import importlib.util
 from pathlib import Path
 
 __version__ = "0.1.0"
-REPO_ROOT = Path(__file__).resolve().parent.parent  # the clone: data/models, data/bench, data/traces live here
+
+
+def _find_root() -> Path:
+    """The clone whose data/ (models, bench files, traces) the course reads: $LLMLAB_ROOT if set; else the folder
+    above this package when it holds data/models (an editable install, or running from the clone); else the nearest
+    folder at or above the working directory that holds data/models (a non-editable `pip install .` used from inside
+    the clone, e.g. Jupyter started in labs/); else the folder above the package (data/ is then missing, and loading
+    the default model says so)."""
+    import os
+
+    if os.environ.get("LLMLAB_ROOT"):
+        return Path(os.environ["LLMLAB_ROOT"]).expanduser().resolve()
+    beside = Path(__file__).resolve().parent.parent
+    if (beside / "data" / "models").is_dir():
+        return beside
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "data" / "models").is_dir() and (folder / "llmlab").is_dir():
+            return folder
+    return beside
+
+
+REPO_ROOT = _find_root()  # the clone: data/models, data/bench, data/traces live here
 
 _LAZY = {  # name -> the submodule that defines it
     "LLM": "engine",

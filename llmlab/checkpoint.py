@@ -36,7 +36,8 @@ def default_model_dir() -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"the default model is not at {path}. It ships in the llmlab repository under data/models/; install "
-            f"llmlab from a clone with `pip install -e .`, or point LLMLAB_MODEL at a model folder"
+            f"llmlab from a clone with `pip install -e .`, run from inside the clone, set LLMLAB_ROOT to the "
+            f"clone, or point LLMLAB_MODEL at a model folder"
         )
     return path
 
