@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from llmlab.batching.continuous import generate_continuous
+from llmlab.batching.static import generate_static, is_ragged
 from llmlab.checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from llmlab.config import ModelConfig
 from llmlab.runtime.cuda_graphs import RunnerCache
@@ -254,25 +256,60 @@ class LLM:
         return llm
 
     def quantize(self, scheme: str, group_size: int = 128, include_lm_head: bool = False,
-                 inplace: bool = False) -> "LLM":
-        """This LLM with weight-only quantized linear layers (`llmlab.quant.quantize_model`).
+                 inplace: bool = False, method: str = "rtn", calibration: str | torch.Tensor | None = None,
+                 progress: bool = True) -> "LLM":
+        """This LLM with weight-only quantized linear layers.
 
         scheme: "int8" (per output channel) or "int4" (group-wise, `group_size` inputs per scale). The embedding
-        stays as it is; lm_head only with include_lm_head. Returns a new LLM on a copy of the model (the original
-        keeps its weights, for side-by-side comparisons), or self when inplace=True (no second copy in memory).
-        Raises ValueError, before changing anything, for a scheme or group size the layers cannot take, a model
-        already quantized, or the "Triton kernels" switch on (its fused decode step reads unquantized weights).
+        stays as it is; lm_head only with include_lm_head. method: "rtn" rounds the weights to nearest
+        (`llmlab.quant.quantize_model`); "awq" first searches activation-aware scales on calibration tokens and folds
+        them into the weights (`llmlab.quant.quantize_awq`, Lin et al. 2023, https://arxiv.org/abs/2306.00978), with
+        a progress bar over the layers unless progress=False. calibration (awq only): text (cut into 16 windows of
+        256 tokens by `llmlab.quant.calibration_ids`), token ids (n_samples, seq_len), or None for the default
+        model's held-out text (`llmlab.quant.heldout_text`).
+        Returns a new LLM on a copy of the model (the original keeps its weights, for side-by-side comparisons), or
+        self when inplace=True (no second copy in memory); its name gains the scheme, " g<group_size>" for int4 and
+        " awq" for awq.
+        Raises, before changing anything: ValueError for an unknown method, a scheme or group size the layers cannot
+        take, a model already quantized, the "Triton kernels" switch on (its fused decode step reads unquantized
+        weights), calibration given with method="rtn", or calibration text too short (`calibration_ids`); TypeError
+        for calibration that is neither text nor a tensor of ids, or text without a tokenizer.
         """
-        from llmlab.quant import quantize_model
+        from llmlab.quant import calibration_ids, quantize_awq, quantize_model
+        from llmlab.quant.awq import check_quantizable
 
+        if method not in ("rtn", "awq"):
+            raise ValueError(f"quantize: unknown method {method!r}; use 'rtn' (round to nearest) or 'awq' "
+                             f"(activation-aware scaling, calibrated)")
         if self.kernels is not None:
             raise ValueError("quantize: the Triton kernels switch is on, and its fused decode step reads the "
                              "unquantized weights; quantize the LLM without it (apply the switch afterwards)")
+        ids = None
+        if method == "rtn" and calibration is not None:
+            raise ValueError("quantize: calibration is used by method='awq' only; drop it, or pass method='awq'")
+        if method == "awq":
+            if isinstance(calibration, torch.Tensor):
+                ids = calibration
+            elif calibration is None or isinstance(calibration, str):
+                if self.tokenizer is None:
+                    raise TypeError(f"quantize: {self.name} has no tokenizer to cut calibration text into tokens; "
+                                    f"pass token ids: calibration=torch.tensor (n_samples, seq_len)")
+                ids = calibration_ids(self, calibration)
+            else:
+                raise TypeError(f"quantize: calibration must be text (a str), token ids (a LongTensor (n_samples, "
+                                f"seq_len)) or None (the default model's held-out text); got "
+                                f"{type(calibration).__name__}")
+            check_quantizable("quantize", self.model, scheme, group_size, include_lm_head, ids)
         llm = self if inplace else LLM(copy.deepcopy(self.model), self.tokenizer, name=self.name,
                                        random_weights=self.random_weights)
-        quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
+        if method == "awq":
+            quantize_awq(llm.model, ids, scheme, group_size=group_size, include_lm_head=include_lm_head,
+                         progress=progress)
+        else:
+            quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
         llm.runners = RunnerCache()  # graphs captured before hold the old layers
-        llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "")
+        llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "") \
+            + (" awq" if method == "awq" else "")
         return llm
 
     def encode(self, text: str) -> list[int]:
@@ -321,6 +358,7 @@ class LLM:
         pin_memory: bool = False,
         cache_factory=None,
         prefill_graphs: bool = False,
+        batching: str | None = None,
     ) -> Generation:
         """Generate a continuation of `prompt` (text, or token ids).
 
@@ -346,7 +384,17 @@ class LLM:
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.cache.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache, so cache_factory with cuda_graphs,
         torch_compile or gpu_sampling is a ValueError.
+        Prompts of different lengths (a list of token-id lists) run as one left-padded static batch
+        (`llmlab.batching.static.generate_static`, on the runner that cuda_graphs / torch_compile pick): the result
+        is a `StaticGeneration` whose `.padding` counts the padding waste; use_cache=False, a cache_factory and
+        prefill_graphs are refused with them (ValueError).
+        batching: None (as above), "static" (the same: one left-padded batch) or "continuous": every prompt a
+        request of a continuous-batching engine (`llmlab.batching.continuous.generate_continuous`: a paged KV pool,
+        requests leave as they finish); it runs the model eagerly, so with it the fast switches, use_cache=False, a
+        cache_factory, on_token and the Triton kernels switch are refused (ValueError naming them).
         """
+        if batching not in (None, "static", "continuous"):
+            raise ValueError(f"batching={batching!r}: give None, 'static' or 'continuous'")
         check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
                     prefill_graphs=prefill_graphs)
@@ -362,7 +410,27 @@ class LLM:
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
-        if cuda_graphs or torch_compile or gpu_sampling:
+        if batching == "continuous":
+            off = [name for name, on in (("use_cache=False", not use_cache), ("cuda_graphs", cuda_graphs),
+                                         ("torch_compile", torch_compile), ("gpu_sampling", gpu_sampling),
+                                         ("prefill_graphs", prefill_graphs), ("cache_factory", cache_factory is not None),
+                                         ("on_token", on_token is not None),
+                                         ("the Triton kernels switch", self.kernels is not None)) if on]
+            if off:
+                raise ValueError(f"batching='continuous' runs the model eagerly on its own paged KV pool "
+                                 f"(llmlab.batching.engine), which cannot take {', '.join(off)}: turn "
+                                 f"{'it' if len(off) == 1 else 'them'} off, or use batching='static'")
+            g = generate_continuous(self.model, ids, **common)
+        elif is_ragged(ids):  # prompts of different lengths: one left-padded static batch
+            off = [name for name, on in (("use_cache=False", not use_cache), ("prefill_graphs=True", prefill_graphs),
+                                         ("cache_factory", cache_factory is not None)) if on]
+            if off:
+                raise ValueError(f"prompts of different lengths run as one left-padded batch on a static KV cache "
+                                 f"(llmlab.batching.static), which cannot take {' or '.join(off)}: drop "
+                                 f"{'it' if len(off) == 1 else 'them'}, or give prompts of equal length")
+            g = generate_static(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile), runners=self.runners,
+                                kernels=self.kernels, pin_memory=pin_memory, **common)
+        elif cuda_graphs or torch_compile or gpu_sampling:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,
                               runners=self.runners, kernels=self.kernels, **common)

@@ -193,8 +193,8 @@ def prepare_prompt(model: Transformer, prompt_ids, max_new_tokens: int) -> torch
         lengths = [len(r) for r in prompt_ids]
         if len(set(lengths)) > 1:
             raise ValueError(f"the prompts of this batch have different lengths ({', '.join(map(str, lengths))} "
-                             f"tokens); one generate call decodes equal-length rows (there is no padding mask yet): "
-                             f"generate them one at a time, or cut them to one length")
+                             f"tokens); this loop decodes equal-length rows: run them as one left-padded batch "
+                             f"with llmlab.batching.static.generate_static (LLM.generate does), or one at a time")
     try:
         ids = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError) as e:

@@ -18,6 +18,8 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +int8            (side rung) weight-only int8 linear layers (llmlab.quant): half the bytes per decode step
     +int4            (side rung) weight-only int4, one scale per 128 inputs: about a quarter of the bytes
                      Both run on top of every rung below them; rungs added above keep the loaded weights
+    +static_batching     (side rung) the workload's requests as one left-padded batch (llmlab.batching.static)
+    +continuous_batching (side rung) continuous batching on a paged KV pool, run eagerly (llmlab.batching.engine)
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -276,3 +278,15 @@ register_step(LadderStep("+int4", {"weights": "int4"},
                          "plus the scales; lm_head stays bf16",
                          label="int4 weights (g128)", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
                          cumulative=False))
+register_step(LadderStep("+static_batching", {"batching": "static"},
+                         "all requests of the workload as ONE left-padded batch (llmlab.batching.static) instead of "
+                         "one batch per prompt length: the weights are read once per step for every request, and "
+                         "the padding and the rows that finished early are computed for nothing",
+                         label="static batching", cumulative=False))
+_EAGER = {"cuda_graphs": False, "torch_compile": False, "gpu_sampling": False, "pinned_memory": False,
+          "triton_kernels": False, "step_tuning": False, "prefill_graphs": False}  # what the batching engine runs
+register_step(LadderStep("+continuous_batching", {"batching": "continuous", **_EAGER},
+                         "continuous batching (llmlab.batching.engine): a scheduler admits requests as KV blocks "
+                         "free up and each request leaves the batch the step it finishes; the engine runs the model "
+                         "eagerly on a paged KV pool (no CUDA graphs or Triton kernels yet)",
+                         label="continuous batching", cumulative=False))

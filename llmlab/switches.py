@@ -301,3 +301,20 @@ register(Switch("step_tuning", "step tuning", False,
                 "(batch 1), not each kernel alone: inside the step, kernels overlap their neighbours (programmatic "
                 "dependent launch)",
                 _step_tuning, available=_step_tuning_available))
+
+
+# -- lab 06: batching (llmlab.batching) ----------------------------------------------------------------------------
+# How the requests of a workload share the GPU: None runs equal-length prompts as one batch and a ragged list as one
+# left-padded static batch; "static" says so explicitly; "continuous" serves them by continuous batching (a
+# scheduler over a paged KV pool, requests joining and leaving between steps).
+
+def _batching(llm: LLM, value: str | None, kwargs: dict) -> LLM:
+    if value is not None:
+        kwargs["batching"] = value
+    return llm
+
+
+register(Switch("batching", "batching", None,
+                "serve many requests together: 'static' pads them into one batch that runs until its longest "
+                "request is done; 'continuous' lets each request join and leave the running batch at every step",
+                _batching, choices=(None, "static", "continuous")))

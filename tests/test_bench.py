@@ -52,7 +52,8 @@ def test_quick_chat_writes_one_valid_file(chat_doc):
 def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     doc, _ = chat_doc
     steps = [r["step"] for r in doc["results"]]
-    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "hf_eager", "hf_static", "roofline"]
+    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "+static_batching", "+continuous_batching",
+                     "hf_eager", "hf_static", "roofline"]
     for r in doc["results"]:
         assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
         assert r["workload"] == "chat" and r["model"] == "pydoc-llama" and r["batch_size"] == 1
@@ -68,6 +69,8 @@ def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     # fp32 on a CPU: the cached, uncached and transformers paths pick the same greedy tokens
     assert rows["no_kv_cache"]["tokens_match_eager"] is True
     assert rows["hf_eager"]["tokens_match_eager"] is True
+    assert rows["+static_batching"]["tokens_match_eager"] is True  # one prompt: the same tokens on every path
+    assert rows["+continuous_batching"]["tokens_match_eager"] is True
     assert rows["eager"]["settings"] == {"kv_cache": True}
     # nothing beats the bandwidth ceiling at batch 1
     assert rows["roofline"]["tokens_per_s"] > rows["eager"]["tokens_per_s"]
@@ -79,11 +82,14 @@ def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
 def test_batch_workload_is_grouped_and_says_so():
     """64 mixed-length requests on a tiny random model: 4 equal-length groups for llmlab, one padded batch for HF."""
     llm = LLM(tiny_model(seed=0, max_seq_len=1024), name="tiny")
-    doc = run_bench("batch", "tiny", steps=["eager"], peers=True, out=None, quick=True, llm=llm,
-                    print_fn=lambda *a: None)
+    doc = run_bench("batch", "tiny", steps=["eager", "+static_batching", "+continuous_batching"], peers=True,
+                    out=None, quick=True, llm=llm, print_fn=lambda *a: None)
     validate_bench(bench_file._clean(doc))
     rows = {r["step"]: r for r in doc["results"]}
     assert rows["eager"]["batch_size"] == 64
+    # one left-padded batch, and continuous batching, give every request its solo (grouped) greedy tokens
+    assert rows["+static_batching"]["tokens_match_eager"] is True
+    assert rows["+continuous_batching"]["tokens_match_eager"] is True
     notes = " ".join(doc["notes"])
     assert "4 batches of equal-length prompts" in notes and "16 x 512 tokens" in notes
     assert "left-padded" in notes
@@ -461,7 +467,7 @@ def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
     assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
-    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4;" in err and "--peers" in err
+    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4, +static_batching, +continuous_batching;" in err and "--peers" in err
     assert not list(tmp_path.iterdir())
     llm = LLM(tiny_model(seed=0), name="tiny")
     with pytest.raises(bench.NothingToRun, match="nothing to measure"):

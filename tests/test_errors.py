@@ -339,10 +339,11 @@ def test_prompt_that_is_not_token_ids(good, prompt):
 
 
 def test_batch_of_unequal_lengths_names_the_lengths(good):
-    """Rows of different lengths are token ids, just not a batch one call can run: the message says so."""
-    for run in (good[1].generate, lambda p: generate(good[1].model, p)):
-        with pytest.raises(ValueError, match=r"different lengths \(2, 1 tokens\).*one at a time"):
-            run([[1, 2], [3]])
+    """Rows of different lengths are token ids, just not a batch the equal-length loop can run: its message says
+    so and names the padded path; `LLM.generate` runs them as one left-padded batch."""
+    with pytest.raises(ValueError, match=r"different lengths \(2, 1 tokens\).*generate_static.*one at a time"):
+        generate(good[1].model, [[1, 2], [3]])
+    assert len(good[1].generate([[1, 2], [3]], max_new_tokens=2).token_ids) == 2
     still_works(good)
 
 

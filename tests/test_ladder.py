@@ -13,6 +13,9 @@ from llmlab.switches import Switch
 from llmlab.tour import run_tour, tour_settings
 from tiny_models import tiny_model
 
+# the rungs a CPU runs: the GPU-only ones (CUDA graphs, kernels, ...) are skipped with their reason
+CPU_RUNGS = ["no_kv_cache", "eager", "+int8", "+int4", "+static_batching", "+continuous_batching"]
+
 
 @pytest.fixture
 def registry():
@@ -64,11 +67,12 @@ def test_the_prefill_graph_rung_sits_above_the_decode_graphs_and_keeps_them(llm)
 
 def test_cpu_runs_the_bottom_rungs_and_says_why_it_skips_the_rest(llm):
     runnable, skipped = available_steps(llm)
-    # the weight-only quantized rungs run on a CPU too (dequantize + matmul in PyTorch), on top of eager
-    assert [r.name for r in runnable] == ["no_kv_cache", "eager", "+int8", "+int4"]
+    # the weight-only quantized rungs and the batching rungs run on a CPU too, on top of eager
+    assert [r.name for r in runnable] == CPU_RUNGS
     assert runnable[1].settings == {"kv_cache": True}
     assert runnable[3].settings == {"kv_cache": True, "weights": "int4"}
-    assert {s.name for s, _ in skipped} == set(step_names()) - {"no_kv_cache", "eager", "+int8", "+int4"}
+    assert runnable[5].settings["batching"] == "continuous" and not runnable[5].settings["cuda_graphs"]
+    assert {s.name for s, _ in skipped} == set(step_names()) - set(CPU_RUNGS)
     for step, why in skipped:
         assert why, f"{step.name} is skipped without a reason"
     reasons = dict((s.name, why) for s, why in skipped)
@@ -117,7 +121,7 @@ def test_register_step_places_and_replaces(registry):
 def test_unknown_step_names_are_an_error(llm):
     with pytest.raises(ValueError, match="unknown ladder step 'fast'"):
         available_steps(llm, ["eager", "fast"])
-    assert [r.name for r in available_steps(llm, ["all"])[0]] == ["no_kv_cache", "eager", "+int8", "+int4"]
+    assert [r.name for r in available_steps(llm, ["all"])[0]] == CPU_RUNGS
 
 
 @pytest.mark.parametrize("name, guess", [("cuda_graphs", "+cuda_graphs"), ("prefill_graphs", "+prefill_graphs"),
@@ -149,14 +153,15 @@ def test_weights_label_and_bytes():
 def test_tour_climbs_the_ladder(llm, tmp_path):
     from tiny_models import model_folder
 
-    cpu_rungs = ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)"]  # the GPU-only rungs are skipped
+    cpu_rungs = ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)", "static batching",
+                 "continuous batching"]  # the GPU-only rungs are skipped
     assert [t.name for t in tour_settings(llm)] == cpu_rungs
     folder = model_folder(tmp_path, seed=0)[0]
     lines = []
     rows = run_tour(str(folder), device="cpu", max_new_tokens=4, repeats=1, print_fn=lines.append)
     assert [r["setting"] for r in rows] == cpu_rungs
     skipped_lines = [line for line in lines if "skipped:" in line]
-    assert len(skipped_lines) == len(step_names()) - 4
+    assert len(skipped_lines) == len(step_names()) - len(cpu_rungs)
 
 
 def test_one_rung_may_be_named_by_a_string(llm):

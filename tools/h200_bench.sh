@@ -4,7 +4,9 @@
 # network). "main" (the default, ~6 min) runs `llmlab bench` on the chat workload for the Llama-3.2-1B shape (random
 # bf16 weights) and for the shipped default model, every rung of the ladder with Hugging Face's eager and
 # static-cache `generate` as peers, then `llmlab profile` of the 1B shape's eager and CUDA-graph decode; "extra"
-# (~7 min) runs the batch (64 requests) and long (8K context) workloads on the 1B shape from eager up, with peers;
+# (~9 min) runs the batch (64 requests) and long (8K context) workloads on the 1B shape from eager up, with peers,
+# the batch workload's batching rungs, and the serving curve (llmlab.batching.trace_runner: arrival rates x static /
+# continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs (no peers; the GPU tests of the quantized paths first).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
@@ -45,7 +47,10 @@ else
   step batch_1b 90 $BENCH --workload batch --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget 260
   step long_1b 60 $BENCH --workload long --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
-    --time-budget "$(budget 40)"
+    --time-budget "$(budget 140)"
+  step batching_1b 60 $BENCH --workload batch --model "$BIG" --steps "+prefill_graphs,+static_batching,+continuous_batching" \
+    --repeats 1 --time-budget "$(budget 90)"
+  step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT"
 fi
 
 echo "### done in $((SECONDS - START))s" | tee -a "$LOG"

@@ -4,9 +4,14 @@
                    per-row position ids; the padding waste (padded vs useful tokens, and their time)
     scheduler.py   continuous (iteration-level) batching: waiting and running queues, admission by free KV blocks,
                    chunked prefill under a token budget, preemption by recompute
+    paged_batch.py one step's KV cache view over the block pool: any sequences, each at its own positions (B, T)
     engine.py      the step loop that runs the scheduler's batches on the model and a paged KV cache
+    continuous.py  a list of prompts served by the engine, returned as one Generation (LLM.generate's
+                   batching="continuous", the +continuous_batching rung)
     requests.py    the request API: submit, stream, cancel, per-request metrics; a background loop
     workload.py    arrival traces (Poisson) and request lengths for the serving benchmarks
+    trace_runner.py  a trace served in real time (one at a time, static batches, continuous batching) and the
+                   throughput-latency curve over arrival rates
 
 Importing this package imports no model code; each module is imported on first use.
 """

@@ -8,9 +8,10 @@ warm-up run of the whole workload, then the timed runs, with the NVML sampler on
 (`llmlab.measure.bench_table`) and writes one JSON file per run into `data/bench/` (`llmlab.measure.bench_file`:
 the format, and reading the files back).
 
-The llmlab engine cannot yet batch prompts of different lengths (no padding mask; continuous batching is lab 06),
-so the `batch` workload runs as 4 groups of 16 equal-length prompts, one group after the other; the JSON `notes` say
-so, and Hugging Face runs the same 64 prompts as ONE left-padded batch with an attention mask (its normal way).
+The ladder's rungs without the batching switch run the `batch` workload as 4 groups of 16 equal-length prompts,
+one group after the other (the JSON `notes` say so); `+static_batching` runs the 64 prompts as ONE left-padded batch
+(`llmlab.batching.static`), as Hugging Face does, and `+continuous_batching` serves them by continuous batching
+(`llmlab.batching.engine`), where each request's TTFT is its own and a step mixes decode rows and prefill chunks.
 
 Prompts are random token ids (seeded), the same for every row. Greedy decoding; EOS is ignored, so every request
 generates exactly its new tokens.
@@ -67,11 +68,15 @@ def load_bench_model(model: str = "default", device=None, dtype=None) -> tuple[L
 
 
 def run_llmlab(llm: LLM, kwargs: dict, prompts: list[list[int]], new_tokens: int) -> Run:
-    """Run a workload on the llmlab engine: one `generate` call per group of equal-length prompts."""
+    """Run a workload on the llmlab engine: one `generate` call per group of equal-length prompts, or, with the
+    batching switch (`kwargs["batching"]`: "static" or "continuous"), one call for every request."""
     run = Run()
-    for idx in group_by_length(prompts):
+    groups = [list(range(len(prompts)))] if kwargs.get("batching") else group_by_length(prompts)
+    for idx in groups:
         g = llm.generate([prompts[i] for i in idx], max_new_tokens=new_tokens, stop_at_eos=False, **kwargs)
-        run.calls.append(Call(idx, [len(prompts[i]) for i in idx], list(g.step_ms), g.token_ids))
+        requests = g.extra.get("requests")  # continuous batching: each request's own TTFT
+        ttft = [r["ttft_ms"] for r in requests] if requests else None
+        run.calls.append(Call(idx, [len(prompts[i]) for i in idx], list(g.step_ms), g.token_ids, ttft))
     return run
 
 
@@ -253,8 +258,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         notes.append(f"the peaks were measured while the machine looked busy ({why}): they may read low, and "
                      f"mbu/mfu high")
     if len(groups) > 1:
-        notes.append(f"llmlab rows: the engine cannot batch prompts of different lengths yet (no padding mask), so "
-                     f"the {wl.n_requests} requests run as {len(groups)} batches of equal-length prompts ("
+        notes.append(f"llmlab rows without the batching switch run the {wl.n_requests} requests as {len(groups)} "
+                     f"batches of equal-length prompts ("
                      + ", ".join(f"{len(g)} x {len(prompts[g[0]])} tokens" for g in groups)
                      + ") one after another; TTFT includes the wait for earlier batches; batch_size is the "
                        "number of requests")

@@ -24,12 +24,15 @@ AS_LOADED = LadderStep("as loaded", {})  # weights in the model's own dtype (the
 
 @dataclass
 class Call:
-    """One `generate` call of a run: its requests (indices), prompt lengths, step times and tokens."""
+    """One `generate` call of a run: its requests (indices), prompt lengths, step times and tokens; ttft_ms: each
+    request's own time to its first token, from the call's start, where requests do not all get their first token
+    at the end of step 0 (continuous batching admits them over several steps); None: at the end of step 0."""
 
     requests: list[int]
     prompt_lens: list[int]
     step_ms: list[float]
     tokens: list[list[int]]
+    ttft_ms: list[float] | None = None
 
 
 @dataclass
@@ -73,7 +76,7 @@ def run_metrics(run: Run, config, weight_bpp: float, kv_bytes: float, peak_bw: f
     total_s = run.total_ms / 1e3
     ttfts, waited = [], 0.0
     for c in run.calls:
-        ttfts += [waited + c.step_ms[0]] * len(c.requests)
+        ttfts += [waited + t for t in c.ttft_ms] if c.ttft_ms is not None else [waited + c.step_ms[0]] * len(c.requests)
         waited += sum(c.step_ms)
     decode_ms = [ms for c in run.calls for ms in c.step_ms[1:]]
     byts = flops = 0.0

@@ -4,9 +4,9 @@
     batch   64 requests at once: 16 each of 64-, 128-, 256- and 512-token prompts, 128 new tokens each
     long    batch 1, an 8K context: an (8192 - 256)-token prompt, 256 new tokens
 
-Prompts are random token ids (seeded), the same for every row of a bench run and for its peers. The llmlab engine
-cannot yet batch prompts of different lengths (no padding mask; continuous batching is lab 06), so it runs a
-workload as groups of equal-length prompts (`group_by_length`), one group after the other.
+Prompts are random token ids (seeded), the same for every row of a bench run and for its peers. Without the
+batching switch the llmlab rows run a workload as groups of equal-length prompts (`group_by_length`), one group after
+the other; with it, as one left-padded batch or by continuous batching (`llmlab.batching`).
 """
 
 from __future__ import annotations

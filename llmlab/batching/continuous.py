@@ -1,0 +1,98 @@
+"""`generate_continuous`: a list of prompts served by continuous batching, returned as one `Generation`.
+
+What `LLM.generate(prompts, batching="continuous")` runs, and the `+continuous_batching` rung of the ladder: every
+prompt is a request of a `llmlab.batching.engine.BatchEngine` (all arriving at once), the engine steps until all are
+done, and the result has the shape `generate` gives, so the tour, the dashboard and the bench read it as they read
+any other rung:
+
+    token_ids   each request's tokens, in the order of the prompts
+    step_ms     the engine's steps (step 0 ends with the first prefill chunks; later steps mix decode rows and
+                prefill chunks, so a "step" is not one token of every row as in a static batch)
+    extra       "requests": per request its TTFT, queueing delay, TPOT (ms) and preemptions; "engine": the
+                engine's totals (`BatchEngine.summary`); "max_batch" and "num_blocks" as run
+
+Greedy outputs equal each prompt's solo output (the engine's tests check it at fp32). The engine runs the model
+eagerly on the paged pool (`PagedBatchView`): CUDA graphs and the Triton kernels switch do not apply to it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from llmlab.batching.engine import BatchEngine
+from llmlab.generate import Generation
+
+__all__ = ["generate_continuous"]
+
+
+def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
+                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                        eos_token_id=None, on_token=None, max_batch: int | None = None,
+                        num_blocks: int | None = None, token_budget: int | None = None,
+                        chunk: int = 64) -> Generation:
+    """Serve `prompts` (a list of token-id lists, any lengths) by continuous batching; one `Generation`.
+
+    Args:
+        model: an `llmlab.model.Transformer`.
+        prompts: B prompts of token ids (lists of ints; a single prompt as a list of ints is one request).
+        max_new_tokens, temperature, top_k, top_p: as `LLM.generate`, the same for every request.
+        seed: request i samples with seed + i (None: unseeded); greedy ignores it.
+        eos_token_id: stop a request at this token (None: every request generates max_new_tokens).
+        on_token: not supported (requests advance at different steps): must be None.
+        max_batch: the most requests running at once (default: all of them, at most 64).
+        num_blocks: the KV pool's blocks (default: room for max_batch requests of the longest prompt +
+            max_new_tokens). A smaller pool makes the engine preempt and recompute.
+        token_budget: the most tokens per step (default: max(256, max_batch)).
+        chunk: the most prompt tokens one request prefills per step.
+
+    Raises:
+        ValueError / TypeError: as `BatchEngine` and its `make_request` (each names the field), on_token given.
+    """
+    if on_token is not None:
+        raise ValueError("on_token: continuous batching advances each request at its own step; stream tokens with "
+                         "llmlab.batching.requests.Server instead, or leave on_token out")
+    if prompts and isinstance(prompts[0], int):
+        prompts = [prompts]
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+    if not prompts:
+        raise ValueError("prompts: give at least one prompt")
+    longest = max(len(p) for p in prompts) + int(max_new_tokens)
+    context = model.config.max_seq_len
+    max_batch = max_batch or min(len(prompts), 64)
+    block_size = 16
+    engine = BatchEngine(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+                         token_budget=token_budget or max(256, max_batch), chunk=chunk,
+                         max_seq_len=min(max(longest, 2), context))
+    eos = eos_token_id is not None
+    if eos:
+        engine.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+    seqs = [engine.make_request(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=None if seed is None else seed + i, stop_at_eos=eos)
+            for i, p in enumerate(prompts)]  # every request checked before any is queued
+    start = time.perf_counter()
+    for s in seqs:
+        s.arrival_time = start
+        engine.add(s)
+    step_ms = []
+    while engine.has_work():
+        result = engine.step()
+        if result.error is not None:
+            raise result.error
+        if result.stats is None:  # nothing could be scheduled: cannot happen while requests wait (the pool holds
+            raise RuntimeError("continuous batching made no progress")  # one request of max_seq_len by design)
+        step_ms.append(result.stats.ms)
+    param = next(model.parameters())
+    reasons = {s.finish_reason for s in seqs}
+    requests = [{"ttft_ms": 1e3 * (s.first_token_time - s.arrival_time),
+                 "queueing_ms": 1e3 * (s.admitted_time - s.arrival_time),
+                 "tpot_ms": (1e3 * (s.finish_time - s.first_token_time) / (len(s.output) - 1)
+                             if len(s.output) > 1 else None),
+                 "preemptions": s.num_preemptions} for s in seqs]
+    return Generation(token_ids=[list(s.output) for s in seqs], prompt_len=max(len(p) for p in prompts),
+                      step_ms=step_ms, finish_reason="eos" if reasons == {"eos"} else "length", use_cache=True,
+                      device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
+                      extra={"requests": requests, "engine": engine.summary(), "max_batch": max_batch,
+                             "num_blocks": engine.pool.num_blocks})
