@@ -15,5 +15,6 @@
     host_costs.py     what the host spends per token outside the GPU (tokenizer, sampling, Python)
     kv_costs.py       a KV cache's memory and decode time, measured with real caches
     model_bytes.py    the bytes of weights a decode step reads (computed) and the bytes they occupy (allocated)
+    diagnosis.py      which bottleneck is yours: the four classes, their rules, the controlled-experiment sweeps
     serving.py        serving metrics from request timestamps: queueing, TTFT, TPOT at p50/p90/p99, tokens/s
 """
