@@ -186,11 +186,17 @@ class LLM:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> "LLM":
         """Load a checkpoint: 'default' (the model shipped in data/models/), a local Hugging Face folder, or a
-        hub id (needs network once). See `llmlab.checkpoint.resolve` (a name that is not a string or path, or an
-        empty one) and `llmlab.checkpoint.load_model` for the errors raised."""
+        hub id (needs network once). A folder written by `llmlab.quant.serialize.save_quantized` (it has
+        quant_config.json) loads as that quantized model (dtype None keeps the saved one). See
+        `llmlab.checkpoint.resolve` (a name that is not a string or path, or an empty one) and
+        `llmlab.checkpoint.load_model` for the errors raised."""
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
         folder = resolve(name_or_path)
+        from llmlab.quant.serialize import is_quantized_checkpoint, load_quantized
+
+        if is_quantized_checkpoint(folder):  # a folder `llmlab.quant.serialize.save_quantized` wrote
+            return load_quantized(folder, device=dev, dtype=None if dtype is None else dt)
         model = load_model(folder, device=dev, dtype=dt)
         try:
             tokenizer = load_tokenizer(folder)
@@ -310,6 +316,7 @@ class LLM:
         llm.runners = RunnerCache()  # graphs captured before hold the old layers
         llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "") \
             + (" awq" if method == "awq" else "")
+        llm.quant_method = method  # what `llmlab.quant.serialize.save_quantized` records
         return llm
 
     def encode(self, text: str) -> list[int]:

@@ -1,7 +1,7 @@
-"""labs/03_kv_cache.ipynb: every code cell is valid Python, the exercises come unsolved (the reference answer stands
-in, imported from llmlab.solutions.lab03, as in labs 00, 02, 05 and 07), and the lab's exercise checks accept the
-reference answers and reject wrong ones (the notebook itself runs under nbval:
-`pytest --nbval-lax labs/03_kv_cache.ipynb`)."""
+"""labs/03_kv_cache.ipynb: every code cell is valid Python, each exercise holds its answer between solution markers
+(the student copy in labs/student/ raises NotImplementedError instead) and is checked by a later cell, and the lab's
+exercise checks accept the reference answers and reject wrong ones (the notebook itself runs under nbval:
+`pytest --nbval-lax labs/03_kv_cache.ipynb`; tests/test_exercises.py runs each exercise cell against its check)."""
 
 import ast
 import json
@@ -12,11 +12,12 @@ import pytest
 from llmlab.solutions import lab03
 
 NB = Path(__file__).resolve().parents[1] / "labs" / "03_kv_cache.ipynb"
+STUDENT = NB.parent / "student" / NB.name
 EXERCISES = ("kv_bytes_per_token", "slot", "paged_waste_tokens")
 
 
-def code_cells() -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(NB.read_text())["cells"] if c["cell_type"] == "code"]
+def code_cells(path: Path = NB) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
 
 
 def test_cells_parse():
@@ -27,14 +28,18 @@ def test_cells_parse():
 
 
 @pytest.mark.parametrize("name", EXERCISES)
-def test_exercise_cell_is_a_skeleton(name):
-    """The student's cell holds no answer: its body imports the reference and hands over to it, and a later cell
-    checks the student's function with lab03's check."""
+def test_exercise_cell_holds_its_answer_between_markers(name):
+    """The lab's cell writes the answer out between solution markers (nothing imported from llmlab.solutions), the
+    student copy's raises NotImplementedError in its place, and a later cell checks the function with lab03's
+    check."""
     code = code_cells()
     i, cell = next((i, c) for i, c in enumerate(code) if c.lstrip().startswith(f"def {name}("))
-    assert "YOUR ANSWER HERE" in cell
-    assert f"from llmlab.solutions.lab03 import {name} as reference" in cell
+    assert "# BEGIN SOLUTION" in cell and "# END SOLUTION" in cell
+    assert "llmlab.solutions" not in cell
     assert any(f"check_{name}({name})" in c for c in code[i + 1:])
+    student = code_cells(STUDENT)
+    cell = next(c for c in student if c.lstrip().startswith(f"def {name}("))
+    assert 'raise NotImplementedError("write your answer here")' in cell and "SOLUTION" not in cell
 
 
 def test_reference_answers_pass_their_checks():

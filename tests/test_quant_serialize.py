@@ -208,3 +208,19 @@ def test_save_refuses_what_it_cannot_load_back_and_never_overwrites_a_float_mode
     save_quantized(quantize_model(tiny_model(), "int4", group_size=32), tmp_path / "q")  # a quantized save: replaced
     assert json.loads((tmp_path / "q" / QUANT_CONFIG).read_text())["scheme"] == "int4"
     assert is_quantized(load_quantized(tmp_path / "q", device="cpu").model)
+
+
+def test_llmlab_load_reads_a_saved_quantized_folder(tmp_path):
+    """`llmlab.load(folder)` routes a folder with quant_config.json to load_quantized: the same logits, and the
+    method recorded by LLM.quantize."""
+    import llmlab
+    from llmlab.quant.serialize import save_quantized
+
+    llm = llmlab.load(device="cpu", dtype="fp32")
+    q = llm.quantize("int8")
+    assert q.quant_method == "rtn"
+    save_quantized(q, tmp_path / "q8")
+    back = llmlab.load(tmp_path / "q8", device="cpu")
+    assert back.quant_method == "rtn" and back.tokenizer is not None
+    ids = torch.tensor([[1, 5, 9, 200, 31]])
+    torch.testing.assert_close(back.model(ids), q.model(ids), rtol=0, atol=0)
