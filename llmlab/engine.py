@@ -435,8 +435,12 @@ class LLM:
                 raise ValueError(f"prompts of different lengths run as one left-padded batch on a static KV cache "
                                  f"(llmlab.batching.static), which cannot take {' or '.join(off)}: drop "
                                  f"{'it' if len(off) == 1 else 'them'}, or give prompts of equal length")
-            g = generate_static(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile), runners=self.runners,
-                                kernels=self.kernels, pin_memory=pin_memory, **common)
+            # eagerly (no graphs to keep) the batch gets a cache of exactly its length: the shared runners' caches
+            # are sized for captured graphs, and every eager step would attend over all of their slots
+            fast = cuda_graphs or torch_compile
+            g = generate_static(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
+                                runners=self.runners if fast else None, kernels=self.kernels, pin_memory=pin_memory,
+                                **common)
         elif cuda_graphs or torch_compile or gpu_sampling:
             g = generate_fast(self.model, ids, mode=decode_mode(cuda_graphs, torch_compile),
                               gpu_sampling=gpu_sampling, pin_memory=pin_memory, prefill_graph=prefill_graphs,

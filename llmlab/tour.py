@@ -66,6 +66,7 @@ def _time_settings(llm: LLM, prompt: str, max_new_tokens: int, repeats: int) -> 
         reference = reference or tokens
         rows.append({
             "setting": setting.name,
+            "quantized": bool(setting.settings.get("weights")),
             "ttft_ms": statistics.median(r.ttft_ms for r in runs),
             "tpot_ms": statistics.median(r.tpot_ms for r in runs),
             "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
@@ -101,11 +102,16 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     with intra_op_threads(threads):
         rows, skipped = _time_settings(llm, prompt, max_new_tokens, repeats)
     base = rows[0]["tokens_per_s"]
-    print_fn(f"{'setting':<16}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
+    w = max(16, 2 + max(len(r["setting"]) for r in rows))
+    print_fn(f"{'setting':<{w}}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
     for r in rows:
-        print_fn(f"{r['setting']:<16}{r['ttft_ms']:>10.2f}{format_ms(r['tpot_ms']):>10}{r['tokens_per_s']:>11.1f}"
+        print_fn(f"{r['setting']:<{w}}{r['ttft_ms']:>10.2f}{format_ms(r['tpot_ms']):>10}{r['tokens_per_s']:>11.1f}"
                  f"{r['tokens_per_s'] / base:>9.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
-    if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows):
+    rounded = [r["setting"] for r in rows if r["quantized"] and not r["same_tokens"]]
+    if rounded:
+        print_fn(f"({', '.join(rounded)}: the weights are rounded, so the model itself changed and its greedy "
+                 f"tokens may part ways with the float model's; lab 04 measures what that costs in perplexity)")
+    if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows if not r["quantized"]):
         print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "
                  "at fp32 they must be identical: try --dtype fp32)")
     noisy = [r["setting"] for r in rows if r["tpot_spread"] > 1.5]
@@ -114,7 +120,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
                  f"machine, and the medians may not rank the settings. On a small or shared CPU, "
                  f"OMP_NUM_THREADS=1 llmlab tour is often steadier and faster)")
     for step, why in skipped:
-        print_fn(f"{step.label:<16}skipped: {why}")
+        print_fn(f"{step.label:<{w}}skipped: {why}")
     sample = (prompt + rows[-1]["text"]).strip()
     print_fn("")
     if folder.resolve() == DEFAULT_MODEL_DIR.resolve():

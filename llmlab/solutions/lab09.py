@@ -52,8 +52,9 @@ _CHAT = [("no_kv_cache", 84.4, 10.6, 10.5), ("eager", 88.4, 11.9, 10.8), ("+gpu_
 _CPU = [("no_kv_cache", 20.1, 45.8, 49.8), ("eager", 67.6, 58.3, 10.9), ("+int8", 69.7, 47.0, 11.8),
         ("+int4", 29.0, 75.7, 32.0), ("+static_batching", 68.2, 49.7, 11.9), ("+continuous_batching", 61.5, 63.3, 13.1),
         ("hf_eager", 75.0, 40.0, 21.6), ("hf_static", 72.0, 44.0, 23.3), ("roofline", 272.3, None, 3.67)]
-_BATCH = [("eager", 958.0, 3186.0, 17.8), ("+cuda_graphs", 2849.8, 1090.9, 5.45), ("+torch_compile", 4269.5, 732.9, 3.57),
-          ("+triton_kernels", 11921.7, 266.1, 1.19), ("+prefill_graphs", 12182.9, 253.7, 1.19),
+_BATCH = [("eager", 958.0, 3186.0, 17.8), ("+cuda_graphs", 2849.8, 1090.9, 5.45),
+          ("+torch_compile", 4269.5, 732.9, 3.57), ("+triton_kernels", 11921.7, 266.1, 1.19),
+          ("+prefill_graphs", 12182.9, 253.7, 1.19),
           ("hf_eager", 3794.7, 162.1, 15.6), ("hf_static", 8021.0, 178.6, 6.47), ("roofline", 25075.7, None, 0.64)]
 _BATCHING = [("+static_batching", 9050.0, 240.0, 6.9), ("+continuous_batching", 7010.0, 150.0, 8.8)]
 
@@ -62,11 +63,12 @@ CASES: tuple[tuple[str, list[dict], float], ...] = (
     ("a chat ladder on an H200 without its prefill-graphs rung, TTFT <= 15 ms", _rows("chat", _CHAT), 15.0),
     ("the same ladder with its top rung, +prefill_graphs (TTFT 2.2 ms), TTFT <= 15 ms",
      _rows("chat", _CHAT[:7] + [("+prefill_graphs", 1288.0, 2.2, 0.77)] + _CHAT[7:]), 15.0),
-    ("a CPU run where Hugging Face's generate is the fastest under the limit, TTFT <= 60 ms", _rows("chat", _CPU), 60.0),
+    ("a CPU run where Hugging Face's generate is the fastest under the limit, TTFT <= 60 ms",
+     _rows("chat", _CPU), 60.0),
     ("the same CPU run with a limit no rung meets, TTFT <= 11.5 ms", _rows("chat", _CPU), 11.5),
     ("a rung exactly at the limit, TTFT <= 15 ms",
-     _rows("chat", [("eager", 90.0, 12.0, 10.5), ("+cuda_graphs", 400.0, 19.5, 2.4), ("+torch_compile", 590.0, 15.0, 1.6),
-                    ("roofline", 1690.0, None, 0.59)]), 15.0),
+     _rows("chat", [("eager", 90.0, 12.0, 10.5), ("+cuda_graphs", 400.0, 19.5, 2.4),
+                    ("+torch_compile", 590.0, 15.0, 1.6), ("roofline", 1690.0, None, 0.59)]), 15.0),
     ("64 requests on an H200, no batching rungs: no rung meets TTFT <= 200 ms", _rows("batch", _BATCH), 200.0),
     ("64 requests with the batching rungs, TTFT <= 200 ms", _rows("batch", _BATCH[:5] + _BATCHING + _BATCH[5:]), 200.0),
     ("64 requests with the batching rungs, TTFT <= 300 ms", _rows("batch", _BATCH[:5] + _BATCHING + _BATCH[5:]), 300.0),
@@ -127,8 +129,8 @@ def _call(fn, rows: list[dict], limit: float, what: str):
                              f"e.g. '+torch_compile', or None when no rung meets the limit")
     steps = [r["step"] for r in rows]
     if got is not None and got not in steps:
-        raise AssertionError(f"{what}: best_rung returned {got!r}, which is not the step of any row ({', '.join(steps)})"
-                             f"; return None when no rung meets the limit")
+        raise AssertionError(f"{what}: best_rung returned {got!r}, which is not the step of any row "
+                             f"({', '.join(steps)}); return None when no rung meets the limit")
     return got
 
 
