@@ -221,7 +221,8 @@ def test_llm_quantize_awq_refuses_short_calibration_text_on_the_default_model():
 @pytest.mark.slow
 def test_llm_quantize_awq_on_the_default_model_with_its_held_out_text():
     """The whole path on the shipped model: held-out calibration text, the search over 8 layers, the swap. Its
-    perplexity on held-out tokens after the calibration windows stays within 10% of the float model's."""
+    perplexity on held-out tokens after the calibration windows stays within 5% of the float model's (either way:
+    on 1,024 tokens rounding may as well lower it), and its logits are not the float model's."""
     from llmlab.quant import evaluation_ids, perplexity
 
     llm = llmlab.load(device="cpu", dtype="fp32")
@@ -229,4 +230,5 @@ def test_llm_quantize_awq_on_the_default_model_with_its_held_out_text():
     assert q.name == "pydoc-llama int4 g64 awq"
     ids = evaluation_ids(llm)[:1024]
     p_float, p_awq = perplexity(llm.model, ids, context=512), perplexity(q.model, ids, context=512)
-    assert p_float < p_awq < 1.10 * p_float, (p_float, p_awq)
+    assert abs(p_awq / p_float - 1) < 0.05, (p_float, p_awq)
+    assert not torch.equal(q.model(ids[None, :64]), llm.model(ids[None, :64]))

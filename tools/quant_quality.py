@@ -13,7 +13,7 @@ activations of `--act` (default fp32, which isolates the rounding of the weights
 in bf16); its agreement is measured against the unquantized model in the same activation dtype. The AWQ scales are
 searched once per scheme (in fp32) and folded into each activation dtype's copy. `weight_bytes` of a quantized row
 is what a bf16 model quantized that way stores (embedding and norms in bf16, int8/int4 values with fp32 scales),
-whatever its activations. Runs on a CPU: ~15 minutes on an idle 2-core machine per activation dtype.
+whatever its activations. Runs on a CPU: ~50 minutes per activation dtype on a shared 2-core machine.
 """
 
 from __future__ import annotations

@@ -127,11 +127,13 @@ def calibration_ids(tokenizer_or_llm, text: str | None = None, n_samples: int = 
     if ids.numel() < seq_len:
         raise ValueError(f"the calibration text is {ids.numel()} tokens long, shorter than one window of seq_len = "
                          f"{seq_len} tokens (the context the activations are collected at): give a longer text, "
-                         f"or a smaller seq_len")
+                         f"or a smaller seq_len (with LLM.quantize: calibration=llmlab.quant.calibration_ids(llm, "
+                         f"text, n_samples=..., seq_len=...))")
     if ids.numel() < need:
         raise ValueError(f"the calibration text is {ids.numel()} tokens long; n_samples = {n_samples} windows of "
                          f"seq_len = {seq_len} need {need}: give a longer text, or n_samples <= "
-                         f"{ids.numel() // seq_len}")
+                         f"{ids.numel() // seq_len} (with LLM.quantize: calibration=llmlab.quant.calibration_ids("
+                         f"llm, text, n_samples={max(1, ids.numel() // seq_len)}))")
     return ids[:need].view(n_samples, seq_len).clone()
 
 
