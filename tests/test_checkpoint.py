@@ -238,8 +238,10 @@ def test_cli_generate_and_tour(folder, capsys):
 def test_run_tour_rows(folder):
     lines = []
     rows = run_tour(str(folder), device="cpu", max_new_tokens=8, repeats=2, print_fn=lines.append)
-    assert [r["setting"] for r in rows] == ["no KV cache", "KV cache"]
-    assert all(r["same_tokens"] for r in rows)
+    assert [r["setting"] for r in rows] == ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)",
+                                            "static batching", "continuous batching"]
+    # every float rung, batching included, greedily picks the same tokens at fp32; rounded weights may not
+    assert all(r["same_tokens"] for r in rows if not r["quantized"])
     assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert any("device:" in line for line in lines)
 
