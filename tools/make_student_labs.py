@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print("out of date (run python3 tools/make_student_labs.py): " + ", ".join(map(str, stale)), file=sys.stderr)
         return 1
+    if args.check and jobs:
+        print(f"{len(jobs)} student copies are current")
     return 0
 
 
