@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from llmlab.kernels.weight_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 from .linear import Int4Linear
-from .quantize import SCHEMES, is_quantized, quantize_model, quantized_layers
+from .quantize import SCHEMES, check_not_swapped, is_quantized, quantize_model, quantized_layers
 
 __all__ = ["AWQScales", "awq_scales", "apply_awq", "quantize_awq", "fake_quantize", "check_quantizable"]
 
@@ -89,10 +89,7 @@ def _check_model(op: str, model) -> None:
         raise ValueError(f"{op}: the model is already quantized ({len(quantized_layers(model))} layers); AWQ scales "
                          f"the float weights before rounding them. Reload the model (or "
                          f"llmlab.quant.dequantize_model, which keeps the rounded values) and run AWQ on that")
-    swapped = [n for n, m in model.named_modules() if type(m).__module__ == "llmlab.kernels.modules"]
-    if swapped:
-        raise ValueError(f"{op}: {swapped[0]} is a Triton-kernel module (the 'Triton kernels' switch), which fuses "
-                         f"the layers' weights; call llmlab.kernels.modules.swap_out(model) first")
+    check_not_swapped(op, model)
 
 
 def _check_scheme(op: str, model: nn.Module, scheme: str, group_size, include_lm_head: bool = False) -> None:

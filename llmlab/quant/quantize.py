@@ -72,6 +72,15 @@ def _check_group_size(group_size, targets) -> None:
                          f"kernels' smallest K tile); use one of {GROUP_SIZES} (128 is the usual choice; {unpadded})")
 
 
+def check_not_swapped(op: str, model: nn.Module) -> None:
+    """Raise ValueError when the Triton kernel modules are swapped in (they fuse the layers' float weights, which
+    quantizing or rescaling would leave stale); the message says how to swap them out."""
+    swapped = [n for n, m in model.named_modules() if type(m).__module__ == "llmlab.kernels.modules"]
+    if swapped:
+        raise ValueError(f"{op}: {swapped[0]} is a Triton-kernel module (the 'Triton kernels' switch), which fuses "
+                         f"the layers' weights; call llmlab.kernels.modules.swap_out(model) first")
+
+
 def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128,
                    include_lm_head: bool = False) -> nn.Module:
     """Replace the model's linear layers by weight-only quantized ones, in place. Returns the model.
@@ -103,10 +112,7 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
         raise ValueError(f"quantize_model: the model is already quantized ({len(quantized_layers(model))} layers); "
                          f"quantizing twice would round the rounded weights again. Call "
                          f"llmlab.quant.dequantize_model(model) first, or reload the model")
-    swapped = [n for n, m in model.named_modules() if type(m).__module__ == "llmlab.kernels.modules"]
-    if swapped:
-        raise ValueError(f"quantize_model: {swapped[0]} is a Triton-kernel module (the 'Triton kernels' switch), "
-                         f"which fuses the layers' weights; call llmlab.kernels.modules.swap_out(model) first")
+    check_not_swapped("quantize_model", model)
     targets = _targets(model, include_lm_head)
     if not targets:
         raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
