@@ -27,6 +27,9 @@ from llmlab.runtime.fast_generate import decode_mode, generate_fast
 from llmlab.generate import Generation, check_flags, check_seed, generate
 from llmlab.model import Transformer
 
+# LLM.generate's batching values: how the prompts of one call share the model (llmlab.batching; lab 06)
+BATCHING = (None, "static", "continuous", "one_at_a_time")
+
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -395,13 +398,17 @@ class LLM:
         (`llmlab.batching.static.generate_static`, on the runner that cuda_graphs / torch_compile pick): the result
         is a `StaticGeneration` whose `.padding` counts the padding waste; use_cache=False, a cache_factory and
         prefill_graphs are refused with them (ValueError).
-        batching: None (as above), "static" (the same: one left-padded batch) or "continuous": every prompt a
+        batching: None (as above), "static" (the same: one left-padded batch), "continuous": every prompt a
         request of a continuous-batching engine (`llmlab.batching.continuous.generate_continuous`: a paged KV pool,
         requests leave as they finish); it runs the model eagerly, so with it the fast switches, use_cache=False, a
-        cache_factory, on_token and the Triton kernels switch are refused (ValueError naming them).
+        cache_factory, on_token and the Triton kernels switch are refused (ValueError naming them); or
+        "one_at_a_time": no batching at all, each prompt its own call (batch 1) on the switches given, one after
+        the other, as a server without batching would serve requests that all arrived at once: `.step_ms` is
+        every call's steps in order and `.extra["requests"]` gives each request's TTFT counted from the start, the
+        time it waited for the requests before it included.
         """
-        if batching not in (None, "static", "continuous"):
-            raise ValueError(f"batching={batching!r}: give None, 'static' or 'continuous'")
+        if batching not in BATCHING:
+            raise ValueError(f"batching={batching!r}: give one of {', '.join(map(repr, BATCHING))}")
         check_flags(use_cache=use_cache, stop_at_eos=stop_at_eos, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, gpu_sampling=gpu_sampling, pin_memory=pin_memory,
                     prefill_graphs=prefill_graphs)
@@ -417,6 +424,18 @@ class LLM:
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
+        if batching == "one_at_a_time":
+            rows = [ids] if isinstance(ids, torch.Tensor) and ids.dim() == 1 else list(ids)
+            if rows and isinstance(rows[0], int):  # one prompt as a flat list of ids
+                rows = [rows]
+            if not rows:
+                raise ValueError("prompt: no token ids given; give a prompt (text, or a list of token ids)")
+            settings = dict(use_cache=use_cache, cuda_graphs=cuda_graphs, torch_compile=torch_compile,
+                            gpu_sampling=gpu_sampling, pin_memory=pin_memory, cache_factory=cache_factory,
+                            prefill_graphs=prefill_graphs, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, on_token=on_token)
+            return one_at_a_time([self.generate([list(map(int, r))] if not isinstance(r, torch.Tensor) else r[None],
+                                                **settings) for r in rows])
         if batching == "continuous":
             off = [name for name, on in (("use_cache=False", not use_cache), ("cuda_graphs", cuda_graphs),
                                          ("torch_compile", torch_compile), ("gpu_sampling", gpu_sampling),
@@ -459,6 +478,23 @@ class LLM:
         c = self.config
         return (f"LLM({self.name!r}, {c.num_params() / 1e6:.1f}M params, {c.n_layers} layers, dim {c.dim}, "
                 f"{c.n_heads} heads / {c.n_kv_heads} KV heads, device={self.device}, dtype={self.dtype})")
+
+
+def one_at_a_time(results: list[Generation]) -> Generation:
+    """One `Generation` for calls made one after the other, each of one prompt (`LLM.generate(...,
+    batching="one_at_a_time")`): rows in order, every call's step times in order, and in `.extra["requests"]` each
+    request's TTFT in ms from the start of the first call (the calls before it included) and its mean TPOT."""
+    first, requests, waited = results[0], [], 0.0
+    for g in results:
+        requests.append({"ttft_ms": waited + g.step_ms[0],
+                         "tpot_ms": sum(g.step_ms[1:]) / (len(g.step_ms) - 1) if len(g.step_ms) > 1 else None})
+        waited += sum(g.step_ms)
+    return Generation(token_ids=[row for g in results for row in g.token_ids], prompt_len=first.prompt_len,
+                      step_ms=[ms for g in results for ms in g.step_ms],
+                      finish_reason=",".join(sorted({g.finish_reason for g in results})), use_cache=first.use_cache,
+                      device=first.device, dtype=first.dtype,
+                      texts=[t for g in results for t in g.texts] if first.texts is not None else None,
+                      text=first.text, extra={"requests": requests})
 
 
 def load(name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> LLM:

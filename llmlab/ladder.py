@@ -18,6 +18,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +int8            (side rung) weight-only int8 linear layers (llmlab.quant): half the bytes per decode step
     +int4            (side rung) weight-only int4, one scale per 128 inputs: about a quarter of the bytes
                      Both run on top of every rung below them; rungs added above keep the loaded weights
+    +one_at_a_time       (side rung) every request alone (batch 1), one after the other: no batching, the baseline
     +static_batching     (side rung) the workload's requests as one left-padded batch (llmlab.batching.static)
     +continuous_batching (side rung) continuous batching on a paged KV pool, run eagerly (llmlab.batching.engine)
 
@@ -278,7 +279,12 @@ register_step(LadderStep("+int4", {"weights": "int4"},
                          "plus the scales; lm_head stays bf16",
                          label="int4 weights (g128)", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
                          cumulative=False))
-register_step(LadderStep("+static_batching", {"batching": "static"},
+register_step(LadderStep("+one_at_a_time", {"batching": "one_at_a_time"},
+                         "no batching: every request of the workload alone (batch 1) on the rungs below, one after "
+                         "the other, as a server without a batcher would serve requests that arrived together; the "
+                         "baseline the batching rungs are measured against",
+                         label="one at a time (bs=1)", cumulative=False))
+register_step(LadderStep("+static_batching", {"batching": "static", "prefill_graphs": False},
                          "all requests of the workload as ONE left-padded batch (llmlab.batching.static) instead of "
                          "one batch per prompt length: the weights are read once per step for every request, and "
                          "the padding and the rows that finished early are computed for nothing",

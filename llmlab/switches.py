@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmlab.engine import DTYPES, LLM, check_fast_paths
+from llmlab.engine import BATCHING, DTYPES, LLM, check_fast_paths
 
 
 @dataclass
@@ -306,7 +306,8 @@ register(Switch("step_tuning", "step tuning", False,
 # -- lab 06: batching (llmlab.batching) ----------------------------------------------------------------------------
 # How the requests of a workload share the GPU: None runs equal-length prompts as one batch and a ragged list as one
 # left-padded static batch; "static" says so explicitly; "continuous" serves them by continuous batching (a
-# scheduler over a paged KV pool, requests joining and leaving between steps).
+# scheduler over a paged KV pool, requests joining and leaving between steps); "one_at_a_time" is the baseline
+# without batching: each request alone (batch 1), one after the other.
 
 def _batching(llm: LLM, value: str | None, kwargs: dict) -> LLM:
     if value is not None:
@@ -316,5 +317,6 @@ def _batching(llm: LLM, value: str | None, kwargs: dict) -> LLM:
 
 register(Switch("batching", "batching", None,
                 "serve many requests together: 'static' pads them into one batch that runs until its longest "
-                "request is done; 'continuous' lets each request join and leave the running batch at every step",
-                _batching, choices=(None, "static", "continuous")))
+                "request is done; 'continuous' lets each request join and leave the running batch at every step; "
+                "'one_at_a_time' serves them alone, one after the other (no batching: the baseline)",
+                _batching, choices=BATCHING))

@@ -54,7 +54,7 @@ def test_continuous_batching_refuses_what_it_cannot_run_and_the_llm_stays_usable
 
 
 def test_the_batching_switch_sets_the_generate_argument(llm):
-    assert SWITCHES["batching"].choices == (None, "static", "continuous")
+    assert SWITCHES["batching"].choices == (None, "static", "continuous", "one_at_a_time")
     same, kwargs = apply_switches(llm, {"batching": "continuous"})
     assert same is llm and kwargs["batching"] == "continuous"
     _, kwargs = apply_switches(llm, {"batching": None})
@@ -68,3 +68,16 @@ def test_sampled_requests_are_reproducible_with_a_seed(llm):
     b = llm.generate(PROMPTS, max_new_tokens=5, temperature=0.9, seed=7, stop_at_eos=False, batching="continuous")
     assert a.token_ids == b.token_ids
     assert torch.tensor(a.token_ids).numel() == 20
+
+
+def test_one_at_a_time_serves_each_prompt_alone_and_counts_the_wait(llm):
+    g = llm.generate(PROMPTS, max_new_tokens=5, stop_at_eos=False, batching="one_at_a_time")
+    solo = [llm.generate(p, max_new_tokens=5, stop_at_eos=False) for p in PROMPTS]
+    assert g.token_ids == [s.token_ids[0] for s in solo]
+    assert len(g.step_ms) == 5 * len(PROMPTS)  # every call's steps, in order
+    ttft = [r["ttft_ms"] for r in g.extra["requests"]]
+    assert ttft == sorted(ttft) and ttft[0] == g.step_ms[0]  # each waits for the ones before it
+    assert ttft[-1] >= sum(g.step_ms[:5 * (len(PROMPTS) - 1)])
+    with pytest.raises(ValueError, match="no token ids"):
+        llm.generate([], batching="one_at_a_time")
+    assert llm.generate(PROMPTS[0], max_new_tokens=2, batching="one_at_a_time").token_ids == [solo[0].token_ids[0][:2]]

@@ -52,7 +52,7 @@ def test_quick_chat_writes_one_valid_file(chat_doc):
 def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     doc, _ = chat_doc
     steps = [r["step"] for r in doc["results"]]
-    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "+static_batching", "+continuous_batching",
+    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time", "+static_batching", "+continuous_batching",
                      "hf_eager", "hf_static", "roofline"]
     for r in doc["results"]:
         assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
@@ -467,7 +467,7 @@ def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
     assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
-    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4, +static_batching, +continuous_batching;" in err and "--peers" in err
+    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4, +one_at_a_time, +static_batching, +continuous_batching;" in err and "--peers" in err
     assert not list(tmp_path.iterdir())
     llm = LLM(tiny_model(seed=0), name="tiny")
     with pytest.raises(bench.NothingToRun, match="nothing to measure"):

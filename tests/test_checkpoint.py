@@ -238,7 +238,7 @@ def test_cli_generate_and_tour(folder, capsys):
 def test_run_tour_rows(folder):
     lines = []
     rows = run_tour(str(folder), device="cpu", max_new_tokens=8, repeats=2, print_fn=lines.append)
-    assert [r["setting"] for r in rows] == ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)",
+    assert [r["setting"] for r in rows] == ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)", "one at a time (bs=1)",
                                             "static batching", "continuous batching"]
     # every float rung, batching included, greedily picks the same tokens at fp32; rounded weights may not
     assert all(r["same_tokens"] for r in rows if not r["quantized"])

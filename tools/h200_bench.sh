@@ -8,7 +8,8 @@
 # the batch workload's batching rungs, and the serving curve (llmlab.batching.trace_runner: arrival rates x static /
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
-# weight-only +int8 and +int4 rungs (no peers; the GPU tests of the quantized paths first).
+# weight-only +int8 and +int4 rungs (no peers; the GPU tests of the quantized paths first); "batching" (~6 min)
+# runs the batch workload's batching rungs (one at a time, static, continuous) with the peers, then the serving curve.
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -16,8 +17,8 @@
 # (its file lists them); bench files are rewritten after every row. BIG=default BENCH_ARGS=--quick runs it on a CPU.
 set -uo pipefail
 MODE=${1:-main}
-[[ $MODE == main || $MODE == extra || $MODE == quant ]] ||
-  { echo "usage: OUT=DIR bash tools/h200_bench.sh [main|extra|quant]" >&2; exit 2; }
+[[ $MODE == main || $MODE == extra || $MODE == quant || $MODE == batching ]] ||
+  { echo "usage: OUT=DIR bash tools/h200_bench.sh [main|extra|quant|batching]" >&2; exit 2; }
 DEADLINE_S=${DEADLINE_S:-540} LOG_NAME=bench.log
 source "$(dirname "$0")/h200_lib.sh"
 echo "mode: $MODE, deadline ${DEADLINE_S}s" | tee -a "$OUT/device.txt"
@@ -28,6 +29,7 @@ BIG=${BIG:-llama-3.2-1b}
 BENCH="python3 -m llmlab.cli bench --out $OUT ${BENCH_ARGS:-}"
 # every rung from eager up (the no-KV-cache rung would recompute 8K-token contexts)
 LADDER="eager,+gpu_sampling,+pinned_memory,+cuda_graphs,+torch_compile,+triton_kernels,+step_tuning,+prefill_graphs"
+BATCHING="+prefill_graphs,+one_at_a_time,+static_batching,+continuous_batching"
 
 if [[ $MODE == main ]]; then
   step chat_1b 90 $BENCH --workload chat --model "$BIG" --steps all --peers --repeats 2 --time-budget 240
@@ -39,16 +41,24 @@ if [[ $MODE == main ]]; then
 elif [[ $MODE == quant ]]; then
   QBIG=${QBIG:-llama-3.1-8b}
   step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_quant_runtime.py tests/test_quant_linear.py
-  step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
-    --time-budget "$(budget 150)"
+  # the 8B shape skips the host-paced eager variants and torch.compile's minute of warm-up
+  step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" \
+    --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,+int8,+int4}" --repeats 1 \
+    --time-budget "$(budget 120)"
   step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
     --time-budget "$(budget 20)"
+elif [[ $MODE == batching ]]; then
+  step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_batching_gpu.py \
+    tests/test_kernels_paged_attention.py
+  step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers --repeats 1 \
+    --time-budget "$(budget 150)"
+  step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT" ${CURVE_ARGS:-}
 else
   step batch_1b 90 $BENCH --workload batch --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget 260
   step long_1b 60 $BENCH --workload long --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget "$(budget 140)"
-  step batching_1b 60 $BENCH --workload batch --model "$BIG" --steps "+prefill_graphs,+static_batching,+continuous_batching" \
+  step batching_1b 60 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" \
     --repeats 1 --time-budget "$(budget 90)"
   step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT"
 fi

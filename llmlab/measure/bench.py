@@ -11,7 +11,8 @@ the format, and reading the files back).
 The ladder's rungs without the batching switch run the `batch` workload as 4 groups of 16 equal-length prompts,
 one group after the other (the JSON `notes` say so); `+static_batching` runs the 64 prompts as ONE left-padded batch
 (`llmlab.batching.static`), as Hugging Face does, and `+continuous_batching` serves them by continuous batching
-(`llmlab.batching.engine`), where each request's TTFT is its own and a step mixes decode rows and prefill chunks.
+(`llmlab.batching.engine`), where each request's TTFT is its own and a step mixes decode rows and prefill chunks;
+`+one_at_a_time`, the baseline without batching, serves each request alone, one after the other.
 
 Prompts are random token ids (seeded), the same for every row. Greedy decoding; EOS is ignored, so every request
 generates exactly its new tokens.
@@ -69,12 +70,14 @@ def load_bench_model(model: str = "default", device=None, dtype=None) -> tuple[L
 
 def run_llmlab(llm: LLM, kwargs: dict, prompts: list[list[int]], new_tokens: int) -> Run:
     """Run a workload on the llmlab engine: one `generate` call per group of equal-length prompts, or, with the
-    batching switch (`kwargs["batching"]`: "static" or "continuous"), one call for every request."""
+    batching switch (`kwargs["batching"]`: "static", "continuous" or "one_at_a_time"), one call for every request."""
     run = Run()
     groups = [list(range(len(prompts)))] if kwargs.get("batching") else group_by_length(prompts)
+    if kwargs.get("batching") == "one_at_a_time":  # one call per request, so each call's work is batch 1
+        groups, kwargs = [[i] for i in range(len(prompts))], {k: v for k, v in kwargs.items() if k != "batching"}
     for idx in groups:
         g = llm.generate([prompts[i] for i in idx], max_new_tokens=new_tokens, stop_at_eos=False, **kwargs)
-        requests = g.extra.get("requests")  # continuous batching: each request's own TTFT
+        requests = g.extra.get("requests")  # continuous batching / one at a time: each request's own TTFT
         ttft = [r["ttft_ms"] for r in requests] if requests else None
         run.calls.append(Call(idx, [len(prompts[i]) for i in idx], list(g.step_ms), g.token_ids, ttft))
     return run
