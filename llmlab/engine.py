@@ -400,8 +400,10 @@ class LLM:
         prefill_graphs are refused with them (ValueError).
         batching: None (as above), "static" (the same: one left-padded batch), "continuous": every prompt a
         request of a continuous-batching engine (`llmlab.batching.continuous.generate_continuous`: a paged KV pool,
-        requests leave as they finish); it runs the model eagerly, so with it the fast switches, use_cache=False, a
-        cache_factory, on_token and the Triton kernels switch are refused (ValueError naming them); or
+        requests leave as they finish); with the Triton kernels switch its decode rows run the paged-attention
+        kernel, captured per batch-size bucket with cuda_graphs (which needs that switch); torch_compile,
+        gpu_sampling, prefill_graphs, use_cache=False, a cache_factory and on_token are refused with it
+        (ValueError naming them); or
         "one_at_a_time": no batching at all, each prompt its own call (batch 1) on the switches given, one after
         the other, as a server without batching would serve requests that all arrived at once: `.step_ms` is
         every call's steps in order and `.extra["requests"]` gives each request's TTFT counted from the start, the
@@ -437,16 +439,16 @@ class LLM:
             return one_at_a_time([self.generate([list(map(int, r))] if not isinstance(r, torch.Tensor) else r[None],
                                                 **settings) for r in rows])
         if batching == "continuous":
-            off = [name for name, on in (("use_cache=False", not use_cache), ("cuda_graphs", cuda_graphs),
-                                         ("torch_compile", torch_compile), ("gpu_sampling", gpu_sampling),
-                                         ("prefill_graphs", prefill_graphs), ("cache_factory", cache_factory is not None),
-                                         ("on_token", on_token is not None),
-                                         ("the Triton kernels switch", self.kernels is not None)) if on]
+            off = [name for name, on in (("use_cache=False", not use_cache), ("torch_compile", torch_compile),
+                                         ("gpu_sampling", gpu_sampling), ("prefill_graphs", prefill_graphs),
+                                         ("cache_factory", cache_factory is not None),
+                                         ("on_token", on_token is not None)) if on]
             if off:
-                raise ValueError(f"batching='continuous' runs the model eagerly on its own paged KV pool "
+                raise ValueError(f"batching='continuous' runs its own engine on a paged KV pool "
                                  f"(llmlab.batching.engine), which cannot take {', '.join(off)}: turn "
                                  f"{'it' if len(off) == 1 else 'them'} off, or use batching='static'")
-            g = generate_continuous(self.model, ids, **common)
+            # with the Triton kernels switch the decode rows run the paged kernel, graph-captured with cuda_graphs
+            g = generate_continuous(self.model, ids, cuda_graphs=cuda_graphs or None, **common)
         elif is_ragged(ids):  # prompts of different lengths: one left-padded static batch
             off = [name for name, on in (("use_cache=False", not use_cache), ("prefill_graphs=True", prefill_graphs),
                                          ("cache_factory", cache_factory is not None)) if on]

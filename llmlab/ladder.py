@@ -20,7 +20,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
                      Both run on top of every rung below them; rungs added above keep the loaded weights
     +one_at_a_time       (side rung) every request alone (batch 1), one after the other: no batching, the baseline
     +static_batching     (side rung) the workload's requests as one left-padded batch (llmlab.batching.static)
-    +continuous_batching (side rung) continuous batching on a paged KV pool, run eagerly (llmlab.batching.engine)
+    +continuous_batching (side rung) continuous batching on a paged KV pool (llmlab.batching.engine)
 
 A lesson that adds an optimization registers its switch (`llmlab.switches.register`) and its rung here, in one
 place:
@@ -289,10 +289,11 @@ register_step(LadderStep("+static_batching", {"batching": "static", "prefill_gra
                          "one batch per prompt length: the weights are read once per step for every request, and "
                          "the padding and the rows that finished early are computed for nothing",
                          label="static batching", cumulative=False))
-_EAGER = {"cuda_graphs": False, "torch_compile": False, "gpu_sampling": False, "pinned_memory": False,
-          "triton_kernels": False, "step_tuning": False, "prefill_graphs": False}  # what the batching engine runs
-register_step(LadderStep("+continuous_batching", {"batching": "continuous", **_EAGER},
+# what the batching engine does not take: it keeps cuda_graphs and the Triton kernels (its paged decode step)
+_NOT_IN_ENGINE = {"torch_compile": False, "gpu_sampling": False, "pinned_memory": False, "step_tuning": False,
+                  "prefill_graphs": False}
+register_step(LadderStep("+continuous_batching", {"batching": "continuous", **_NOT_IN_ENGINE},
                          "continuous batching (llmlab.batching.engine): a scheduler admits requests as KV blocks "
-                         "free up and each request leaves the batch the step it finishes; the engine runs the model "
-                         "eagerly on a paged KV pool (no CUDA graphs or Triton kernels yet)",
+                         "free up and each request leaves the batch the step it finishes; on a GPU the decode rows "
+                         "run the paged-attention kernel from a CUDA graph per batch-size bucket",
                          label="continuous batching", cumulative=False))

@@ -131,6 +131,37 @@ PLOT_STATE_JS = """() => {
 }"""
 
 
+# the dashboard's figures as the browser drew them: per plot, how many traces drew, its width against the
+# dashboard's, the x ranges of its axes, and whether the modebar's box overlaps a subplot title's
+FIGURES_JS = """() => {
+    const dash = document.querySelector('.llmlab-dashboard');
+    if (!dash) return null;
+    const overlap = (a, b) => a.width > 0 && b.width > 0 && a.left < b.right && b.left < a.right
+        && a.top < b.bottom && b.top < a.bottom;
+    return Array.from(dash.querySelectorAll('.js-plotly-plot')).map(gd => {
+        const fl = gd._fullLayout || {};
+        let drawn = 0;
+        for (const tr of gd.querySelectorAll('.scatterlayer .trace')) {
+            for (const p of tr.querySelectorAll('path.js-line, path.point')) {
+                const d = p.getAttribute('d') || '';
+                if (d.length > 10 && d !== 'M0,0Z') { drawn += 1; break; }
+            }
+        }
+        const mb = gd.querySelector('.modebar');
+        const mbBox = mb ? mb.getBoundingClientRect() : null;
+        const covered = [];
+        for (const t of gd.querySelectorAll('.infolayer .annotation-text')) {
+            if (mbBox && overlap(mbBox, t.getBoundingClientRect())) covered.push(t.textContent);
+        }
+        const ranges = Object.keys(fl).filter(k => /^xaxis\\d*$/.test(k)).sort()
+            .map(k => (fl[k].range || []).map(v => Math.round(v * 100) / 100));
+        return {drawn: drawn, bars: gd.querySelectorAll('.barlayer .point').length,
+                width: fl.width || 0, dashWidth: dash.getBoundingClientRect().width,
+                ranges: ranges, covered: covered};
+    });
+}"""
+
+
 CELL_ERRORS_JS = """() => {
     const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
     const errors = [];
@@ -154,7 +185,26 @@ def _wait_for(page, predicate_js: str, timeout_s: float, what: str):
         if last:
             return last
         page.wait_for_timeout(250)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: {last!r}")
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT.with_name("timeout.png")), full_page=True)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: {last!r}; the "
+                         f"dashboard: {page.evaluate(PLOT_STATE_JS)!r}; figures: {page.evaluate(FIGURES_JS)!r}; "
+                         f"page: {SCREENSHOT.with_name('timeout.png')}")
+
+
+def _check_figures(page, when: str) -> None:
+    """The live figure (first) drew its GPU, latency and tokens/s traces over one shared time span; the bars drew;
+    both fill the dashboard's width; no modebar covers a subplot title."""
+    figs = _wait_for(page, f"() => {{ const f = ({FIGURES_JS})(); "
+                           "return f && f.length >= 2 && f[0].drawn >= 3 && f[1].bars > 0 ? f : false; }", 30,
+                     f"both figures to draw {when}")
+    live, bars = figs[0], figs[1]
+    assert len(live["ranges"]) == 3 and live["ranges"][0] == live["ranges"][1] == live["ranges"][2], \
+        f"{when}: the live panels show different time spans: {live['ranges']}"
+    for name, f in (("live figure", live), ("bar chart", bars)):
+        assert not f["covered"], f"{when}: the {name}'s modebar covers the titles {f['covered']}"
+        assert 0.9 * f["dashWidth"] <= f["width"] <= f["dashWidth"] + 1, \
+            f"{when}: the {name} is {f['width']} px wide in a {f['dashWidth']:.0f} px dashboard"
 
 
 def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
@@ -224,6 +274,31 @@ def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
             dash.screenshot(path=str(SCREENSHOT))
             print(json.dumps({"before_stop": before_stop["status"], "after": after["status"],
                               "stop_to_row_s": round(stop_latency, 2), "rows": after["rowText"]}, indent=1))
+            _check_figures(page, "after Run All")
+
+            # a page reload: the views are drawn again from the widget state the kernel holds
+            page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_timeout(1000)
+            page.reload(timeout=60_000)
+            reloaded = _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
+                                       f"return s && s.drawn > 0 && s.bars > 0 && s.rows >= {after['rows']} "
+                                       "? s : false; }", 90, "the dashboard to come back drawn after a reload")
+            assert reloaded["bars"] == after["bars"], (reloaded, after)
+            _check_figures(page, "after a reload")
+            # ... and it still updates: one more short run from the reloaded page adds a row and its bars
+            dash = page.locator(".llmlab-dashboard").first
+            dash.scroll_into_view_if_needed()
+            new_box = dash.locator(".widget-inline-hbox input[type=number]").nth(1)
+            new_box.fill("8")
+            new_box.press("Enter")
+            page.wait_for_timeout(500)
+            dash.locator("button.llmlab-run").click()
+            again = _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
+                                    f"return s && s.rows > {reloaded['rows']} && s.bars > {reloaded['bars']} "
+                                    "? s : false; }", 60, "a run after the reload to reach the table and the bars")
+            assert "done" in again["status"], again["status"]
+            _check_figures(page, "after a run from the reloaded page")
+            dash.screenshot(path=str(SCREENSHOT.with_name("lab01_dashboard_reloaded.png")))
         finally:
             browser.close()
     assert SCREENSHOT.stat().st_size > 10_000

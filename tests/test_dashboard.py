@@ -303,3 +303,178 @@ def test_lengths_given_in_code_are_checked_not_clamped(llm):
         assert row["tokens"] == 5
     finally:
         dash.close()
+
+
+# -- in the browser: state a view is drawn from, layout, time axis, what cannot run or be shown ---------------------
+
+
+class NoGpmBackend:
+    """A GPU without NVML GPM (A100, L4, T4): GPU-Util, NVML's memory-busy counter and power, nothing else."""
+
+    series = ("gpu_util_pct", "mem_util_pct", "power_w")
+
+    def open(self):
+        pass
+
+    def read(self):
+        return {"gpu_util_pct": 55.0, "mem_util_pct": 20.0, "power_w": 150.0}
+
+    def close(self):
+        pass
+
+
+class SilentBackend(NoGpmBackend):
+    """A source that declares no series: the dashboard learns them from its readings."""
+
+    series = ()
+
+
+def _view_state(fig) -> dict:
+    """What a browser view of `fig` is drawn from when it is created (a first render, a reload): the widget's
+    synced state, as ipywidgets sends it to the page."""
+    state = fig.get_state()
+    return {"data": state["_widget_data"], "layout": state["_widget_layout"]}
+
+
+def test_a_view_drawn_after_the_run_shows_the_kernel_state(llm, fixture_trace):
+    """Issues: empty axes after Run All (the widget code loaded after the run's messages), and after a reload."""
+    from llmlab.telemetry.figures import sync_widget_state
+
+    dash = Dashboard(llm, traces=[fixture_trace], replay_speed=None)
+    row = dash.run(max_new_tokens=7, prompt_tokens=4)
+    view = _view_state(dash.fig)
+    n_gpu = len(GPU_SERIES)
+    assert len(view["data"][n_gpu]["x"]) == row["tokens"] == 7  # latency points
+    assert list(view["data"][n_gpu]["y"]) == pytest.approx(list(dash.latency_trace.y))
+    assert len(view["data"][0]["x"]) == len(fixture_trace.samples["t_s"])  # the replayed GPU-Util
+    assert "replay of SYNTHETIC GPU" in view["layout"]["annotations"][0]["text"]
+    bars = _view_state(dash.bars)
+    assert list(bars["data"][0]["x"]) == ["rec1", "#1"] and bars["data"][0]["y"][1] == pytest.approx(
+        row["tokens_per_s"])
+    # a change made without the dashboard (a stale state) is re-sent when the dashboard is displayed again
+    dash.fig.data[n_gpu].y = [1.0] * 7
+    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) != [1.0] * 7
+    bundle = dash._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) == [1.0] * 7
+    sync_widget_state(dash.fig)  # nothing new: nothing changes
+    dash.close()
+
+
+def test_a_view_drawn_mid_run_is_at_most_a_sync_period_behind(fixture_trace):
+    from llmlab.telemetry.dashboard import SYNC_EVERY_S
+
+    dash = Dashboard(SlowLLM(tiny_model(seed=6), None, name="slow"), traces=[fixture_trace], poll_s=0.02)
+    dash.start(max_new_tokens=200, prompt_tokens=4)
+    try:
+        assert _wait(lambda: len(dash._run.tok_t) >= 5)
+        deadline = time.monotonic() + SYNC_EVERY_S + 0.1
+        while time.monotonic() < deadline:
+            dash._tick()
+            time.sleep(0.02)
+        assert dash.running, "the run should still be going"
+        shown = len(_view_state(dash.fig)["data"][len(GPU_SERIES)]["x"])
+        assert 5 <= shown <= len(dash.latency_trace.x) < 200
+    finally:
+        dash.close()
+
+
+def test_figures_fill_the_width_and_the_modebar_clears_the_titles(llm):
+    from llmlab.telemetry.figures import FIGURE_CONFIG, MODEBAR_PX, TITLE_PX
+
+    dash = Dashboard(llm, traces=[])
+    assert dash.widget.layout.width == "100%" and dash.table.layout.width == "100%"
+    for fig, n_titles in ((dash.fig, 3), (dash.bars, len(dash.bars.data))):
+        assert fig.layout.autosize is True and fig.layout.width is None  # the page decides the width
+        assert fig._config == FIGURE_CONFIG and fig._config["responsive"] is True
+        titles = fig.layout.annotations[:n_titles]
+        assert all(t.font.size == TITLE_PX and t.yanchor == "bottom" for t in titles)
+        # the top row's titles sit in the top margin, above their panels; the modebar (top right) must fit above
+        top = [t for t in titles if t.y >= 1 - 1e-9]
+        assert top
+        lines = max(t.text.count("<br>") + 1 for t in top)
+        assert fig.layout.margin.t >= MODEBAR_PX + lines * TITLE_PX, (fig.layout.margin.t, lines)
+    assert max(t.text.count("<br>") for t in dash.bars.layout.annotations) >= 1  # two-line titles exist
+    assert dash.bars.layout.margin.t > dash.fig.layout.margin.t
+
+
+def test_replay_and_live_panels_share_one_time_span(llm):
+    trace = synthetic_trace(decode_s=0.4, idle_s=0.2, new_tokens=8)
+    speed = 4.0
+    dash = Dashboard(llm, traces=[trace], replay_speed=speed, poll_s=0.02)
+    layout = dash.fig.layout
+    assert layout.xaxis.matches == layout.xaxis2.matches == "x3"  # linked: one zoom, one span
+    dash.start(max_new_tokens=6, prompt_tokens=4)
+    # the span is known before anything is drawn: the whole replay, on the run's clock
+    assert layout.xaxis3.range[1] == pytest.approx(trace.duration_s / speed * 1.02, rel=1e-3)
+    while not dash._tick():
+        time.sleep(0.02)
+    gpu_x, lat_x = dash.gpu_traces["gpu_util_pct"].x, dash.latency_trace.x
+    assert max(gpu_x) == pytest.approx(max(trace.samples["t_s"]) / speed)  # drawn when it was replayed
+    end = layout.xaxis3.range[1]
+    assert layout.xaxis3.range[0] == 0 and end >= max(gpu_x) and end >= max(lat_x)
+    assert all(ax.range is None or tuple(ax.range) == tuple(layout.xaxis3.range)
+               for ax in (layout.xaxis, layout.xaxis2))
+    assert end < max(trace.samples["t_s"])  # the recorded seconds, replayed 4x faster, are not the span
+    dash.close()
+
+
+def test_switches_that_cannot_run_here_are_greyed_out_with_the_reason(llm):
+    dash = Dashboard(llm, traces=[])
+    expected = {k: sw.available(llm) for k, sw in switches.SWITCHES.items()}
+    off = {k: why for k, (ok, why) in expected.items() if not ok}
+    assert "cuda_graphs" in off, "on a CPU, CUDA graphs cannot run"
+    assert dash.unavailable == off
+    assert dash.notes in dash.widget.children  # visible on the page, not only on hover
+    for key, sw in switches.SWITCHES.items():
+        w = dash.controls[key]
+        if key in off:
+            assert w.disabled and off[key] in w.tooltip and "not available here" in w.tooltip
+            assert f"<b>{sw.label}</b>: {off[key]}" in dash.notes.value
+        else:
+            assert not w.disabled and f"<b>{sw.label}</b>" not in dash.notes.value
+    # a run from code with such a switch on is refused with the reason, before anything starts
+    with pytest.raises(ValueError, match=off["cuda_graphs"]):
+        dash.run({"cuda_graphs": True})
+    assert not dash.running
+
+
+def test_missing_gpu_notes():
+    from llmlab.telemetry.figures import missing_gpu_notes
+
+    full = {"gpu_util_pct", "mem_util_pct", "sm_active_pct", "sm_occupancy_pct", "dram_bw_util_pct"}
+    assert missing_gpu_notes(full) == []
+    assert missing_gpu_notes(full - {"sm_active_pct"}) == [
+        "SM activity needs NVML GPM (Hopper or newer): not shown; the dotted line is NVML's coarser "
+        "'memory busy (nvidia-smi)' instead."]
+    (note,) = missing_gpu_notes({"gpu_util_pct"})
+    assert note.startswith("SM activity, SM occupancy and DRAM bandwidth need NVML GPM (Hopper or newer): not shown")
+    assert any("GPU-Util" in n and "MIG" in n for n in missing_gpu_notes({"sm_active_pct"}))
+
+
+@pytest.mark.parametrize("backend", [NoGpmBackend, SilentBackend])
+def test_a_gpu_without_gpm_shows_what_it_can_and_says_what_is_missing(llm, backend):
+    dash = Dashboard(llm, traces=[], live=True, sampler_backend=backend(), idle_s=0.1, interval_s=0.02)
+    missing = "SM activity, SM occupancy and DRAM bandwidth need NVML GPM (Hopper or newer): not shown"
+    if backend.series:  # declared: said before the first run
+        assert missing in dash.notes.value
+    row = dash.run(max_new_tokens=6, prompt_tokens=4)
+    assert missing in dash.notes.value
+    note = dash.fig.layout.annotations[3]
+    assert note.visible and missing in note.text
+    gpu = dash.gpu_traces
+    assert gpu["gpu_util_pct"].visible and len(gpu["gpu_util_pct"].x) > 0
+    assert gpu["mem_util_pct"].visible and len(gpu["mem_util_pct"].x) > 0  # the coarse counter, instead
+    assert not any(gpu[k].visible for k in ("sm_active_pct", "sm_occupancy_pct", "dram_bw_util_pct"))
+    assert row["gpu_util_pct"] == pytest.approx(55.0) and row["sm_active_pct"] is None
+    assert "55.0" in dash.table.value
+    assert missing in _view_state(dash.fig)["layout"]["annotations"][3]["text"]
+    dash.close()
+
+
+def test_a_gpu_with_gpm_has_no_note(llm):
+    dash = Dashboard(llm, traces=[], live=True, sampler_backend=FakeBackend(), idle_s=0.05, interval_s=0.02)
+    dash.run(max_new_tokens=3, prompt_tokens=4)
+    assert "GPU panel" not in dash.notes.value and not dash.fig.layout.annotations[3].visible
+    assert dash.gpu_traces["sm_active_pct"].visible and not dash.gpu_traces["mem_util_pct"].visible
+    dash.close()

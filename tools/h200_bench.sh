@@ -34,7 +34,7 @@ BATCHING="+prefill_graphs,+one_at_a_time,+static_batching,+continuous_batching"
 if [[ $MODE == main ]]; then
   step chat_1b 90 $BENCH --workload chat --model "$BIG" --steps all --peers --repeats 2 --time-budget 240
   step chat_default 60 $BENCH --workload chat --model default --steps all --peers --repeats 2 \
-    --time-budget "$(budget 120)"
+    --time-budget "$(budget ${QRESERVE:-120})"
   step profile_eager 30 python3 -m llmlab.cli profile --model "$BIG" --trace "$OUT/profile_${BIG}_eager.json.gz"
   step profile_cuda_graphs 30 python3 -m llmlab.cli profile --model "$BIG" --setting cuda_graphs=true \
     --trace "$OUT/profile_${BIG}_cuda_graphs.json.gz"
@@ -44,7 +44,7 @@ elif [[ $MODE == quant ]]; then
   # the 8B shape skips the host-paced eager variants and torch.compile's minute of warm-up
   step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" \
     --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,+int8,+int4}" --repeats 1 \
-    --time-budget "$(budget 120)"
+    --time-budget "$(budget ${QRESERVE:-120})"
   step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
     --time-budget "$(budget 20)"
 elif [[ $MODE == batching ]]; then

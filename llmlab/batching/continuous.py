@@ -11,8 +11,10 @@ any other rung:
     extra       "requests": per request its TTFT, queueing delay, TPOT (ms) and preemptions; "engine": the
                 engine's totals (`BatchEngine.summary`); "max_batch" and "num_blocks" as run
 
-Greedy outputs equal each prompt's solo output (the engine's tests check it at fp32). The engine runs the model
-eagerly on the paged pool (`PagedBatchView`): CUDA graphs and the Triton kernels switch do not apply to it.
+Greedy outputs equal each prompt's solo output (the engine's tests check it at fp32). With the Triton kernel modules
+swapped into the model (`LLM.generate` with the Triton kernels switch), the decode rows run the paged-attention
+kernel, from a CUDA graph per batch-size bucket on a GPU (`llmlab.batching.paged_graphs`); otherwise the engine runs
+the model eagerly on the gathering view (`PagedBatchView`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
                         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                         eos_token_id=None, on_token=None, max_batch: int | None = None,
                         num_blocks: int | None = None, token_budget: int | None = None,
-                        chunk: int = 64) -> Generation:
+                        chunk: int | None = None, cuda_graphs: bool | None = None) -> Generation:
     """Serve `prompts` (a list of token-id lists, any lengths) by continuous batching; one `Generation`.
 
     Args:
@@ -44,8 +46,11 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
         max_batch: the most requests running at once (default: all of them, at most 64).
         num_blocks: the KV pool's blocks (default: room for max_batch requests of the longest prompt +
             max_new_tokens). A smaller pool makes the engine preempt and recompute.
-        token_budget: the most tokens per step (default: max(256, max_batch)).
-        chunk: the most prompt tokens one request prefills per step.
+        token_budget: the most tokens per step (default: max(256, max_batch) on a CPU; 4096 on a GPU, where a
+            prefill pass costs little more per token than a decode step's weight reads).
+        chunk: the most prompt tokens one request prefills per step (default 64 on a CPU, 512 on a GPU).
+        cuda_graphs: as `BatchEngine` (with the Triton kernel modules swapped into `model`, the decode step is
+            captured per batch-size bucket; None: on a CUDA device).
 
     Raises:
         ValueError / TypeError: as `BatchEngine` and its `make_request` (each names the field), on_token given.
@@ -63,9 +68,11 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     context = model.config.max_seq_len
     max_batch = max_batch or min(len(prompts), 64)
     block_size = 16
+    gpu = next(model.parameters()).device.type == "cuda"
     engine = BatchEngine(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
-                         token_budget=token_budget or max(256, max_batch), chunk=chunk,
-                         max_seq_len=min(max(longest, 2), context))
+                         token_budget=token_budget or max(4096 if gpu else 256, max_batch),
+                         chunk=chunk or (512 if gpu else 64), max_seq_len=min(max(longest, 2), context),
+                         cuda_graphs=cuda_graphs)
     eos = eos_token_id is not None
     if eos:
         engine.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)

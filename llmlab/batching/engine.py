@@ -6,19 +6,22 @@ https://arxiv.org/abs/2309.06180):
 
 1. the scheduler (`llmlab.batching.scheduler`) plans the step: which sequences decode one token, which prompt
    chunks are prefilled, who is preempted to make room, who is admitted;
-2. one forward pass runs every decode row together, a (B, 1) batch, each row at its own position; each prefill
-   chunk runs as its own (1, n) forward pass. All of them read and write one shared block pool through a
-   `llmlab.batching.paged_batch.PagedBatchView`, so `llmlab.model.Transformer` runs unchanged;
+2. one forward pass runs every decode row together, a (B, 1) batch, each row at its own position; the prefill
+   chunks of equal length run together as one (k, n) forward pass. All of them read and write one shared block
+   pool through a `llmlab.batching.paged_batch.PagedBatchView`, so `llmlab.model.Transformer` runs unchanged;
 3. each sequence that reached its next token samples it with its own settings (greedy rows together; a sampled
    row with its own seeded generator, so its tokens do not depend on what else is in the batch);
 4. sequences that hit EOS or max_new_tokens finish, give their blocks back and leave the batch this very step.
 
-Chunks run as separate forward passes to keep each pass simple; a GPU server packs decode rows and chunks into
-one pass of all their tokens (a "varlen" batch) so that the weights are read once per step.
+Chunks of different lengths run as separate forward passes to keep each pass simple; a server that packs decode
+rows and chunks of any lengths into one pass of all their tokens (a "varlen" batch) reads the weights once per step.
 
-The model runs eagerly (`Transformer.forward`; an `LLM`'s Triton kernels switch is not used here). The engine is
-single-threaded; `llmlab.batching.requests.Server` adds submission from other threads, streaming and a
-background loop.
+With the Triton kernel modules swapped in (`llmlab.kernels.modules.swap_in`, an `LLM` with the "Triton kernels"
+switch on), the decode rows run `llmlab.batching.paged_graphs.PagedDecodeGraphs` instead: the paged-attention
+kernel reads each row's K/V in place, and on a GPU the step is replayed from a CUDA graph captured per batch-size
+bucket. Without them the model runs eagerly on the gathering view, the exact reference the tests compare with.
+The engine is single-threaded; `llmlab.batching.requests.Server` adds submission from other threads, streaming and
+a background loop.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from llmlab.batching.paged_batch import PagedBatchView
+from llmlab.batching.paged_graphs import PagedDecodeGraphs
 from llmlab.batching.scheduler import Scheduler, Sequence, StepPlan, check_positive_int
 from llmlab.cache.paged_cache import PagedKVCache
 from llmlab.generate import check_flags, check_seed, make_generator, prepare_prompt
@@ -97,6 +101,9 @@ class BatchEngine:
         max_seq_len: the longest request served (prompt + max_new_tokens); default: the model's context. The pool
             must hold one such request: then any request can finish, if need be alone.
         clock: seconds, for the request times (default `time.perf_counter`).
+        cuda_graphs: with the Triton kernel modules swapped into the model, capture the decode step per
+            batch-size bucket (default: on a CUDA device). True without the kernel modules is an error; without
+            them the decode step runs eagerly on the gathering view whatever this says (None, False).
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
@@ -106,7 +113,7 @@ class BatchEngine:
 
     def __init__(self, llm_or_model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 16,
                  token_budget: int = 256, chunk: int = 64, max_seq_len: int | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, cuda_graphs: bool | None = None):
         model = getattr(llm_or_model, "model", llm_or_model)
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"llm_or_model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
@@ -130,8 +137,13 @@ class BatchEngine:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.max_seq_len = max_seq_len
+        why_not = paged_step_reason(model, cuda_graphs)
         self.pool = PagedKVCache(config, max_batch, max_seq_len, self.dtype, self.device, block_size=block_size,
-                                 num_blocks=num_blocks)
+                                 num_blocks=num_blocks, spare_blocks=0 if why_not else 1)
+        # the decode step: the paged kernel (graph-captured on a GPU) where the kernel modules are in, else None
+        self.decode_step = None if why_not else PagedDecodeGraphs(
+            model, self.pool, max_batch, -(-max_seq_len // block_size),
+            cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
         self.scheduler = Scheduler(self.pool.blocks, max_batch=max_batch, token_budget=token_budget, chunk=chunk,
                                    clock=clock)
         eos = config.eos_token_id
@@ -236,27 +248,42 @@ class BatchEngine:
     @torch.inference_mode()
     def _run(self, plan: StepPlan) -> dict:
         """The forward passes of a plan, then the sampling: {seq_id: token} for `plan.sampled`."""
-        logits = {}  # seq_id -> (V,) logits of its last token
-        if plan.decode:  # every decode row in one (B, 1) forward pass, each at its own position
-            seqs = plan.decode
-            view = PagedBatchView(self.pool, [s.seq_id for s in seqs], [s.num_computed for s in seqs], 1)
-            ids = torch.tensor([[token_at(s, s.num_computed)] for s in seqs], device=self.device)  # (B, 1)
-            out = self.model(ids, view.positions, kv_cache=view, last_only=True)[:, -1]  # (B, V)
-            logits.update((s.seq_id, out[i]) for i, s in enumerate(seqs))
-        for seq, start, n in plan.prefill:  # each chunk its own (1, n) forward pass
-            view = PagedBatchView(self.pool, [seq.seq_id], [start], n)
-            ids = torch.tensor([[token_at(seq, p) for p in range(start, start + n)]], device=self.device)  # (1, n)
-            out = self.model(ids, view.positions, kv_cache=view, last_only=True)[:, -1]  # (1, V)
-            if start + n == seq.num_tokens:
-                logits[seq.seq_id] = out[0]
-        return self._sample(plan.sampled, logits)
+        logits, greedy = {}, {}  # seq_id -> (V,) logits of its last token; seq_id -> its greedy token (device)
+        # (sequence, first new position, new tokens): decode rows are one-token chunks at their next position
+        chunks = [(s, s.num_computed, 1) for s in plan.decode] + list(plan.prefill)
+        if self.decode_step is not None:  # every one-token chunk through the paged decode step
+            ones = [c for c in chunks if c[2] == 1]
+            chunks = [c for c in chunks if c[2] > 1]
+            if ones:
+                out, picked = self.decode_step.step([(token_at(s, p), p, self.pool.blocks.block_table(s.seq_id))
+                                                     for s, p, _ in ones])  # (B, V), (B,)
+                for i, (s, p, _) in enumerate(ones):
+                    if p + 1 == s.num_tokens:
+                        logits[s.seq_id], greedy[s.seq_id] = out[i], picked[i]
+        by_length: dict[int, list] = {}  # chunks of equal length run as one (k, n) forward pass
+        for c in chunks:
+            by_length.setdefault(c[2], []).append(c)
+        for n, group in by_length.items():
+            view = PagedBatchView(self.pool, [s.seq_id for s, _, _ in group], [p for _, p, _ in group], n)
+            ids = torch.tensor([[token_at(s, q) for q in range(p, p + n)] for s, p, _ in group],
+                               device=self.device)  # (k, n)
+            out = self.model(ids, view.positions, kv_cache=view, last_only=True)[:, -1]  # (k, V)
+            for i, (s, p, _) in enumerate(group):
+                if p + n == s.num_tokens:
+                    logits[s.seq_id] = out[i]
+        return self._sample(plan.sampled, logits, greedy)
 
-    def _sample(self, seqs: list[Sequence], logits: dict) -> dict:
-        """{seq_id: token}: greedy rows in one argmax, each sampled row with its own settings and generator."""
-        tokens = {}
+    def _sample(self, seqs: list[Sequence], logits: dict, greedy_tokens: dict | None = None) -> dict:
+        """{seq_id: token}: greedy rows in one argmax (or the decode step's own argmax, `greedy_tokens`), each
+        sampled row with its own settings and generator."""
+        tokens, greedy_tokens = {}, greedy_tokens or {}
         greedy = [s for s in seqs if s.params.temperature == 0]
         if greedy:
-            picked = argmax_rows(torch.stack([logits[s.seq_id] for s in greedy])).tolist()  # (G,) -> host
+            need = [s for s in greedy if s.seq_id not in greedy_tokens]
+            if need:  # one argmax over every row the decode step did not pick
+                picked = argmax_rows(torch.stack([logits[s.seq_id] for s in need]))
+                greedy_tokens = {**greedy_tokens, **{s.seq_id: picked[i] for i, s in enumerate(need)}}
+            picked = torch.stack([greedy_tokens[s.seq_id] for s in greedy]).tolist()  # (G,) -> host: one sync
             tokens.update((s.seq_id, t) for s, t in zip(greedy, picked))
         for s in seqs:
             p = s.params
@@ -291,6 +318,28 @@ class BatchEngine:
         mean = (lambda xs: sum(xs) / len(xs)) if steps else (lambda xs: math.nan)
         return {**self.counters, "mean_decode_rows": mean([s.decode_rows for s in steps]),
                 "mean_budget_used": mean([s.budget_used for s in steps]), "kv_pool_mb": self.pool.nbytes / 1e6}
+
+
+def paged_step_reason(model, cuda_graphs: bool | None) -> str:
+    """'' if the engine's decode rows can run the paged decode step (`PagedDecodeGraphs`) on `model`, else why not.
+
+    Raises:
+        ValueError: cuda_graphs=True where the step cannot be captured (the message says why and what to do).
+    """
+    from llmlab.kernels.modules import is_swapped  # no triton imported: the modules load kernels on first use
+
+    device = next(model.parameters()).device
+    why = ""
+    if not is_swapped(model):
+        why = "the model runs the PyTorch modules (turn the triton_kernels switch on for the paged kernel)"
+    elif model.config.sliding_window is not None:
+        why = "a sliding window: the paged kernel attends over every cached token"
+    elif cuda_graphs and device.type != "cuda":
+        why = f"the model is on {device}, and CUDA graphs need a CUDA GPU"
+    if why and cuda_graphs:
+        raise ValueError(f"cuda_graphs=True: the continuous-batching decode step cannot be captured: {why}; "
+                         f"or leave cuda_graphs out")
+    return why
 
 
 def token_at(seq: Sequence, p: int) -> int:

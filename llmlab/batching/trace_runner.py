@@ -15,7 +15,8 @@ passed its arrival time, and the server works as its mode says:
                      next step and leaves the step it is done (Yu et al. 2022, Orca,
                      https://www.usenix.org/conference/osdi22/presentation/yu).
 
-All three run the model eagerly, greedy, on the same requests, so the difference is the batching alone. Every
+All three run the model as it is given (eagerly with the PyTorch modules; the continuous engine runs its paged
+decode step where the Triton kernel modules are swapped in), greedy, on the same requests. Every
 request produces exactly its trace's `max_new_tokens` (EOS ignored, as serving benchmarks do with vLLM's
 `--ignore-eos`), so every mode does the same useful work. The times of each request (arrival, admission, first
 token, finish; seconds from the start of the run) feed `llmlab.measure.serving.summarize`.
@@ -124,7 +125,8 @@ def _check_trace(trace, prompts, context: int) -> None:
 def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: str = "continuous",
                 max_batch: int = 16, static_wait_s: float = 0.05, pad_id: int = 0,
                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-                on_step: Callable[[float, int, int], None] | None = None, **engine_args) -> TraceRun:
+                on_step: Callable[[float, int, int], None] | None = None, static_mode: str = "static",
+                **engine_args) -> TraceRun:
     """Serve `trace` in real time in one `mode` (module docstring) and return every request's times and tokens.
 
     Args:
@@ -137,6 +139,8 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         pad_id: the pad token of static batches.
         clock, sleep: the wall clock (s) and how to wait (tests may pass their own).
         on_step: continuous mode: on_step(t_s, used_blocks, total_blocks) after every step (e.g. a live plot).
+        static_mode: the decode runner of the static and one-at-a-time modes (`generate_static`'s mode: "static"
+            eager, "graphs" CUDA graphs on an `LLM`'s runners, with its Triton kernels where switched on).
         **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len (continuous only;
             max_seq_len defaults to the trace's longest request, so the default pool holds max_batch of them).
 
@@ -161,7 +165,7 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         run = _serve_continuous(llm, trace, prompts, max_batch, clock, sleep, on_step, engine_args)
     else:
         batch, wait = (1, 0.0) if mode == "one_at_a_time" else (max_batch, float(static_wait_s))
-        run = _serve_static(llm, trace, prompts, batch, wait, int(pad_id), clock, sleep)
+        run = _serve_static(llm, trace, prompts, batch, wait, int(pad_id), clock, sleep, static_mode)
         run.mode = mode
     run.summary = {**summarize(run.requests, run.wall_s), "mode": mode, "max_batch": max_batch,
                    "mean_batch": _mean_batch(run), "useful_share": _useful_share(run)}
@@ -177,7 +181,7 @@ def _wall_s(requests: list[RequestTimes]) -> float:
     return max(end - min(r.arrival_s for r in requests), 1e-9)
 
 
-def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep) -> TraceRun:
+def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, mode="static") -> TraceRun:
     """The static batcher: FIFO queue; a batch goes when max_batch are queued or the oldest waited wait_s."""
     order = _order(trace)
     times: list[RequestTimes | None] = [None] * len(trace)
@@ -208,7 +212,7 @@ def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep) 
                 first.append(clock() - t0)
 
         g = generate_static(llm, [list(prompts[i]) for i in ids], max(trace[i].max_new_tokens for i in ids),
-                            on_token=on_token, pad_id=pad_id)
+                            on_token=on_token, pad_id=pad_id, mode=mode)
         end = clock() - t0
         news = []
         for row, i in enumerate(ids):
@@ -289,14 +293,15 @@ def curve_row(rate: float, run: TraceRun) -> dict:
 def throughput_latency_curve(llm, rates, n: int = 24, seed: int = 0, modes=("continuous", "static"),
                              mix: dict | None = None, max_context: int | None = None, max_batch: int = 16,
                              static_wait_s: float = 0.05, log: Callable[[str], None] | None = None,
-                             runs: dict | None = None, **engine_args) -> list[dict]:
+                             runs: dict | None = None, static_mode: str = "static", **engine_args) -> list[dict]:
     """Serve the same kind of trace at each arrival rate in each mode: one curve point per (rate, mode).
 
     Args:
         llm: as `serve_trace`. rates: arrival rates (requests/s; math.inf: all at once), each > 0.
         n, seed, mix, max_context: the trace (`workload.make_trace`; the same seed keeps the lengths and prompts
             at every rate, only the arrival times change); max_context defaults to the model's context.
-        modes: which of `MODES` to serve each trace in. max_batch, static_wait_s, **engine_args: `serve_trace`'s.
+        modes: which of `MODES` to serve each trace in. max_batch, static_wait_s, static_mode, **engine_args:
+            `serve_trace`'s.
         log: called with one line per point (e.g. print). runs: a dict that, if given, receives every `TraceRun`
             under (rate, mode).
 
@@ -320,7 +325,8 @@ def throughput_latency_curve(llm, rates, n: int = 24, seed: int = 0, modes=("con
         prompts = trace_prompts(trace, config.vocab_size, seed=seed)
         for mode in modes:
             extra = engine_args if mode == "continuous" else {}
-            run = serve_trace(llm, trace, prompts, mode, max_batch=max_batch, static_wait_s=static_wait_s, **extra)
+            run = serve_trace(llm, trace, prompts, mode, max_batch=max_batch, static_wait_s=static_wait_s,
+                              static_mode=static_mode, **extra)
             if runs is not None:
                 runs[(rate, mode)] = run
             row = curve_row(rate, run)
@@ -445,13 +451,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("this records a GPU curve: no CUDA device here")
+    from llmlab.switches import apply_switches
+
     llm = LLM.from_preset(args.preset, device="cuda", dtype="bf16")
     sweep = batch_sweep(llm, [int(b) for b in args.batches.split(",")], prompt_len=128, new_tokens=64)
+    # both servers on the fast path: static batches on CUDA graphs + the Triton kernels, the continuous engine's
+    # decode rows on its graph-captured paged step; prefill chunks of up to 512 tokens, 4096 tokens a step
+    llm, _ = apply_switches(llm, {"cuda_graphs": True, "triton_kernels": True})
     rates = [float(r) for r in args.rates.split(",")]
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
-                "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16", "runtime": "eager"}
+                "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
+                "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
+                "token_budget": 4096, "chunk": 512}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
-                                    modes=("continuous", "static"), log=print)
+                                    modes=("continuous", "static"), log=print, static_mode="graphs",
+                                    token_budget=4096, chunk=512)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},
                       settings=settings, device=device, extra={"batch_sweep": sweep})

@@ -47,6 +47,9 @@ class PagedKVCache:
         block_size: tokens per block (16 as in vLLM).
         num_blocks: blocks in the pool; default: enough for batch_size x max_seq_len (no saving by itself — a
             server sizes the pool to the free memory and lets many sequences share it).
+        spare_blocks: blocks allocated beyond num_blocks that the block manager never hands out (ids num_blocks
+            .. num_blocks + spare_blocks - 1, in `spare`): scratch slots, e.g. where the padding rows of a
+            captured decode step write their K/V (`llmlab.batching.paged_graphs`).
 
     Raises:
         ValueError: sizes not positive, or max_seq_len beyond the model's context.
@@ -55,15 +58,17 @@ class PagedKVCache:
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device,
-                 block_size: int = 16, num_blocks: int | None = None):
+                 block_size: int = 16, num_blocks: int | None = None, spare_blocks: int = 0):
         check_cache_args(config, dtype, batch_size=batch_size, max_seq_len=max_seq_len, block_size=block_size,
                          **({} if num_blocks is None else {"num_blocks": num_blocks}))
         batch_size, max_seq_len, block_size = int(batch_size), int(max_seq_len), int(block_size)
         num_blocks = None if num_blocks is None else int(num_blocks)
         if num_blocks is None:
             num_blocks = batch_size * math.ceil(max_seq_len / block_size)
+        if isinstance(spare_blocks, bool) or not isinstance(spare_blocks, int) or spare_blocks < 0:
+            raise ValueError(f"spare_blocks={spare_blocks!r}: give a whole number >= 0")
         device = torch.device(device)
-        shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)
+        shape = (num_blocks + spare_blocks, config.n_kv_heads, block_size, config.head_dim)
         elem = torch.empty((), dtype=dtype).element_size()
         self.nbytes = 2 * config.n_layers * torch.Size(shape).numel() * elem
         check_fits(self.nbytes, device, f"paged KV cache ({num_blocks} blocks of {block_size} tokens x "
@@ -72,7 +77,8 @@ class PagedKVCache:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = BlockManager(num_blocks, block_size)  # hands out ids 0..num_blocks-1 only
+        self.spare = list(range(num_blocks, num_blocks + spare_blocks))
         self.length = 0
         self._slots, self._end = None, 0  # set by each layer-0 write: every layer's (block, offset) slots
         self._step_tensors = None  # (B, block tables, lengths) on the device: built once per forward pass

@@ -9,15 +9,23 @@ What it shows (ipywidgets + plotly `FigureWidget`):
 
 * top panel: GPU-Util (what `nvidia-smi` reports), SM activity, SM occupancy and DRAM bandwidth utilisation, in %,
   sampled by `llmlab.telemetry.nvml_sampler.Sampler` at 10 Hz;
-* per-token latency (ms) and tokens/s over the last 16 tokens, measured live;
-* one control per optimization in `llmlab.switches.SWITCHES` (an on/off switch is a checkbox, a switch with
-  choices a dropdown), prompt and output lengths, Run and Stop;
+* per-token latency (ms) and tokens/s over the last 16 tokens, measured live; all three panels share one time
+  axis (seconds since Run);
+* one control per optimization in `llmlab.switches.SWITCHES` (`llmlab.telemetry.controls`), prompt and output
+  lengths, Run and Stop; a switch that cannot run here is greyed out, and a note under the controls says why;
 * a table and a bar chart that keep every run side by side: tokens/s, TTFT, TPOT, MBU, mean GPU-Util, mean SM
   activity.
 
 Without an NVIDIA GPU (Binder, CI, a laptop) the dashboard says so in one line and the top panel replays the
-recorded trace (`llmlab.telemetry.trace`, `data/traces/`) that best matches the settings, labelled with its device and date;
-latency and tokens/s are still measured live, on the CPU.
+recorded trace (`llmlab.telemetry.trace`, `data/traces/`) that best matches the settings, labelled with its
+device and date, drawn when it is replayed (recorded seconds / replay speed); latency and tokens/s are still
+measured live, on the CPU. On a GPU without NVML GPM (older than Hopper) the panel shows what NVML reports and
+says, in the panel and in the notes, which series it cannot show.
+
+The browser. The kernel holds the figures' data; a view in the page gets each change as a message, and every
+change is also written into the widget state a view is drawn from (`figures.sync_widget_state`), so a view
+drawn late (Run All while the page still loads the widget code) or again (a page reload) shows what the kernel
+holds, and goes on updating.
 
 Threads. Generation runs on a worker thread ("llmlab-dashboard-run"); on a GPU the sampler has its own thread.
 Neither touches a widget: they append to buffers under a lock (`llmlab.telemetry.live_run`: a run's state, its
@@ -50,16 +58,18 @@ import torch
 from llmlab import envinfo
 from llmlab.engine import LLM
 from llmlab.generate import check_lengths, format_ms
-from llmlab.switches import SWITCHES, apply_switches
-from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, live_figure, results_table_html,
-                                      shown_gpu_series)
-from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, rolling_rate, run_row, take_samples,
-                                       trace_row)
+from llmlab.switches import apply_switches
+from llmlab.telemetry.controls import notes_html, read_settings, show_settings, switch_controls
+from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, live_figure, missing_gpu_notes,
+                                      results_table_html, set_time_span, show_gpu_series, sync_widget_state)
+from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, gpu_series, probe_series, rolling_rate, run_row,
+                                       sample_times, take_samples, time_span, trace_row)
 from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from llmlab.telemetry.record import setting_label
 from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, trace_dir
 
 _UNSET: Any = object()  # "use the dashboard's default" for replay_speed (None has a meaning: all at once)
+SYNC_EVERY_S = 0.5  # during a run, the figures' full state is re-sent at most this often (for views drawn later)
 
 
 class Dashboard:
@@ -78,7 +88,8 @@ class Dashboard:
 
     Attributes: `widget` (the ipywidgets box), `fig` (live FigureWidget), `bars` (comparison FigureWidget),
     `table` (HTML), `results` (one dict per run), `mode_line` (the one-line description of the GPU panel's
-    source), `controls` (switch key -> widget).
+    source), `controls` (switch key -> widget), `unavailable` (switch key -> why it cannot run here), `notes`
+    (HTML: those switches, and what the GPU panel cannot show).
     """
 
     def __init__(self, llm: LLM, *, prompt_tokens: int = 128, max_new_tokens: int = 256,
@@ -97,6 +108,8 @@ class Dashboard:
         self._n = 0
         self._shown_traces: set = set()
         self._peak_bw: float | None = None
+        self._synced_at = 0.0
+        self._gpu_notes: list[str] = []
 
         ok, why = nvml_available() if sampler_backend is None else (True, "test backend")
         on_cuda = llm.device.type == "cuda"
@@ -106,6 +119,8 @@ class Dashboard:
             source = "NVML" if sampler_backend is None else type(sampler_backend).__name__
             self.mode_line = f"Live: sampling {envinfo.device_name(llm.device)} through {source} every " \
                              f"{interval_s * 1000:.0f} ms while {llm.name} decodes on it."
+            series = probe_series(sampler_backend)
+            self._gpu_notes = missing_gpu_notes(series) if series else []
         else:
             if isinstance(traces, list):
                 self.traces = traces
@@ -132,29 +147,18 @@ class Dashboard:
         self._build_figures()
         self.status = W.HTML(self._status_html("Ready. Choose the switches and press Run."))
         self.mode = W.HTML(f"<b>{html.escape(self.mode_line)}</b>")
-        self.table = W.HTML(results_table_html(self.results))
-        self.widget = W.VBox([self.mode, self.controls_box, self.status, self.fig, W.HTML("<b>All runs</b>"),
-                              self.table, self.bars])
+        self.notes = W.HTML(notes_html(self.unavailable, self._gpu_notes), layout=W.Layout(width="100%"))
+        self.notes.add_class("llmlab-notes")
+        self.table = W.HTML(results_table_html(self.results), layout=W.Layout(width="100%"))
+        full = W.Layout(width="100%")
+        self.widget = W.VBox([self.mode, self.controls_box, self.notes, self.status, self.fig,
+                              W.HTML("<b>All runs</b>"), self.table, self.bars], layout=full)
         self.widget.add_class("llmlab-dashboard")
 
     # -- widgets -------------------------------------------------------------------------------------------------
     def _build_controls(self, prompt_tokens: int, new_tokens: int, ctx: int) -> None:
-        """One widget per registered switch (bool -> Checkbox, choices -> Dropdown), lengths, Run and Stop."""
-        self.controls: dict[str, W.Widget] = {}
-        for key, sw in SWITCHES.items():
-            ok, why = sw.available(self.llm)
-            tip = sw.help if ok else f"{sw.help} — not available here: {why}"
-            if sw.choices is None:
-                w = W.Checkbox(value=bool(sw.default), description=sw.label, indent=False, tooltip=tip,
-                               layout=W.Layout(width="auto"))
-            else:
-                # the options' values are indices into sw.choices: ipywidgets reads a value of None as "nothing
-                # selected", and None is a real choice here ("as loaded")
-                options = [("as loaded" if c is None else str(c), i) for i, c in enumerate(sw.choices)]
-                w = W.Dropdown(options=options, value=sw.choices.index(sw.default), description=sw.label,
-                               tooltip=tip, layout=W.Layout(width="170px"), style={"description_width": "auto"})
-            w.disabled = not ok
-            self.controls[key] = w
+        """One widget per registered switch (`llmlab.telemetry.controls`), lengths, Run and Stop."""
+        self.controls, self.unavailable = switch_controls(self.llm)
         self.prompt_w = W.BoundedIntText(value=prompt_tokens, min=1, max=max(1, ctx - 1), description="prompt",
                                          layout=W.Layout(width="130px"), style={"description_width": "auto"})
         self.new_w = W.BoundedIntText(value=min(new_tokens, ctx - prompt_tokens), min=1, max=max(1, ctx - 1),
@@ -170,7 +174,7 @@ class Dashboard:
         self.stop_button.on_click(lambda _b: self.stop())
         self.controls_box = W.HBox(list(self.controls.values()) + [self.prompt_w, self.new_w, self.run_button,
                                                                    self.stop_button],
-                                   layout=W.Layout(flex_flow="row wrap", align_items="center"))
+                                   layout=W.Layout(flex_flow="row wrap", align_items="center", width="100%"))
 
     def _build_figures(self) -> None:
         self.fig = live_figure()
@@ -193,23 +197,27 @@ class Dashboard:
     def _set_status(self, text: str) -> None:
         self.status.value = self._status_html(text)
 
+    def _sync(self, force: bool = True) -> None:
+        """Send the figures' full kernel-side state to the browser (`sync_widget_state`), so a view drawn now or
+        later (a reload, a second view) shows what the kernel holds. `force=False` skips it within
+        SYNC_EVERY_S of the last one."""
+        now = time.monotonic()
+        if force or now - self._synced_at >= SYNC_EVERY_S:
+            sync_widget_state(self.fig)
+            sync_widget_state(self.bars)
+            self._synced_at = now
+
     def _repr_mimebundle_(self, **kwargs):
+        self._sync()  # displayed again (a new cell, a reload's re-execution): the views start from current state
         return self.widget._repr_mimebundle_(**kwargs)
 
     # -- the settings ------------------------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
         """The switch values the controls show now."""
-        out = {}
-        for k, w in self.controls.items():
-            choices = SWITCHES[k].choices
-            out[k] = w.value if choices is None else choices[w.value]
-        return out
+        return read_settings(self.controls)
 
     def _show_settings(self, settings: dict[str, Any]) -> None:
-        for k, v in settings.items():
-            if k in self.controls:
-                choices = SWITCHES[k].choices
-                self.controls[k].value = v if choices is None else choices.index(v)
+        show_settings(self.controls, settings)
 
     # -- one run -------------------------------------------------------------------------------------------------
     @property
@@ -265,6 +273,7 @@ class Dashboard:
             if run.trace is not None:
                 run.replay = Replay(run.trace, speed=speed or 1.0)
                 run.replay_all = not speed
+                run.time_scale = 1.0 / speed if speed else 1.0  # a reading is drawn when it is replayed
                 title = f"replay of {run.trace.device}, recorded {run.trace.date}: " \
                         f"{run.trace.meta.get('setting_label', '')}" + \
                         (f" ({speed:g}x speed)" if speed and speed != 1 else "")
@@ -279,23 +288,22 @@ class Dashboard:
         self._set_status(f"Running {run.label}: {prompt_len}-token prompt, {new} new tokens on "
                          f"{envinfo.device_name(run_llm.device)} ...")
 
+    def _show_gpu_series(self, run: LiveRun) -> None:
+        """Show the GPU panel's series the run's source reports, hide the others, and say what is missing (in the
+        panel and in the notes under the controls)."""
+        run.gpu_series = gpu_series(run)
+        self._gpu_notes = show_gpu_series(self.fig, run.gpu_series, run.live_gpu)
+        self.notes.value = notes_html(self.unavailable, self._gpu_notes)
+
     def _reset_live_plot(self, run: LiveRun, title: str) -> None:
-        if run.live_gpu:
-            series = set(getattr(run.sampler.backend, "series", ()) or [k for k, _ in GPU_SERIES])
-        elif run.trace is not None:
-            series = set(run.trace.series)
-        else:
-            series = set()
-        shown = shown_gpu_series(series)
         with self.fig.batch_update():
-            for i, (key, _) in enumerate(GPU_SERIES):
-                show = key in shown
-                self.fig.data[i].x, self.fig.data[i].y = [], []
-                self.fig.data[i].visible = True if show else False
-            for tr in self.fig.data[self._n_gpu:]:
+            for tr in self.fig.data:
                 tr.x, tr.y = [], []
             self.fig.layout.annotations[0].text = title
             self.fig.layout.annotations[1].text = f"latency of each token (ms), {run.label}"
+            set_time_span(self.fig, time_span(run))
+        self._show_gpu_series(run)
+        self._sync()
 
     def _tick(self) -> bool:
         """One refresh, on the main thread: move new samples and tokens into the plots; finish the run when the
@@ -354,6 +362,7 @@ class Dashboard:
         run.llm = None  # a converted model (another dtype) is freed with the run
         self.run_button.disabled = False
         self.stop_button.disabled = True
+        self._sync()  # the final state, for any view drawn from now on
 
     def _pull(self, run: LiveRun, everything: bool = False) -> None:
         """Main thread: take the new sampler readings (or the replay's due ones; all remaining if `everything`)
@@ -364,15 +373,19 @@ class Dashboard:
         lat, rate = self.fig.data[self._n_gpu], self.fig.data[self._n_gpu + 1]
         if not new and len(tok_t) == len(lat.x or ()):
             return
+        if new and run.gpu_series is None:
+            self._show_gpu_series(run)  # a live source that declared nothing: its first readings tell
         with self.fig.batch_update():
             if new:
-                ts = run.samples["t_s"]
+                ts = sample_times(run)
                 for i, (key, _) in enumerate(GPU_SERIES):
                     if key in run.samples:
                         self.fig.data[i].x, self.fig.data[i].y = ts, run.samples[key]
             if len(tok_t) != len(lat.x or ()):
                 lat.x, lat.y = tok_t, tok_ms
                 rate.x, rate.y = tok_t, rolling_rate(tok_t)
+            set_time_span(self.fig, time_span(run))
+        self._sync(force=everything)
 
     # -- the table of runs ---------------------------------------------------------------------------------------
     def _peak_bandwidth(self, device: torch.device) -> float | None:
@@ -390,6 +403,7 @@ class Dashboard:
                 self.bars.data[i].x = labels
                 self.bars.data[i].y = [r.get(key) for r in self.results]
                 self.bars.data[i].hovertext = [f"{r['run']} ({r['device']})" for r in self.results]
+        sync_widget_state(self.bars)
 
     # -- driving it ----------------------------------------------------------------------------------------------
     def run(self, settings: dict[str, Any] | None = None, max_new_tokens: int | None = None,

@@ -16,7 +16,7 @@ import torch
 
 from llmlab import envinfo
 from llmlab.engine import LLM
-from llmlab.telemetry.nvml_sampler import Sampler
+from llmlab.telemetry.nvml_sampler import Backend, NvmlBackend, Sampler
 from llmlab.telemetry.trace import Replay, Trace, summarize_run
 
 ROLLING_TOKENS = 16  # tokens/s is averaged over this many tokens
@@ -73,6 +73,8 @@ class LiveRun:
     t_wall0: float = 0.0
     finished: bool = False
     row: dict | None = None
+    time_scale: float = 1.0  # run-clock seconds per second of the readings' t_s (1 / replay speed)
+    gpu_series: set | None = None  # the series the GPU source reports (None: not known yet)
 
     def on_token(self, step: int, tokens: list[int]) -> bool:
         t = self.clock()
@@ -129,6 +131,57 @@ def take_samples(run: LiveRun, everything: bool = False) -> list[dict]:
             if len(col) < n + 1:
                 col.append(None)
     return new
+
+
+def probe_series(backend: Backend | None) -> tuple[str, ...]:
+    """The series a live GPU source reports, before any run: a given backend's `series` attribute; for NVML
+    (backend None), a short open and close of GPU 0 (`NvmlBackend.series`). () when unknown; never raises."""
+    if backend is not None:
+        return tuple(getattr(backend, "series", None) or ())
+    try:
+        probe = NvmlBackend()
+        probe.open()
+    except Exception:  # noqa: BLE001 — a run that cannot open the GPU reports it itself
+        return ()
+    try:
+        return tuple(probe.series)
+    finally:
+        probe.close()
+
+
+def gpu_series(run: LiveRun) -> set | None:
+    """The series the run's GPU source reports: the live sampler backend's `series` (where it declares none,
+    the keys of its readings so far), the replayed trace's, or the empty set (nothing to replay). None while a
+    live source has declared nothing and sent nothing yet."""
+    if run.live_gpu:
+        declared = tuple(getattr(run.sampler.backend, "series", None) or ())
+        if declared:
+            return set(declared)
+        return (set(run.samples) - {"t_s"}) or None
+    return set(run.trace.series) if run.trace is not None else set()
+
+
+def sample_times(run: LiveRun) -> list[float]:
+    """The times (s, on the run's clock: since Run) at which `run.samples` were taken or, for a replay, handed
+    out: a recorded t_s divided by the replay speed. Same length as `run.samples["t_s"]`."""
+    return [t * run.time_scale for t in run.samples.get("t_s", [])]
+
+
+def time_span(run: LiveRun) -> float | None:
+    """The seconds every live panel shows, [0, span]: the end of the replay (known from the start, so the time
+    axis does not grow while it plays), the last reading and the last token, whichever is latest. None before
+    anything is known (the panels autorange)."""
+    ends = []
+    if run.replay is not None:
+        ends.append(run.replay.duration_s)  # replay_all replays at speed 1: its duration is the recording's
+    ts = run.samples.get("t_s")
+    if ts:
+        ends.append(ts[-1] * run.time_scale)
+    with run.lock:
+        if run.tok_t:
+            ends.append(run.tok_t[-1])
+    end = max(ends, default=0.0)
+    return end * 1.02 if end > 0 else None
 
 
 def run_row(run: LiveRun, config, peak_bw_gb_s: float | None) -> dict:

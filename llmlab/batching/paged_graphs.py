@@ -1,0 +1,207 @@
+"""The continuous-batching decode step on a GPU: paged attention in place, replayed from one CUDA graph per bucket.
+
+`llmlab.batching.paged_batch.PagedBatchView` is the exact reference: every layer gathers every row's K/V into a
+contiguous copy and masks it, and the host launches each of the step's kernels anew. A decode step of a server
+does neither (Kwon et al. 2023, PagedAttention, https://arxiv.org/abs/2309.06180; vLLM and SGLang capture their
+decode step per batch size the same way):
+
+* `PagedDecodeBatch` is the KV cache the model sees in a decode step of up to `max_rows` sequences, each one new
+  token at its own position. It offers `write` (each row's new K/V into its slot of the pool) and
+  `decode_attention` (the Triton paged kernel, `llmlab.kernels.paged_decode_attention`, reading each row's blocks
+  in place through its block table) and no mask, so the Triton modules' attention takes its paged path
+  (`llmlab.model.attention_path`). Its inputs live in static device buffers that `fill` rewrites before each step.
+* `PagedDecodeGraphs` captures the step (embedding to greedy token) once per batch-size bucket (1, 2, 4, ...,
+  max_batch) and replays the smallest bucket that holds the step's rows. The rows past the real ones are padding:
+  they read one token and write their K/V into a spare block of the pool that no sequence owns
+  (`PagedKVCache(spare_blocks=1)`), so they change nothing a real row sees.
+
+The static shapes a graph needs: the bucket's rows, and a block table of fixed width (enough blocks for the
+engine's longest request); a step copies only the columns its rows use (the kernel never reads past a row's
+length). Without CUDA graphs (`cuda_graphs=False`; a CPU under `TRITON_INTERPRET=1` in the tests) the same step
+runs eagerly on the same buffers, so the tests check the buffers and the padding on a CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmlab.cache.paged_cache import PagedKVCache
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to max_batch (max_batch itself the last): the batch sizes captured."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return (*sizes, max_batch)
+
+
+class PagedDecodeBatch:
+    """The KV cache of one decode step over a shared block pool: row b is one sequence, one new token at its own
+    position. Static buffers (device, allocated once): ids (R, 1) int64, positions (R, 1) int64, the new token's
+    slot (block (R,), offset (R,)) int64, lengths (R,) int32 (tokens each row attends over, its new one included)
+    and tables (R, width) int32; R = max_rows. `rows` is the number of rows the next forward pass uses (a bucket).
+
+    Args:
+        pool: the `PagedKVCache` the sequences' K/V live in; it needs one spare block (`spare_blocks=1`) for the
+            padding rows.
+        max_rows: the most rows of a step (the largest bucket).
+        width: block-table columns: blocks of the longest sequence served.
+
+    Raises:
+        ValueError: a pool without a spare block; sizes below 1.
+    """
+
+    def __init__(self, pool: PagedKVCache, max_rows: int, width: int):
+        if not pool.spare:
+            raise ValueError("the pool has no spare block for the padding rows: build it with "
+                             "PagedKVCache(..., spare_blocks=1)")
+        if max_rows < 1 or width < 1:
+            raise ValueError(f"max_rows={max_rows} and width={width} must be at least 1")
+        dev = pool.k[0].device
+        self.pool, self.pad_block, self.width = pool, pool.spare[0], width
+        self.ids = torch.zeros(max_rows, 1, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(max_rows, 1, dtype=torch.int64, device=dev)
+        self.block = torch.full((max_rows,), self.pad_block, dtype=torch.int64, device=dev)
+        self.offset = torch.zeros(max_rows, dtype=torch.int64, device=dev)
+        self.lengths = torch.ones(max_rows, dtype=torch.int32, device=dev)
+        self.tables = torch.full((max_rows, width), self.pad_block, dtype=torch.int32, device=dev)
+        self.max_rows, self.rows = max_rows, max_rows
+
+    def fill(self, rows: list[tuple[int, int, list[int]]], bucket: int) -> None:
+        """Load a step into the buffers: rows [(token, position, block table)], len(rows) <= bucket <= max_rows.
+
+        Rows len(rows)..bucket-1 become padding: token 0 at position 0, written to the spare block, attending
+        over that one slot. One host-to-device copy for the per-row values and one for the tables' used columns.
+
+        Raises:
+            ValueError: more rows than the bucket, a bucket beyond max_rows, a table wider than `width`, or a
+                position outside its table.
+        """
+        n = len(rows)
+        if not 1 <= n <= bucket <= self.max_rows:
+            raise ValueError(f"{n} rows in a bucket of {bucket} (at most {self.max_rows} rows)")
+        bs = self.pool.block_size
+        used = max(len(table) for _, _, table in rows)
+        if used > self.width:
+            raise ValueError(f"a block table of {used} blocks is wider than this step's {self.width} columns")
+        values = torch.zeros(4, bucket, dtype=torch.int64)  # token, position, block, offset
+        values[2] = self.pad_block
+        tables = torch.full((bucket, used), self.pad_block, dtype=torch.int32)
+        for b, (token, pos, table) in enumerate(rows):
+            if not 0 <= pos < len(table) * bs:
+                raise ValueError(f"row {b}: position {pos} is outside its {len(table)} blocks of {bs} tokens")
+            values[:, b] = torch.tensor([token, pos, table[pos // bs], pos % bs])
+            tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
+        dev = self.ids.device
+        values = values.to(dev, non_blocking=True)
+        self.ids[:bucket, 0] = values[0]
+        self.positions[:bucket, 0] = values[1]
+        self.block[:bucket] = values[2]
+        self.offset[:bucket] = values[3]
+        self.lengths[:bucket] = (values[1] + 1).to(torch.int32)
+        self.tables[:bucket, :used] = tables.to(dev, non_blocking=True)
+        self.rows = bucket
+
+    # -- what the model calls (`llmlab.kernels.modules.TritonAttention`, paged decode path) --------------------
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store each row's new K and V, (rows, Hkv, 1, hd), in its slot of layer `layer`'s pools."""
+        b = self.rows
+        self.pool.k[layer][self.block[:b], :, self.offset[:b]] = k[:, :, 0]
+        self.pool.v[layer][self.block[:b], :, self.offset[:b]] = v[:, :, 0]
+
+    def decode_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q (rows, H, 1, hd) after RoPE -> (rows, H, 1, hd): each row attends over its `lengths` tokens, read in
+        place from the pool through its block table. No host sync (the lengths are not checked on the host)."""
+        from llmlab.kernels.paged_decode_attention import paged_decode_attention  # imports triton: when used
+
+        b = self.rows
+        return paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables[:b],
+                                      self.lengths[:b], check_lens=False)
+
+
+class PagedDecodeGraphs:
+    """Decode steps of a continuous-batching engine: `PagedDecodeBatch` buffers and one CUDA graph per bucket.
+
+    Args:
+        model: a `llmlab.model.Transformer` with the Triton kernel modules swapped in
+            (`llmlab.kernels.modules.swap_in`, the "Triton kernels" switch): their attention has the paged path.
+        pool: the engine's `PagedKVCache`, with one spare block.
+        max_batch: the most decode rows of a step.
+        width: block-table columns (blocks of the longest request).
+        cuda_graphs: capture the buckets (default: on a CUDA device); False runs the same step eagerly.
+        warmup_steps: eager runs of each bucket before its capture (Triton compiles and cuBLAS sets up there).
+
+    Raises:
+        ValueError: a model without the kernel modules, cuda_graphs on a model that is not on a CUDA device.
+    """
+
+    def __init__(self, model, pool: PagedKVCache, max_batch: int, width: int, cuda_graphs: bool | None = None,
+                 warmup_steps: int = 2):
+        from llmlab.kernels.modules import is_swapped
+
+        if not is_swapped(model):
+            raise ValueError("the paged decode step runs the Triton kernel modules' paged attention: swap them in "
+                             "first (the triton_kernels switch, or llmlab.kernels.modules.swap_in)")
+        device = next(model.parameters()).device
+        cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a model on a CUDA GPU; this one is on {device}")
+        self.model, self.buckets = model, batch_buckets(max_batch)
+        self.batch = PagedDecodeBatch(pool, max_batch, width)
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (logits (b, V), tokens (b,))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if cuda_graphs:
+            self._capture(warmup_steps)
+
+    def _forward(self, b: int) -> None:
+        """The step on the first b rows of the buffers (eagerly, or while being captured)."""
+        self.batch.rows = b
+        logits = self.model(self.batch.ids[:b], self.batch.positions[:b], kv_cache=self.batch, last_only=True)
+        logits = logits[:, -1]  # (b, V)
+        self.outputs[b] = (logits, logits.argmax(dim=-1))
+
+    @torch.inference_mode()
+    def _capture(self, warmup_steps: int) -> None:
+        """One graph per bucket, largest first so the smaller ones reuse its memory pool. Each bucket runs
+        `warmup_steps` times on a side stream before its capture (lazy setup must not happen while capturing); the
+        buffers hold padding rows then, so the warm-up writes only the spare block."""
+        dev = self.batch.ids.device
+        pool = None
+        for b in sorted(self.buckets, reverse=True):
+            self.batch.fill([(0, 0, [self.batch.pad_block])], b)
+            stream, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                for _ in range(warmup_steps):
+                    self._forward(b)
+            stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward(b)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[b] = graph
+        torch.cuda.synchronize(dev)
+
+    def bucket(self, n: int) -> int:
+        """The smallest bucket >= n. Raises ValueError beyond the largest."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"{n} decode rows exceed this step's max_batch of {self.buckets[-1]}")
+
+    @torch.inference_mode()
+    def step(self, rows: list[tuple[int, int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of rows [(token, position, block table)]: writes each row's K/V at its position and
+        returns (logits (n, V), greedy tokens (n,)) on the device, views of the bucket's outputs (the next step
+        rewrites them: read them first)."""
+        n = len(rows)
+        b = self.bucket(n)
+        self.batch.fill(rows, b)
+        if b in self.graphs:
+            self.graphs[b].replay()
+        else:
+            self._forward(b)
+        logits, tokens = self.outputs[b]
+        return logits[:n], tokens[:n]

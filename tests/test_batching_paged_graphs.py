@@ -1,0 +1,108 @@
+"""The continuous-batching engine's paged decode step (`llmlab.batching.paged_graphs`): with the Triton kernel modules
+swapped in, the decode rows attend in place through the block tables from static buffers (graph-captured on a GPU),
+and the padding rows of a bucket write only the pool's spare block.
+
+Claims, at fp32: every request's greedy tokens equal the engine's eager reference path (the gathering
+`PagedBatchView` and the PyTorch modules) token for token, with and without preemption; a padding row changes no
+real row's K/V. CPU: Triton's interpreter (TRITON_INTERPRET=1 from conftest.py); on a GPU the buckets are captured.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from llmlab.batching.continuous import generate_continuous
+from llmlab.batching.engine import BatchEngine, paged_step_reason
+from llmlab.batching.paged_graphs import PagedDecodeBatch, PagedDecodeGraphs, batch_buckets
+from llmlab.cache.paged_cache import PagedKVCache
+from llmlab.kernels._util import interpret_mode
+from llmlab.kernels.modules import swap_in
+from tiny_models import tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not interpret_mode(),
+                                reason="no CUDA GPU and TRITON_INTERPRET is not set")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+PROMPTS = [[5, 6, 7], list(range(10, 30)), [9] * 17, [3]]  # 1 to 2 blocks of 16, a 1-token prompt
+
+
+@pytest.fixture(scope="module")
+def models():
+    ref = tiny_model(seed=4).to(DEV)
+    return ref, swap_in(copy.deepcopy(ref))
+
+
+def test_buckets_double_up_to_max_batch():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_the_paged_step_gives_the_reference_tokens(models):
+    ref, fast = models
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=6).token_ids
+    got = generate_continuous(fast, PROMPTS, max_new_tokens=6)
+    assert got.token_ids == want
+    engine_kinds = got.extra["engine"]
+    assert engine_kinds["finished"] == len(PROMPTS)
+
+
+@pytest.mark.slow  # ~60 s in the CPU interpreter
+def test_the_paged_step_with_preemption_gives_the_reference_tokens(models):
+    ref, fast = models
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=14).token_ids
+    got = generate_continuous(fast, PROMPTS, max_new_tokens=14, num_blocks=3)  # 48 slots for 4 requests
+    assert got.token_ids == want
+    assert sum(r["preemptions"] for r in got.extra["requests"]) > 0
+
+
+def test_the_engine_picks_the_paged_step_only_with_the_kernel_modules(models):
+    ref, fast = models
+    assert BatchEngine(ref, max_batch=4, max_seq_len=64).decode_step is None
+    engine = BatchEngine(fast, max_batch=4, max_seq_len=64)
+    assert isinstance(engine.decode_step, PagedDecodeGraphs)
+    assert engine.pool.spare == [engine.pool.num_blocks]  # one block past the managed ones
+    assert "triton_kernels" in paged_step_reason(ref, None)
+    with pytest.raises(ValueError, match="cuda_graphs=True"):
+        BatchEngine(ref, max_batch=4, max_seq_len=64, cuda_graphs=True)
+    assert BatchEngine(ref, max_batch=4, max_seq_len=64).decode_step is None  # a refused engine left nothing
+
+
+def test_padding_rows_write_only_the_spare_block(models):
+    _, fast = models
+    config = fast.config
+    pool = PagedKVCache(config, 4, 64, torch.float32, DEV, num_blocks=8, spare_blocks=1)
+    step = PagedDecodeGraphs(fast, pool, max_batch=4, width=4, cuda_graphs=False)
+    pool.blocks.allocate("a", 5)
+    before = [t.clone() for t in pool.k]
+    logits, tokens = step.step([(7, 4, pool.blocks.block_table("a"))])  # one real row in a bucket of 1
+    assert logits.shape == (1, config.vocab_size) and tokens.shape == (1,)
+    step.batch.fill([(7, 4, pool.blocks.block_table("a"))], 4)  # the same row in a bucket of 4: 3 padding rows
+    step.batch.rows = 4
+    real_block = pool.blocks.block_table("a")[0]
+    for layer, t in enumerate(pool.k):
+        changed = (t != before[layer]).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) <= {real_block}  # the first step wrote slot 4 of the row's block, nothing else
+    out = step._forward(4)
+    for layer, t in enumerate(pool.k):
+        changed = (t != before[layer]).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) <= {real_block, pool.spare[0]}
+    # the real row's logits do not see the padding (a batch of 4 may round its matmuls differently from 1)
+    torch.testing.assert_close(step.outputs[4][0][0], logits[0], atol=1e-5, rtol=1e-5)
+    assert out is None
+
+
+def test_fill_refuses_what_does_not_fit(models):
+    _, fast = models
+    pool = PagedKVCache(fast.config, 2, 64, torch.float32, DEV, num_blocks=8, spare_blocks=1)
+    batch = PagedDecodeBatch(pool, max_rows=2, width=2)
+    with pytest.raises(ValueError, match="rows in a bucket"):
+        batch.fill([(1, 0, [0])] * 3, 2)
+    with pytest.raises(ValueError, match="wider"):
+        batch.fill([(1, 0, [0, 1, 2])], 2)
+    with pytest.raises(ValueError, match="outside its 1 blocks"):
+        batch.fill([(1, 16, [0])], 2)
+    with pytest.raises(ValueError, match="spare block"):
+        PagedDecodeBatch(PagedKVCache(fast.config, 2, 64, torch.float32, DEV, num_blocks=8), 2, 2)
