@@ -34,7 +34,7 @@ BATCHING="+prefill_graphs,+one_at_a_time,+static_batching,+continuous_batching"
 if [[ $MODE == main ]]; then
   step chat_1b 90 $BENCH --workload chat --model "$BIG" --steps all --peers --repeats 2 --time-budget 240
   step chat_default 60 $BENCH --workload chat --model default --steps all --peers --repeats 2 \
-    --time-budget "$(budget ${QRESERVE:-120})"
+    --time-budget "$(budget 120)"
   step profile_eager 30 python3 -m llmlab.cli profile --model "$BIG" --trace "$OUT/profile_${BIG}_eager.json.gz"
   step profile_cuda_graphs 30 python3 -m llmlab.cli profile --model "$BIG" --setting cuda_graphs=true \
     --trace "$OUT/profile_${BIG}_cuda_graphs.json.gz"
@@ -48,8 +48,8 @@ elif [[ $MODE == quant ]]; then
   step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
     --time-budget "$(budget 20)"
 elif [[ $MODE == batching ]]; then
-  step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_batching_gpu.py \
-    tests/test_kernels_paged_attention.py
+  step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_batching_gpu.py \
+    tests/test_batching_paged_graphs.py tests/test_kernels_paged_attention.py
   step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers --repeats 1 \
     --time-budget "$(budget 150)"
   step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT" ${CURVE_ARGS:-}
