@@ -490,3 +490,24 @@ def test_gpu_chat_quick_fills_the_gpu_columns(tmp_path):
         assert rows["eager"]["gpu_util"] is not None
     assert "hf_eager" in rows and "hf_static" in rows
     assert not [s for s in doc["skipped"] if s["reason"].startswith("failed")], doc["skipped"]
+
+
+@pytest.mark.slow  # ~45 s: generate_batch sets up its manager and worker thread
+def test_hf_continuous_batching_peer_gives_the_solo_tokens():
+    """transformers' own continuous batching (`generate_batch`) on the same weights: each request's greedy tokens
+    equal llmlab's solo run, and the TTFTs lie within the call."""
+    from llmlab.measure.peers import close_hf_continuous, hf_peer_model, run_hf_continuous
+
+    llm = LLM(tiny_model(seed=2), name="tiny")
+    hf = hf_peer_model(llm)
+    if not hasattr(hf, "generate_batch"):
+        pytest.skip("this transformers has no generate_batch (continuous batching)")
+    prompts = [[5, 6, 7], list(range(10, 30)), [9] * 11]
+    try:
+        run = run_hf_continuous(hf, prompts, 5)
+    finally:
+        close_hf_continuous(hf)
+    want = [llm.generate([p], max_new_tokens=5, stop_at_eos=False).token_ids[0] for p in prompts]
+    (call,) = run.calls
+    assert call.tokens == want
+    assert len(call.step_ms) == 1 and all(0 < t <= call.step_ms[0] for t in call.ttft_ms)

@@ -131,6 +131,15 @@ PLOT_STATE_JS = """() => {
 }"""
 
 
+NOTEBOOK_READY_JS = """() => {
+    const app = window.jupyterapp;
+    if (!app || !app.shell) return false;
+    const w = app.shell.currentWidget;
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    return !!(k && k.status === 'idle');
+}"""
+
+
 # the dashboard's figures as the browser drew them: per plot, how many traces drew, its width against the
 # dashboard's, the x ranges of its axes, and whether the modebar's box overlaps a subplot title's
 FIGURES_JS = """() => {
@@ -189,7 +198,8 @@ def _wait_for(page, predicate_js: str, timeout_s: float, what: str):
     page.screenshot(path=str(SCREENSHOT.with_name("timeout.png")), full_page=True)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: {last!r}; the "
                          f"dashboard: {page.evaluate(PLOT_STATE_JS)!r}; figures: {page.evaluate(FIGURES_JS)!r}; "
-                         f"page: {SCREENSHOT.with_name('timeout.png')}")
+                         f"page: {SCREENSHOT.with_name('timeout.png')}; the browser console's errors and warnings "
+                         f"(last 20): {getattr(page, 'llmlab_console', [])[-20:]}")
 
 
 def _check_figures(page, when: str) -> None:
@@ -215,15 +225,13 @@ def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 2000})
+            page.llmlab_console = []  # reported when a wait times out
+            page.on("console", lambda m: page.llmlab_console.append(f"{m.type}: {m.text[:300]}")
+                    if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: page.llmlab_console.append(f"pageerror: {str(e)[:300]}"))
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={TOKEN}", timeout=60_000)
             # JupyterLab is up and the notebook's kernel is idle
-            _wait_for(page, """() => {
-                const app = window.jupyterapp;
-                if (!app || !app.shell) return false;
-                const w = app.shell.currentWidget;
-                const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-                return !!(k && k.status === 'idle');
-            }""", 90, "the notebook and an idle kernel")
+            _wait_for(page, NOTEBOOK_READY_JS, 90, "the notebook and an idle kernel")
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             # the last cell prints this once every cell before it has passed; an error output stops the wait
             _wait_for(page, f"() => document.body.innerText.includes('no llmlab thread left') "
@@ -280,6 +288,21 @@ def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
             page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
             page.wait_for_timeout(1000)
             page.reload(timeout=60_000)
+            _wait_for(page, NOTEBOOK_READY_JS, 90, "the notebook and its kernel after the reload")
+            # JupyterLab draws only the cells near the viewport: bring the dashboard's cell into view
+            _wait_for(page, """async () => {
+                const nb = window.jupyterapp.shell.currentWidget.content;
+                const cells = nb.model.cells;
+                for (let i = 0; i < cells.length; i++) {
+                    if (cells.get(i).sharedModel.getSource().includes('Dashboard(')) {
+                        nb.activeCellIndex = i;
+                        await nb.scrollToItem(i, 'start');
+                        return document.querySelector('.llmlab-dashboard') !== null;
+                    }
+                }
+                return false;
+            }""", 60, "the dashboard's cell to be drawn after the reload")
+            page.locator(".llmlab-dashboard").first.scroll_into_view_if_needed()
             reloaded = _wait_for(page, f"() => {{ const s = ({PLOT_STATE_JS})(); "
                                        f"return s && s.drawn > 0 && s.bars > 0 && s.rows >= {after['rows']} "
                                        "? s : false; }", 90, "the dashboard to come back drawn after a reload")

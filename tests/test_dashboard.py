@@ -395,6 +395,8 @@ def test_figures_fill_the_width_and_the_modebar_clears_the_titles(llm):
         lines = max(t.text.count("<br>") + 1 for t in top)
         assert fig.layout.margin.t >= MODEBAR_PX + lines * TITLE_PX, (fig.layout.margin.t, lines)
     assert max(t.text.count("<br>") for t in dash.bars.layout.annotations) >= 1  # two-line titles exist
+    # a wide table scrolls sideways inside the output area instead of wrapping every cell
+    assert "overflow-x:auto" in dash.table.value and "white-space:nowrap" in dash.table.value
     assert dash.bars.layout.margin.t > dash.fig.layout.margin.t
 
 

@@ -40,7 +40,7 @@ from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filenam
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
 from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
-from llmlab.measure.peers import hf_peer_model, run_hf, transformers_version
+from llmlab.measure.peers import close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous, transformers_version
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
 from llmlab.quant import is_quantized
@@ -360,12 +360,21 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             for name in ("hf_eager", "hf_static"):
                 doc["skipped"].append({"step": name, "reason": f"transformers model not built: "
                                                                f"{type(e).__name__}: {e}"})
-        for name, static in (("hf_eager", False), ("hf_static", True)):
+        names = ["hf_eager", "hf_static"] + (["hf_continuous"] if wl.n_requests > 1 else [])
+        for name in names:
             if hf is None or over_budget(name):
                 continue
+            static = name == "hf_static"
             try:
                 if static:
                     torch._dynamo.reset()  # a clean compile cache: the warm-up time is transformers' own
+                if name == "hf_continuous":
+                    runs, hw, warm = timed(lambda: run_hf_continuous(hf, prompts, new_tokens), dev, repeats, sample)
+                    add_row(name, "HF continuous batching", weights_label(AS_LOADED, llm.dtype),
+                            weight_bytes_per_param(AS_LOADED, llm.dtype), runs, hw, warm,
+                            note=f"transformers {transformers_version()} generate_batch (its continuous batching), "
+                                 f"greedy, same weights; one timed call, no per-token times")
+                    continue
                 runs, hw, warm = timed(lambda: run_hf(hf, prompts, new_tokens, static), dev, repeats, sample)
                 how = ""
                 if static:
@@ -377,6 +386,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             except Exception as e:
                 failed(name, e)
             finally:
+                if name == "hf_continuous":
+                    close_hf_continuous(hf)
                 _free(dev)
         hf = None
         _free(dev)

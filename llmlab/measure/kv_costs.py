@@ -1,6 +1,9 @@
 """What a KV cache costs, measured with real caches: the memory each layout reserves for a mixed-length workload
 (`measured_waste`, against the formula in `llmlab.cache.sizing.waste`) and the decode step's time as the context
-grows (`decode_latency_vs_context`: each step reads the whole cache). Lab 03 plots both.
+grows (`decode_latency_vs_context`: each step reads the whole cache), and the TTFT of a conversation with and without
+prefix reuse (`reuse_ttft`). Lab 03 plots them. The timings are repeated, and each claim drawn from them
+(`context_trend`, `reuse_verdict`) is made only when the repeats are steady (`llmlab.measure.timing.summarize_ms`):
+on a busy machine the verdict says the result is too noisy to conclude instead.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ import torch
 
 from llmlab.cache.kv_cache import KVCache
 from llmlab.cache.paged_cache import PagedKVCache
+from llmlab.cache.prefix_reuse import compare_ttft
 from llmlab.cache.sizing import _check_lengths, allocated_bytes, bytes_per_token, cache_bytes
 from llmlab.config import ModelConfig
+from llmlab.measure.timing import (MAX_SPREAD, TOO_NOISY, Comparison, compare_ms, machine_load_note,
+                                   summarize_ms, sync)
 
 
 def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, block_size: int = 16,
@@ -39,36 +45,132 @@ def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, bl
 
 
 @torch.inference_mode()
-def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch: int = 1) -> list[dict]:
-    """Median decode-step time (ms) with `context` tokens already cached, for each context length.
+def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch: int = 1,
+                              max_spread: float = MAX_SPREAD) -> list[dict]:
+    """Decode-step time (ms) with `context` tokens already cached, for each context length, with how far to trust it.
 
-    The cache is filled with random K/V (the values do not change the time), then `steps` single-token steps run
-    at positions context, context+1, ...; the KV bytes read per step grow linearly with the context. The first
-    context is run once untimed before the sweep: a process's first decode steps pay one-time costs (allocator,
-    thread pools) that would make the shortest context look slowest.
+    One `KVCache` per context is filled with random K/V (the values do not change the time) and a single-token step
+    at position `context` is timed `steps` times per context. The contexts take turns (round 1 times every context
+    once, then round 2, ...), so a burst of load from another program slows all contexts alike instead of making
+    one of them look slow; a first untimed round pays the one-time costs (allocator, thread pools) that would
+    otherwise land on the first context. Each repeat rewrites the same position, so every repeat does the same work.
+
+    Returns one row per context: context, ms (the median step), spread, verdict ("steady" or "too noisy to conclude:
+    rerun", `llmlab.measure.timing.summarize_ms`), repeats (the `Repeats`), kv_mb_read (MB of K/V a step reads,
+    growing linearly with the context). `context_trend(rows)` says whether the step time rises.
+
+    Raises:
+        ValueError: steps not a whole number >= 2 (the spread needs repeats), or an empty `contexts`.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: time at least one decode step per context (a whole number >= 1)")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps={steps!r}: time at least 2 decode steps per context (a whole number; 5 or more on "
+                         f"a busy machine), so the spread of the repeats can be judged")
+    contexts = list(contexts)
+    if not contexts:
+        raise ValueError("contexts is empty: give the numbers of cached tokens to time, e.g. [16, 256, 900]")
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
-    rows = []
-    for ctx in list(contexts[:1]) + list(contexts):  # the first pass is the warm-up: dropped below
-        cache = KVCache(model.config, batch, ctx + steps, dtype, device)
+    caches = []
+    for ctx in contexts:
+        cache = KVCache(model.config, batch, ctx + 1, dtype, device)
         for t in (*cache.k, *cache.v):
             t.normal_()
-        cache.length = ctx
-        token = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        times = []
-        for i in range(steps):
-            pos = torch.tensor([ctx + i], device=device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        caches.append(cache)
+    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    times: list[list[float]] = [[] for _ in contexts]
+    for round_ in range(steps + 1):  # round 0 is the warm-up: not kept
+        for i, (ctx, cache) in enumerate(zip(contexts, caches)):
+            cache.length = ctx  # the step below writes position ctx and attends to ctx + 1 tokens, every repeat
+            pos = torch.tensor([ctx], device=device)
+            sync(device)
             t0 = time.perf_counter()
             model(token, pos, kv_cache=cache, last_only=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        rows.append({"context": ctx, "ms": times[len(times) // 2],
-                     "kv_mb_read": cache_bytes(model.config, ctx, batch, dtype) / 1e6})
-    return rows[1:]
+            sync(device)
+            if round_:
+                times[i].append((time.perf_counter() - t0) * 1e3)
+    rows = []
+    for ctx, samples in zip(contexts, times):
+        rep = summarize_ms(samples, max_spread)
+        rows.append({"context": ctx, "ms": rep.median_ms, "spread": rep.spread, "verdict": rep.verdict,
+                     "repeats": rep, "kv_mb_read": cache_bytes(model.config, ctx, batch, dtype) / 1e6})
+    return rows
+
+
+def context_trend(rows: list[dict]) -> Comparison:
+    """Does the decode step time rise with the context? Judged on `decode_latency_vs_context`'s rows.
+
+    verdict:
+      * "rises": every context's repeats are steady, the longest context's step is slower than the shortest's
+        beyond the noise (`compare_ms`), and no longer context is faster than a shorter neighbour beyond the noise;
+      * TOO_NOISY: some context's repeats are not steady, or the curve zig-zags (a longer context clearly faster
+        than the one before it: the load changed between them, not the work);
+      * "does not rise": steady, but the longest context is not clearly slower (on a tiny model at short contexts
+        the cache may be too small a part of the step to show).
+    ratio: the longest context's median over the shortest's; why: the evidence.
+
+    Raises:
+        ValueError: fewer than 2 rows, or rows not in increasing context order.
+    """
+    if len(rows) < 2:
+        raise ValueError(f"context_trend needs at least 2 contexts, got {len(rows)} row(s)")
+    ctxs = [r["context"] for r in rows]
+    if ctxs != sorted(set(ctxs)):
+        raise ValueError(f"contexts {ctxs}: pass the rows in increasing context order, each context once")
+    first, last = rows[0], rows[-1]
+    ratio = last["ms"] / first["ms"]
+    noisy = [r for r in rows if not r["repeats"].steady]
+    if noisy:
+        return Comparison(ratio, TOO_NOISY, "; ".join(f"context {r['context']}: {r['repeats'].why}" for r in noisy))
+    drops = [(a, b) for a, b in zip(rows, rows[1:]) if compare_ms(b["repeats"], a["repeats"]).verdict == "faster"]
+    if drops:
+        where = ", ".join(f"{a['context']} -> {b['context']} ({a['ms']:.2f} -> {b['ms']:.2f} ms)" for a, b in drops)
+        load = machine_load_note()
+        return Comparison(ratio, TOO_NOISY, f"the step time fell where the context grew ({where}), more than the "
+                                            f"repeats' spread: the machine's load changed between the contexts"
+                          + (f"; {load}" if load else ""))
+    c = compare_ms(last["repeats"], first["repeats"], f"context {last['context']}", f"context {first['context']}")
+    return Comparison(ratio, "rises" if c.verdict == "slower" else "does not rise", c.why)
+
+
+def reuse_ttft(model, messages: list[list[int]], max_new_tokens: int = 4, rounds: int = 5, block_size: int = 16,
+               max_spread: float = MAX_SPREAD) -> list[dict]:
+    """TTFT of every turn of a conversation with and without prefix reuse, repeated, with how far to trust it.
+
+    Runs `llmlab.cache.prefix_reuse.compare_ttft` (the three modes 'none', 'contiguous', 'paged', replies checked
+    identical) once untimed as a warm-up and then `rounds` times with one repeat each, so the modes take turns and
+    a burst of load slows all of them alike. Returns compare_ttft's rows, one per (turn, mode), with ttft_ms the
+    median of the rounds (ms) and three more keys: spread, verdict and repeats (`summarize_ms`). `reuse_verdict`
+    compares two modes.
+
+    Raises:
+        ValueError: rounds not a whole number >= 2; and as compare_ttft.
+        AssertionError: a mode replied differently (compare_ttft's check).
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
+        raise ValueError(f"rounds={rounds!r}: run the conversation at least 2 times (a whole number; 5 or more on a "
+                         f"busy machine), so the spread of the repeats can be judged")
+    compare_ttft(model, messages, max_new_tokens, repeats=1, block_size=block_size)  # warm-up
+    runs = [compare_ttft(model, messages, max_new_tokens, repeats=1, block_size=block_size) for _ in range(rounds)]
+    rows = []
+    for i, row in enumerate(runs[0]):
+        rep = summarize_ms([run[i]["ttft_ms"] for run in runs], max_spread)
+        rows.append({**row, "ttft_ms": rep.median_ms, "spread": rep.spread, "verdict": rep.verdict, "repeats": rep})
+    return rows
+
+
+def reuse_verdict(rows: list[dict], turn: int | None = None, slow_mode: str = "none",
+                  fast_mode: str = "contiguous") -> Comparison:
+    """Is `fast_mode`'s TTFT at `turn` (default: the last) below `slow_mode`'s beyond the noise? `compare_ms` of the
+    two modes' repeats in `reuse_ttft`'s rows: verdict "slower" means slow_mode is slower, i.e. reuse pays off.
+
+    Raises:
+        ValueError: no row for that turn and mode.
+    """
+    turn = max(r["turn"] for r in rows) if turn is None else turn
+    found = {r["mode"]: r for r in rows if r["turn"] == turn}
+    for mode in (slow_mode, fast_mode):
+        if mode not in found:
+            raise ValueError(f"no row for turn {turn}, mode {mode!r}: the rows hold turns "
+                             f"{sorted({r['turn'] for r in rows})} and modes {sorted({r['mode'] for r in rows})}")
+    return compare_ms(found[slow_mode]["repeats"], found[fast_mode]["repeats"], f"turn {turn} without reuse"
+                      if slow_mode == "none" else f"turn {turn} {slow_mode}", f"turn {turn} {fast_mode}")

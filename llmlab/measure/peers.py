@@ -2,11 +2,14 @@
 
 `hf_peer_model` builds a transformers model that shares llmlab's weight tensors (no copy); `run_hf` runs a
 workload with its `generate`, all requests as ONE left-padded batch with an attention mask (its normal way), eager
-or with its static cache (which transformers compiles on a GPU). Greedy decoding; EOS is ignored, so every request
-generates exactly its new tokens, as the llmlab rows do.
+or with its static cache (which transformers compiles on a GPU); `run_hf_continuous` serves the requests with
+transformers' own continuous batching (`generate_batch`, recent transformers). Greedy decoding; EOS is ignored, so
+every request generates exactly its new tokens, as the llmlab rows do.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -88,6 +91,54 @@ def run_hf(hf, prompts: list[list[int]], new_tokens: int, static: bool, pad_id: 
     step_ms = clock.timer.step_ms()
     tokens = out[:, T:].tolist()
     return Run([Call(list(range(len(prompts))), [len(p) for p in prompts], step_ms, tokens)])
+
+
+def run_hf_continuous(hf, prompts: list[list[int]], new_tokens: int) -> Run:
+    """Serve a workload with transformers' continuous batching (`hf.generate_batch`): every request at once.
+
+    Greedy, EOS off, exactly `new_tokens` each. The manager (its paged cache and any CUDA graphs it captures) is
+    kept between calls (`persistent_manager`, where this transformers has it), so a timed call after the bench's
+    warm-up does not pay its set-up again; `close_hf_continuous` drops it. The run is one call whose one "step" is
+    the whole serve (no per-token times: TPOT and MBU stay empty); each request's TTFT comes from the token
+    timestamps where transformers records them (`record_timestamps`), else it is the whole call.
+
+    Raises:
+        AttributeError: a transformers without `generate_batch`.
+    """
+    import inspect
+
+    from transformers import GenerationConfig
+
+    device = next(hf.parameters()).device
+    params = inspect.signature(hf.generate_batch).parameters
+    extra = {k: True for k in ("record_timestamps", "persistent_manager") if k in params}
+    if "progress_bar" in params:
+        extra["progress_bar"] = False
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    sync(device)
+    t0 = time.perf_counter()
+    out = hf.generate_batch([list(p) for p in prompts], generation_config=config, **extra)
+    sync(device)
+    total_ms = 1e3 * (time.perf_counter() - t0)
+    by_prompt = {}
+    for o in out.values():  # request ids are the library's: match each output to its prompt
+        by_prompt.setdefault(tuple(o.prompt_ids), []).append(o)
+    outputs = [by_prompt[tuple(p)].pop(0) for p in prompts]
+    ttft = []
+    for o in outputs:
+        first = (getattr(o, "timestamps", None) or [None])[0]
+        ms = None if first is None else 1e3 * (first - t0)
+        ttft.append(ms if ms is not None and 0 < ms <= total_ms else total_ms)
+    tokens = [list(o.generated_tokens)[:new_tokens] for o in outputs]
+    return Run([Call(list(range(len(prompts))), [len(p) for p in prompts], [total_ms], tokens, ttft)])
+
+
+def close_hf_continuous(hf) -> None:
+    """Drop the continuous-batching manager `run_hf_continuous` kept (its cache and graphs), if any."""
+    destroy = getattr(hf, "destroy_cached_continuous_batching_manager", None)
+    if destroy is not None:
+        destroy()
 
 
 def transformers_version() -> str:

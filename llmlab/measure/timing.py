@@ -4,13 +4,21 @@ A GPU runs work asynchronously, so a host clock read right after a launch measur
 CUDA events are recorded into the stream between the steps and read once at the end, so timing adds no host
 synchronization of its own (https://pytorch.org/docs/stable/generated/torch.cuda.Event.html). On a CPU the work is
 done when the call returns and the host clock is right.
+
+On a machine shared with other work a single timing can be far off, so a claim such as "A is slower than B" is made
+from repeats: `summarize_ms` reduces repeated timings to their median and spread and gives a verdict, "steady" or
+"too noisy to conclude: rerun"; `compare_ms` says whether one set of repeats is slower than another beyond that
+spread; `time_repeats` times a function that way (injectable clock, so the verdict logic can be tested).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -80,3 +88,149 @@ class StepTimer:
                 m[-1].synchronize()
             return [a.elapsed_time(b) for a, b in zip(m, m[1:])]
         return [(b - a) * 1e3 for a, b in zip(m, m[1:])]
+
+
+# Repeated timings: median, spread, verdict.
+MAX_SPREAD = 0.2  # `Repeats.spread` above which repeats are "too noisy to conclude"; see `summarize_ms`
+STEADY = "steady"
+TOO_NOISY = "too noisy to conclude: rerun"
+
+
+def machine_load_note() -> str:
+    """A phrase on how busy the machine is, for the reason of a noisy verdict: e.g. "the load average is 4.8 on 2
+    CPUs: other programs are using this machine"; "" where the load average is not available (Windows) or is below
+    the number of CPUs."""
+    try:
+        load = os.getloadavg()[0]  # runnable processes, averaged over the last minute
+    except (AttributeError, OSError):
+        return ""
+    cpus = os.cpu_count() or 1
+    if load < cpus:
+        return ""
+    return f"the load average is {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}: other programs are using this machine"
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Repeated timings of one thing, reduced by `summarize_ms`.
+
+    samples_ms: each repeat (ms, in the order taken); median_ms: their median; low_ms, high_ms: the lower and upper
+    quartiles (the middle half of the repeats lies between them); spread: (high_ms - low_ms) / median_ms;
+    verdict: STEADY when spread <= max_spread, else TOO_NOISY.
+    """
+
+    samples_ms: tuple[float, ...]
+    median_ms: float
+    low_ms: float
+    high_ms: float
+    spread: float
+    max_spread: float
+    verdict: str
+
+    @property
+    def steady(self) -> bool:
+        return self.verdict == STEADY
+
+    @property
+    def why(self) -> str:
+        """"" when steady; else why the median cannot be trusted (the spread against its limit, and the machine's
+        load where that tells more)."""
+        if self.steady:
+            return ""
+        load = machine_load_note()
+        return (f"the middle half of {len(self.samples_ms)} repeats spans {self.spread:.0%} of the median "
+                f"({self.low_ms:.2f}-{self.high_ms:.2f} ms around {self.median_ms:.2f} ms; steady is at most "
+                f"{self.max_spread:.0%})" + (f"; {load}" if load else ""))
+
+    def __str__(self) -> str:
+        return f"{self.median_ms:.2f} ms (spread {self.spread:.0%}, {self.verdict})"
+
+
+def summarize_ms(samples_ms, max_spread: float = MAX_SPREAD) -> Repeats:
+    """Median, quartiles, spread and verdict of repeated timings (ms).
+
+    The spread is the interquartile range over the median: the middle half of the repeats, so one slow repeat (a
+    page fault, a moment when another program held the core) does not move it, while a machine whose load comes
+    and goes scatters the repeats and widens it. With fewer than 4 repeats the quartiles interpolate between the
+    fastest, the median and the slowest. A verdict of TOO_NOISY means the median is not a number to rank or
+    compare things by: rerun on a quieter machine, or with more repeats.
+
+    Raises:
+        ValueError: fewer than 2 samples (one timing has no spread: repeat it), a sample that is not a positive
+            finite number, or max_spread not > 0.
+    """
+    samples = tuple(float(t) for t in samples_ms)
+    if len(samples) < 2:
+        raise ValueError(f"samples_ms has {len(samples)} timing(s): give at least 2 repeats (5 or more to judge "
+                         f"a busy machine), since one timing says nothing about the noise")
+    if not all(0 < t < float("inf") for t in samples):
+        raise ValueError(f"samples_ms={list(samples)}: every timing must be a positive finite number of ms")
+    if not max_spread > 0:
+        raise ValueError(f"max_spread={max_spread!r}: give the largest spread (> 0, e.g. 0.2 for 20%) still "
+                         f"called steady")
+    low, median, high = statistics.quantiles(samples, n=4, method="inclusive")
+    spread = (high - low) / median
+    return Repeats(samples, median, low, high, spread, max_spread, STEADY if spread <= max_spread else TOO_NOISY)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`compare_ms(a, b)`: ratio = a.median_ms / b.median_ms; verdict: "slower" (a is slower than b beyond the
+    noise), "faster", "same within noise", or TOO_NOISY; why: the evidence, one sentence."""
+
+    ratio: float
+    verdict: str
+    why: str
+
+    @property
+    def conclusive(self) -> bool:
+        return self.verdict != TOO_NOISY
+
+
+def compare_ms(a: Repeats, b: Repeats, a_name: str = "a", b_name: str = "b") -> Comparison:
+    """Is `a` slower than `b`? Decided only when both are steady.
+
+    "slower": a's fastest quarter is still slower than b's slowest quarter (a.low_ms > b.high_ms), i.e. the middle
+    halves of the repeats do not overlap; "faster" the other way round; "same within noise" when they overlap;
+    TOO_NOISY when either set of repeats is not steady (`Repeats.why` says which and why). a_name, b_name name
+    them in `why`.
+    """
+    ratio = a.median_ms / b.median_ms
+    noisy = [(n, r) for n, r in ((a_name, a), (b_name, b)) if not r.steady]
+    if noisy:
+        return Comparison(ratio, TOO_NOISY, "; ".join(f"{n}: {r.why}" for n, r in noisy))
+    ranges = (f"{a_name} {a.low_ms:.2f}-{a.high_ms:.2f} ms, {b_name} {b.low_ms:.2f}-{b.high_ms:.2f} ms "
+              f"(middle half of the repeats)")
+    if a.low_ms > b.high_ms:
+        return Comparison(ratio, "slower", f"{a_name} is {ratio:.2f}x {b_name}'s time and the repeats do not "
+                                           f"overlap: {ranges}")
+    if a.high_ms < b.low_ms:
+        return Comparison(ratio, "faster", f"{a_name} is {ratio:.2f}x {b_name}'s time and the repeats do not "
+                                           f"overlap: {ranges}")
+    return Comparison(ratio, "same within noise", f"the repeats overlap: {ranges}")
+
+
+def time_repeats(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: torch.device | str = "cpu",
+                 max_spread: float = MAX_SPREAD, clock: Callable[[], float] = time.perf_counter) -> Repeats:
+    """Call `fn()` `warmup` times untimed, then `repeats` times timed; `summarize_ms` of the times (ms).
+
+    device: where fn's work runs; on CUDA each call is followed by `sync` so the clock sees the work, not the
+    launch. clock: seconds (the default, time.perf_counter); a test can pass a fake one.
+
+    Raises:
+        ValueError: repeats not a whole number >= 2, warmup not a whole number >= 0, and as `summarize_ms`.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
+        raise ValueError(f"repeats={repeats!r}: time at least 2 repeats (a whole number; 5 or more on a busy machine)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r}: give a whole number of untimed calls >= 0")
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        sync(device)
+        times.append((clock() - t0) * 1e3)
+    return summarize_ms(times, max_spread)

@@ -1,5 +1,5 @@
-"""The dashboard's controls: one widget per optimization in `llmlab.switches.SWITCHES`, and the notes that say
-what this machine cannot run or show.
+"""The dashboard's controls: one widget per optimization in `llmlab.switches.SWITCHES`, lengths, Run and Stop;
+and the lines that say where the GPU panel's data comes from and what this machine cannot run or show.
 
 An on/off switch becomes a checkbox, a switch with choices a dropdown. A switch that cannot run on the model's
 device (e.g. CUDA graphs on a CPU; `Switch.available`) is shown disabled, with the reason in its tooltip AND in
@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from llmlab import envinfo
 from llmlab.engine import LLM
 from llmlab.switches import SWITCHES
 
@@ -45,6 +46,46 @@ def switch_controls(llm: LLM) -> tuple[dict[str, W.Widget], dict[str, str]]:
             unavailable[key] = why or "not available on this device"
         controls[key] = w
     return controls, unavailable
+
+
+def run_controls(prompt_tokens: int, new_tokens: int, ctx: int) -> tuple[W.BoundedIntText, W.BoundedIntText,
+                                                                         W.Button, W.Button]:
+    """The prompt and new-token lengths (bounded to 1 .. ctx - 1 for a context of `ctx` tokens; the new tokens
+    start at min(new_tokens, ctx - prompt_tokens)), and the Run and Stop buttons (CSS classes llmlab-run,
+    llmlab-stop; Stop disabled). The caller connects the buttons."""
+    prompt_w = W.BoundedIntText(value=prompt_tokens, min=1, max=max(1, ctx - 1), description="prompt",
+                                layout=W.Layout(width="130px"), style={"description_width": "auto"})
+    new_w = W.BoundedIntText(value=min(new_tokens, ctx - prompt_tokens), min=1, max=max(1, ctx - 1),
+                             description="new tokens", layout=W.Layout(width="165px"),
+                             style={"description_width": "auto"})
+    run_button = W.Button(description="Run", button_style="success", icon="play",
+                          tooltip="decode once with these settings", layout=W.Layout(width="90px"))
+    stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
+                           tooltip="stop the decode after the current token", layout=W.Layout(width="90px"))
+    run_button.add_class("llmlab-run")
+    stop_button.add_class("llmlab-stop")
+    return prompt_w, new_w, run_button, stop_button
+
+
+def live_mode_line(llm: LLM, source: str, interval_s: float) -> str:
+    """The dashboard's first line when it samples the GPU live: what, through which `source`, how often (s)."""
+    return f"Live: sampling {envinfo.device_name(llm.device)} through {source} every {interval_s * 1000:.0f} ms " \
+           f"while {llm.name} decodes on it."
+
+
+def replay_mode_line(llm: LLM, nvml: tuple[bool, str], traces: list, where: str) -> str:
+    """The dashboard's first line without a GPU to watch: why (`nvml` is `nvml_available()`'s answer; when it
+    is yes, the model is on the CPU), and which recorded trace the GPU panel replays (the first of `traces`) or,
+    with none, that the panel stays empty (`where`: the folder searched)."""
+    ok, why = nvml
+    head = f"No GPU to watch here ({why.rstrip('.')})" if not ok else \
+        f"No GPU to watch: the model runs on the CPU ({llm.device})"
+    if traces:
+        t = traces[0]
+        return f"{head}: the GPU panel replays a trace recorded on {t.device} on {t.date}; latency and tokens/s " \
+               f"are measured live on this CPU."
+    return f"{head}, and there is no recorded trace in {where}: the GPU panel stays empty; latency and " \
+           f"tokens/s are measured live on this CPU."
 
 
 def unavailable_html(unavailable: dict[str, str]) -> str:

@@ -59,7 +59,8 @@ from llmlab import envinfo
 from llmlab.engine import LLM
 from llmlab.generate import check_lengths, format_ms
 from llmlab.switches import apply_switches
-from llmlab.telemetry.controls import notes_html, read_settings, show_settings, switch_controls
+from llmlab.telemetry.controls import (live_mode_line, notes_html, read_settings, replay_mode_line, run_controls,
+                                       show_settings, switch_controls)
 from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, live_figure, missing_gpu_notes,
                                       results_table_html, set_time_span, show_gpu_series, sync_widget_state)
 from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, gpu_series, probe_series, rolling_rate, run_row,
@@ -117,8 +118,7 @@ class Dashboard:
         if self.live_gpu:
             self.traces: list[Trace] = []
             source = "NVML" if sampler_backend is None else type(sampler_backend).__name__
-            self.mode_line = f"Live: sampling {envinfo.device_name(llm.device)} through {source} every " \
-                             f"{interval_s * 1000:.0f} ms while {llm.name} decodes on it."
+            self.mode_line = live_mode_line(llm, source, interval_s)
             series = probe_series(sampler_backend)
             self._gpu_notes = missing_gpu_notes(series) if series else []
         else:
@@ -129,18 +129,7 @@ class Dashboard:
                 self.traces = load_traces(traces)
                 folder = Path(traces if traces is not None else trace_dir()).resolve()
                 where = str(folder.relative_to(REPO_ROOT)) + "/" if folder.is_relative_to(REPO_ROOT) else str(folder)
-            reason = why if not ok else f"the model runs on the CPU ({llm.device})"
-            if not ok:
-                head = f"No GPU to watch here ({reason.rstrip('.')})"
-            else:
-                head = f"No GPU to watch: {reason}"
-            if self.traces:
-                t = self.traces[0]
-                self.mode_line = f"{head}: the GPU panel replays a trace recorded on {t.device} on {t.date}; " \
-                                 f"latency and tokens/s are measured live on this CPU."
-            else:
-                self.mode_line = f"{head}, and there is no recorded trace in {where}: the GPU panel stays " \
-                                 f"empty; latency and tokens/s are measured live on this CPU."
+            self.mode_line = replay_mode_line(llm, (ok, why), self.traces, where)
 
         ctx = llm.config.max_seq_len
         self._build_controls(min(prompt_tokens, ctx // 2), max_new_tokens, ctx)
@@ -159,17 +148,7 @@ class Dashboard:
     def _build_controls(self, prompt_tokens: int, new_tokens: int, ctx: int) -> None:
         """One widget per registered switch (`llmlab.telemetry.controls`), lengths, Run and Stop."""
         self.controls, self.unavailable = switch_controls(self.llm)
-        self.prompt_w = W.BoundedIntText(value=prompt_tokens, min=1, max=max(1, ctx - 1), description="prompt",
-                                         layout=W.Layout(width="130px"), style={"description_width": "auto"})
-        self.new_w = W.BoundedIntText(value=min(new_tokens, ctx - prompt_tokens), min=1, max=max(1, ctx - 1),
-                                      description="new tokens", layout=W.Layout(width="165px"),
-                                      style={"description_width": "auto"})
-        self.run_button = W.Button(description="Run", button_style="success", icon="play",
-                                   tooltip="decode once with these settings", layout=W.Layout(width="90px"))
-        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
-                                    tooltip="stop the decode after the current token", layout=W.Layout(width="90px"))
-        self.run_button.add_class("llmlab-run")
-        self.stop_button.add_class("llmlab-stop")
+        self.prompt_w, self.new_w, self.run_button, self.stop_button = run_controls(prompt_tokens, new_tokens, ctx)
         self.run_button.on_click(self._on_run_click)
         self.stop_button.on_click(lambda _b: self.stop())
         self.controls_box = W.HBox(list(self.controls.values()) + [self.prompt_w, self.new_w, self.run_button,

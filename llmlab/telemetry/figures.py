@@ -192,7 +192,8 @@ def missing_gpu_notes(series) -> list[str]:
 
 
 def results_table_html(results: list[dict]) -> str:
-    """The runs (dicts with the TABLE_COLUMNS keys) as an HTML table, with a note on MBU below it."""
+    """The runs (dicts with the TABLE_COLUMNS keys) as an HTML table, with a note on MBU below it. Cells do not
+    wrap; a table wider than the output area scrolls sideways inside it instead of widening the page."""
 
     def cell(v, fmt):
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -200,14 +201,16 @@ def results_table_html(results: list[dict]) -> str:
         return html.escape(format(v, fmt) if fmt else str(v))
 
     cols = TABLE_COLUMNS
-    head = "".join(f"<th style='padding:2px 8px'>{html.escape(t)}</th>" for _, t, _ in cols)
-    body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{cell(r.get(k), f)}</td>" for k, _, f in cols)
+    pad = "padding:2px 8px;white-space:nowrap"
+    head = "".join(f"<th style='{pad}'>{html.escape(t)}</th>" for _, t, _ in cols)
+    body = "".join("<tr>" + "".join(f"<td style='{pad}'>{cell(r.get(k), f)}</td>" for k, _, f in cols)
                    + "</tr>" for r in results)
     if not results:
         body = f"<tr><td colspan='{len(cols)}' style='padding:2px 8px'>no run yet</td></tr>"
     note = "<div style='font-size:85%'>MBU (model bandwidth utilisation) is computed for GPU runs only, " \
            "against the measured copy bandwidth; on a CPU a small model runs from caches.</div>"
-    return f"<table class='llmlab-results'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+    return f"<div style='overflow-x:auto;max-width:100%'><table class='llmlab-results'><thead><tr>{head}</tr>" \
+           f"</thead><tbody>{body}</tbody></table></div>{note}"
 
 
 # -- static figures of a recorded trace ----------------------------------------------------------------------------
