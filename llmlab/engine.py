@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from llmlab.batching.continuous import generate_continuous
+from llmlab.batching.one_at_a_time import one_at_a_time
 from llmlab.batching.static import generate_static, is_ragged
 from llmlab.checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
 from llmlab.config import ModelConfig
@@ -480,23 +481,6 @@ class LLM:
         c = self.config
         return (f"LLM({self.name!r}, {c.num_params() / 1e6:.1f}M params, {c.n_layers} layers, dim {c.dim}, "
                 f"{c.n_heads} heads / {c.n_kv_heads} KV heads, device={self.device}, dtype={self.dtype})")
-
-
-def one_at_a_time(results: list[Generation]) -> Generation:
-    """One `Generation` for calls made one after the other, each of one prompt (`LLM.generate(...,
-    batching="one_at_a_time")`): rows in order, every call's step times in order, and in `.extra["requests"]` each
-    request's TTFT in ms from the start of the first call (the calls before it included) and its mean TPOT."""
-    first, requests, waited = results[0], [], 0.0
-    for g in results:
-        requests.append({"ttft_ms": waited + g.step_ms[0],
-                         "tpot_ms": sum(g.step_ms[1:]) / (len(g.step_ms) - 1) if len(g.step_ms) > 1 else None})
-        waited += sum(g.step_ms)
-    return Generation(token_ids=[row for g in results for row in g.token_ids], prompt_len=first.prompt_len,
-                      step_ms=[ms for g in results for ms in g.step_ms],
-                      finish_reason=",".join(sorted({g.finish_reason for g in results})), use_cache=first.use_cache,
-                      device=first.device, dtype=first.dtype,
-                      texts=[t for g in results for t in g.texts] if first.texts is not None else None,
-                      text=first.text, extra={"requests": requests})
 
 
 def load(name_or_path: str | os.PathLike | None = "default", device=None, dtype=None) -> LLM:

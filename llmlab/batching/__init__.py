@@ -1,10 +1,13 @@
 """Batching: serving many requests with one read of the weights per step (the article's second main fix).
 
+    one_at_a_time.py  no batching, the baseline: each prompt alone (batch 1), one after the other
     static.py      static batching: prompts of different lengths left-padded into one batch, an attention mask and
                    per-row position ids; the padding waste (padded vs useful tokens, and their time)
     scheduler.py   continuous (iteration-level) batching: waiting and running queues, admission by free KV blocks,
                    chunked prefill under a token budget, preemption by recompute
     paged_batch.py one step's KV cache view over the block pool: any sequences, each at its own positions (B, T)
+    paged_graphs.py  the decode step on a GPU: the paged-attention kernel from static buffers, one CUDA graph per
+                   batch-size bucket
     engine.py      the step loop that runs the scheduler's batches on the model and a paged KV cache
     continuous.py  a list of prompts served by the engine, returned as one Generation (LLM.generate's
                    batching="continuous", the +continuous_batching rung)

@@ -100,12 +100,13 @@ def context_trend(rows: list[dict]) -> Comparison:
     """Does the decode step time rise with the context? Judged on `decode_latency_vs_context`'s rows.
 
     verdict:
-      * "rises": every context's repeats are steady, the longest context's step is slower than the shortest's
-        beyond the noise (`compare_ms`), and no longer context is faster than a shorter neighbour beyond the noise;
-      * TOO_NOISY: some context's repeats are not steady, or the curve zig-zags (a longer context clearly faster
-        than the one before it: the load changed between them, not the work);
-      * "does not rise": steady, but the longest context is not clearly slower (on a tiny model at short contexts
-        the cache may be too small a part of the step to show).
+      * "rises": the longest context's step is slower than the shortest's beyond the noise (`compare_ms`: the
+        middle halves of their repeats do not overlap), and no longer context is faster than the one before it
+        beyond the noise;
+      * TOO_NOISY: the curve zig-zags (a longer context clearly faster than the one before it: the load changed
+        between them, not the work), or the shortest and longest overlap while some repeats are scattered;
+      * "does not rise": steady repeats and no clear difference between the shortest and longest context (on a
+        tiny model at short contexts the cache may be too small a part of the step to show).
     ratio: the longest context's median over the shortest's; why: the evidence.
 
     Raises:
@@ -117,19 +118,16 @@ def context_trend(rows: list[dict]) -> Comparison:
     if ctxs != sorted(set(ctxs)):
         raise ValueError(f"contexts {ctxs}: pass the rows in increasing context order, each context once")
     first, last = rows[0], rows[-1]
-    ratio = last["ms"] / first["ms"]
-    noisy = [r for r in rows if not r["repeats"].steady]
-    if noisy:
-        return Comparison(ratio, TOO_NOISY, "; ".join(f"context {r['context']}: {r['repeats'].why}" for r in noisy))
     drops = [(a, b) for a, b in zip(rows, rows[1:]) if compare_ms(b["repeats"], a["repeats"]).verdict == "faster"]
     if drops:
         where = ", ".join(f"{a['context']} -> {b['context']} ({a['ms']:.2f} -> {b['ms']:.2f} ms)" for a, b in drops)
         load = machine_load_note()
-        return Comparison(ratio, TOO_NOISY, f"the step time fell where the context grew ({where}), more than the "
-                                            f"repeats' spread: the machine's load changed between the contexts"
-                          + (f"; {load}" if load else ""))
+        return Comparison(last["ms"] / first["ms"], TOO_NOISY,
+                          f"the step time fell where the context grew ({where}), beyond the repeats' spread: the "
+                          f"machine's load changed between the contexts" + (f"; {load}" if load else ""))
     c = compare_ms(last["repeats"], first["repeats"], f"context {last['context']}", f"context {first['context']}")
-    return Comparison(ratio, "rises" if c.verdict == "slower" else "does not rise", c.why)
+    verdict = {"slower": "rises", TOO_NOISY: TOO_NOISY}.get(c.verdict, "does not rise")
+    return Comparison(c.ratio, verdict, c.why)
 
 
 def reuse_ttft(model, messages: list[list[int]], max_new_tokens: int = 4, rounds: int = 5, block_size: int = 16,

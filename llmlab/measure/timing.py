@@ -188,26 +188,46 @@ class Comparison:
 
 
 def compare_ms(a: Repeats, b: Repeats, a_name: str = "a", b_name: str = "b") -> Comparison:
-    """Is `a` slower than `b`? Decided only when both are steady.
+    """Is `a` slower than `b`, beyond the noise of their repeats?
 
-    "slower": a's fastest quarter is still slower than b's slowest quarter (a.low_ms > b.high_ms), i.e. the middle
-    halves of the repeats do not overlap; "faster" the other way round; "same within noise" when they overlap;
-    TOO_NOISY when either set of repeats is not steady (`Repeats.why` says which and why). a_name, b_name name
-    them in `why`.
+    "slower": the middle halves of the repeats do not overlap and a's is above b's (a.low_ms > b.high_ms): even a's
+    fast repeats are slower than b's slow ones, however scattered each set is; "faster" the other way round. When
+    the middle halves overlap: "same within noise" if both sets are steady (the difference, if any, is smaller than
+    the machine's noise), TOO_NOISY if either is not (a real difference could be hidden: `Repeats.why` says which
+    and why). a_name, b_name name them in `why`.
     """
     ratio = a.median_ms / b.median_ms
-    noisy = [(n, r) for n, r in ((a_name, a), (b_name, b)) if not r.steady]
-    if noisy:
-        return Comparison(ratio, TOO_NOISY, "; ".join(f"{n}: {r.why}" for n, r in noisy))
     ranges = (f"{a_name} {a.low_ms:.2f}-{a.high_ms:.2f} ms, {b_name} {b.low_ms:.2f}-{b.high_ms:.2f} ms "
               f"(middle half of the repeats)")
-    if a.low_ms > b.high_ms:
-        return Comparison(ratio, "slower", f"{a_name} is {ratio:.2f}x {b_name}'s time and the repeats do not "
-                                           f"overlap: {ranges}")
-    if a.high_ms < b.low_ms:
-        return Comparison(ratio, "faster", f"{a_name} is {ratio:.2f}x {b_name}'s time and the repeats do not "
-                                           f"overlap: {ranges}")
+    if a.low_ms > b.high_ms or a.high_ms < b.low_ms:
+        verdict = "slower" if a.low_ms > b.high_ms else "faster"
+        return Comparison(ratio, verdict, f"{a_name} takes {ratio:.2f}x {b_name}'s time and the repeats do not "
+                                          f"overlap: {ranges}")
+    noisy = [(n, r) for n, r in ((a_name, a), (b_name, b)) if not r.steady]
+    if noisy:
+        return Comparison(ratio, TOO_NOISY, f"the repeats overlap ({ranges}) and are scattered: "
+                          + "; ".join(f"{n}: {r.why}" for n, r in noisy))
     return Comparison(ratio, "same within noise", f"the repeats overlap: {ranges}")
+
+
+def check_claim(claim: str, comparison: Comparison, expect: str = "slower") -> str:
+    """Check a lab's claim against a measured comparison; return the line to print.
+
+    claim: the statement, e.g. "step time rises with the context"; comparison: from `compare_ms` (or a check built on
+    it, such as `llmlab.measure.kv_costs.context_trend`); expect: the verdict that confirms the claim.
+    Returns "<claim>: yes (<why>)" when the verdict is `expect`, and "<claim>: too noisy to conclude:
+    rerun (<why>)" when it is TOO_NOISY: then the machine, not the claim, is in question.
+
+    Raises:
+        AssertionError: the verdict is conclusive and not `expect`: a measurement steady enough to judge
+            contradicts the claim.
+    """
+    if comparison.verdict == expect:
+        return f"{claim}: yes ({comparison.why})"
+    if comparison.verdict == TOO_NOISY:
+        return f"{claim}: {TOO_NOISY} ({comparison.why})"
+    raise AssertionError(f"{claim}: not so on this measurement, which is steady enough to judge: "
+                         f"{comparison.verdict} ({comparison.why})")
 
 
 def time_repeats(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: torch.device | str = "cpu",
