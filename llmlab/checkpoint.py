@@ -331,3 +331,27 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
     hf["torch_dtype"] = str(dtype or next(model.parameters()).dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     return folder
+
+
+def generation_eos(folder: Path, eos: int | list[int] | None) -> int | list[int] | None:
+    """config.json's EOS id(s) `eos` plus those the folder's generation_config.json lists: Hugging Face's
+    `generate` stops at the latter (chat models often list their end-of-turn token only there). One id stays an int.
+
+    Raises ValueError for a generation_config.json that is not JSON or whose eos_token_id is not an id or ids.
+    """
+    file = Path(folder) / "generation_config.json"
+    if not file.is_file():
+        return eos
+    try:
+        extra = json.loads(file.read_text()).get("eos_token_id")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{file} is not a JSON object ({e}): copy it again from the model's source, or delete it "
+                         f"(config.json's eos_token_id is then used)") from None
+    ids = []
+    for value in (eos, extra):
+        value = [] if value is None else [value] if isinstance(value, int) else value
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise ValueError(f"eos_token_id {value!r} ({file.name} or config.json) is not a token id or a list of "
+                             f"them: fix the file")
+        ids += [i for i in value if i not in ids]
+    return None if not ids else ids[0] if len(ids) == 1 else ids

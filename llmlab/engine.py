@@ -11,17 +11,15 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import warnings
-from pathlib import Path
 
 import torch
 
 from llmlab.batching.continuous import generate_continuous
 from llmlab.batching.one_at_a_time import one_at_a_time
 from llmlab.batching.static import generate_static, is_ragged
-from llmlab.checkpoint import check_weights_fit, load_model, load_tokenizer, resolve
+from llmlab.checkpoint import check_weights_fit, generation_eos, load_model, load_tokenizer, resolve
 from llmlab.config import ModelConfig
 from llmlab.runtime.cuda_graphs import RunnerCache
 from llmlab.runtime.fast_generate import decode_mode, generate_fast
@@ -129,30 +127,6 @@ def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
     model = model.to_empty(device=device)  # RotaryEmbedding recomputes its fp32 inv_freq here
     model.apply(Transformer._init_weights)  # a tied lm_head is the embedding: drawn twice, as in __init__
     return model.eval()
-
-
-def generation_eos(folder: Path, eos: int | list[int] | None) -> int | list[int] | None:
-    """config.json's EOS id(s) `eos` plus those the folder's generation_config.json lists: Hugging Face's
-    `generate` stops at the latter (chat models often list their end-of-turn token only there). One id stays an int.
-
-    Raises ValueError for a generation_config.json that is not JSON or whose eos_token_id is not an id or ids.
-    """
-    file = Path(folder) / "generation_config.json"
-    if not file.is_file():
-        return eos
-    try:
-        extra = json.loads(file.read_text()).get("eos_token_id")
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"{file} is not a JSON object ({e}): copy it again from the model's source, or delete it "
-                         f"(config.json's eos_token_id is then used)") from None
-    ids = []
-    for value in (eos, extra):
-        value = [] if value is None else [value] if isinstance(value, int) else value
-        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-            raise ValueError(f"eos_token_id {value!r} ({file.name} or config.json) is not a token id or a list of "
-                             f"them: fix the file")
-        ids += [i for i in value if i not in ids]
-    return None if not ids else ids[0] if len(ids) == 1 else ids
 
 
 def check_text_prompt(prompt: str) -> None:
@@ -371,7 +345,7 @@ class LLM:
         prefill_graphs: bool = False,
         batching: str | None = None,
     ) -> Generation:
-        """Generate a continuation of `prompt` (text, or token ids).
+        """Generate a continuation of `prompt` (text, a list of texts, or token ids).
 
         Returns a `Generation`: `.text` (the continuation, when there is a tokenizer; for a batch of prompts, the
         first row's, and `.texts` holds one per row), `.token_ids`, `.ttft_ms`,
@@ -395,6 +369,7 @@ class LLM:
         cache_factory (eager path only): the KV cache class, e.g. `llmlab.cache.paged_cache.PagedKVCache` (the
         `paged_kv` switch); the fast paths keep their static cache, so cache_factory with cuda_graphs,
         torch_compile or gpu_sampling is a ValueError.
+        A list of texts is encoded row by row (it needs a tokenizer; TypeError without one) and runs as a batch.
         Prompts of different lengths (a list of token-id lists) run as one left-padded static batch
         (`llmlab.batching.static.generate_static`, on the runner that cuda_graphs / torch_compile pick): the result
         is a `StaticGeneration` whose `.padding` counts the padding waste; use_cache=False, a cache_factory and
@@ -420,10 +395,19 @@ class LLM:
                          cache_factory=cache_factory is not None)
         # text is encoded here (the tokenizer's post-processor adds BOS where the model expects one); token ids (a
         # list, a list of equal-length lists, a 1-D or 2-D tensor) are checked by `prepare_prompt`
-        if isinstance(prompt, str):
-            check_text_prompt(prompt)
-        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
-        if self.random_weights and isinstance(prompt, str):
+        texts = [prompt] if isinstance(prompt, str) else None
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
+            if self.tokenizer is None:  # a batch of texts: one prompt per row, any lengths
+                raise TypeError(f"{self.name} has no tokenizer to encode a list of texts: give token ids (lists of "
+                                f"ints) instead")
+            texts = list(prompt)
+        for text in texts or ():
+            check_text_prompt(text)
+        if texts is None:
+            ids = prompt
+        else:
+            ids = self.encode(texts[0]) if isinstance(prompt, str) else [self.encode(t) for t in texts]
+        if self.random_weights and texts is not None:
             warnings.warn(f"{self.name}: the weights are random, the text will be noise", stacklevel=2)
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)

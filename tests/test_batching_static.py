@@ -288,3 +288,14 @@ def test_llm_generate_bad_ragged_input_leaves_it_usable(llm):
     with pytest.raises(ValueError, match=r"prompts\[0\] is empty"):
         llm.generate([[], [3, 4, 5]], max_new_tokens=3)
     assert len(llm.generate([[5, 6], [7, 8, 9]], max_new_tokens=3).token_ids) == 2
+
+
+def test_a_list_of_texts_runs_as_a_batch_with_one_text_per_row(llm):
+    texts = ["def fibonacci(n):", "class Stack:", "import os"]
+    g = llm.generate(texts, max_new_tokens=6, stop_at_eos=False)
+    solo = [llm.generate(t, max_new_tokens=6, stop_at_eos=False) for t in texts]
+    assert g.token_ids == [s.token_ids[0] for s in solo]
+    assert g.texts == [s.text for s in solo]
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate(["def f():", "   "])
+    assert llm.generate(texts[:1], max_new_tokens=2).texts

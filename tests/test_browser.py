@@ -165,6 +165,7 @@ FIGURES_JS = """() => {
         const ranges = Object.keys(fl).filter(k => /^xaxis\\d*$/.test(k)).sort()
             .map(k => (fl[k].range || []).map(v => Math.round(v * 100) / 100));
         return {drawn: drawn, bars: gd.querySelectorAll('.barlayer .point').length,
+                points: gd.querySelectorAll('.scatterlayer path.point').length,
                 width: fl.width || 0, dashWidth: dash.getBoundingClientRect().width,
                 ranges: ranges, covered: covered};
     });
@@ -215,6 +216,7 @@ def _check_figures(page, when: str) -> None:
         assert not f["covered"], f"{when}: the {name}'s modebar covers the titles {f['covered']}"
         assert 0.9 * f["dashWidth"] <= f["width"] <= f["dashWidth"] + 1, \
             f"{when}: the {name} is {f['width']} px wide in a {f['dashWidth']:.0f} px dashboard"
+    return figs
 
 
 def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
@@ -320,7 +322,8 @@ def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
                                     f"return s && s.rows > {reloaded['rows']} && s.bars > {reloaded['bars']} "
                                     "? s : false; }", 60, "a run after the reload to reach the table and the bars")
             assert "done" in again["status"], again["status"]
-            _check_figures(page, "after a run from the reloaded page")
+            figs = _check_figures(page, "after a run from the reloaded page")
+            assert figs[0]["points"] == 8, f"the latency panel should show the new run's 8 tokens: {figs[0]}"
             dash.screenshot(path=str(SCREENSHOT.with_name("lab01_dashboard_reloaded.png")))
         finally:
             browser.close()

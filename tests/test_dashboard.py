@@ -336,6 +336,12 @@ def _view_state(fig) -> dict:
     return {"data": state["_widget_data"], "layout": state["_widget_layout"]}
 
 
+def _bars_shown(dash) -> dict:
+    """The plotly figure the bars' Output widget holds (what the page draws, on a reload too)."""
+    (out,) = dash.bars_view.get_state()["outputs"]
+    return out["data"]["application/vnd.plotly.v1+json"]
+
+
 def test_a_view_drawn_after_the_run_shows_the_kernel_state(llm, fixture_trace):
     """Issues: empty axes after Run All (the widget code loaded after the run's messages), and after a reload."""
     from llmlab.telemetry.figures import sync_widget_state
@@ -348,15 +354,19 @@ def test_a_view_drawn_after_the_run_shows_the_kernel_state(llm, fixture_trace):
     assert list(view["data"][n_gpu]["y"]) == pytest.approx(list(dash.latency_trace.y))
     assert len(view["data"][0]["x"]) == len(fixture_trace.samples["t_s"])  # the replayed GPU-Util
     assert "replay of SYNTHETIC GPU" in view["layout"]["annotations"][0]["text"]
-    bars = _view_state(dash.bars)
+    # the bars: the Output widget's content (kernel-side state) is the whole figure, replaced after each run
+    bars = _bars_shown(dash)
     assert list(bars["data"][0]["x"]) == ["rec1", "#1"] and bars["data"][0]["y"][1] == pytest.approx(
         row["tokens_per_s"])
+    dash.run(max_new_tokens=3, prompt_tokens=4)
+    assert list(_bars_shown(dash)["data"][0]["x"]) == ["rec1", "#1", "#2"]
+    row = dash.results[-1]
     # a change made without the dashboard (a stale state) is re-sent when the dashboard is displayed again
-    dash.fig.data[n_gpu].y = [1.0] * 7
-    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) != [1.0] * 7
+    dash.fig.data[n_gpu].y = [1.0] * 3
+    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) != [1.0] * 3
     bundle = dash._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) == [1.0] * 7
+    assert list(_view_state(dash.fig)["data"][n_gpu]["y"]) == [1.0] * 3
     sync_widget_state(dash.fig)  # nothing new: nothing changes
     dash.close()
 
@@ -384,9 +394,11 @@ def test_figures_fill_the_width_and_the_modebar_clears_the_titles(llm):
 
     dash = Dashboard(llm, traces=[])
     assert dash.widget.layout.width == "100%" and dash.table.layout.width == "100%"
+    assert dash.bars_view.layout.width == "100%"
+    assert dash.fig._config == FIGURE_CONFIG and FIGURE_CONFIG["responsive"] is True
+    assert _bars_shown(dash)["config"] == FIGURE_CONFIG
     for fig, n_titles in ((dash.fig, 3), (dash.bars, len(dash.bars.data))):
         assert fig.layout.autosize is True and fig.layout.width is None  # the page decides the width
-        assert fig._config == FIGURE_CONFIG and fig._config["responsive"] is True
         titles = fig.layout.annotations[:n_titles]
         assert all(t.font.size == TITLE_PX and t.yanchor == "bottom" for t in titles)
         # the top row's titles sit in the top margin, above their panels; the modebar (top right) must fit above
@@ -404,9 +416,9 @@ def test_replay_and_live_panels_share_one_time_span(llm):
     trace = synthetic_trace(decode_s=0.4, idle_s=0.2, new_tokens=8)
     speed = 4.0
     dash = Dashboard(llm, traces=[trace], replay_speed=speed, poll_s=0.02)
+    dash.start(max_new_tokens=6, prompt_tokens=4)
     layout = dash.fig.layout
     assert layout.xaxis.matches == layout.xaxis2.matches == "x3"  # linked: one zoom, one span
-    dash.start(max_new_tokens=6, prompt_tokens=4)
     # the span is known before anything is drawn: the whole replay, on the run's clock
     assert layout.xaxis3.range[1] == pytest.approx(trace.duration_s / speed * 1.02, rel=1e-3)
     while not dash._tick():

@@ -330,9 +330,16 @@ def test_seed_must_be_an_int(good, seed):
                                     ["a", "b"]],
                          ids=["None", "floats", "whole-floats", "float-tensor", "bools", "strings"])
 def test_prompt_that_is_not_token_ids(good, prompt):
-    """Float ids are refused, not truncated to ints; None gets the same message, not torch's."""
-    with pytest.raises(TypeError, match="give token ids|not token ids"):
-        good[1].generate(prompt)
+    """Float ids are refused, not truncated to ints; None gets the same message, not torch's. A list of texts is a
+    batch for an LLM with a tokenizer (`test_batching_static`), never for the model-level `generate`, and without a
+    tokenizer the LLM says so."""
+    if prompt != ["a", "b"]:
+        with pytest.raises(TypeError, match="give token ids|not token ids"):
+            good[1].generate(prompt)
+    else:
+        no_tokenizer = LLM(good[1].model, tokenizer=None, name="bare")
+        with pytest.raises(TypeError, match="bare has no tokenizer to encode a list of texts: give token ids"):
+            no_tokenizer.generate(prompt)
     with pytest.raises(TypeError, match="give token ids|not token ids"):
         generate(good[1].model, prompt)
     still_works(good)

@@ -1,10 +1,12 @@
 """labs/03_kv_cache.ipynb: every code cell is valid Python, each exercise holds its answer between solution markers
 (the student copy in labs/student/ raises NotImplementedError instead) and is checked by a later cell, and the lab's
-exercise checks accept the reference answers and reject wrong ones (the notebook itself runs under nbval:
-`pytest --nbval-lax labs/03_kv_cache.ipynb`; tests/test_exercises.py runs each exercise cell against its check)."""
+exercise checks accept the reference answers and reject wrong ones, and its timing claims are checked through verdicts
+on repeated timings (the notebook itself runs under nbval: `pytest --nbval-lax labs/03_kv_cache.ipynb`;
+tests/test_exercises.py runs each exercise cell against its check; tests/test_timing_spread.py tests the verdicts)."""
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,21 @@ def test_reference_answers_pass_their_checks():
 def test_checks_reject_wrong_answers(check, wrong):
     with pytest.raises(AssertionError):
         check(wrong)
+
+
+def test_timing_claims_go_through_verdicts():
+    """"Step time rises with the context" and "reuse cuts the TTFT" are checked by `check_claim` on a verdict drawn
+    from repeated timings (`context_trend`, `reuse_verdict`), which says "too noisy to conclude" on a busy machine,
+    never by a bare comparison of two timings, which a busy machine can flip."""
+    code = code_cells()
+    sweep = next(c for c in code if "decode_latency_vs_context(" in c)
+    assert "context_trend(" in sweep and "check_claim(" in sweep and "steps=" in sweep
+    reuse = next(c for c in code if "reuse_ttft(" in c)
+    assert "reuse_verdict(" in reuse and "check_claim(" in reuse and "rounds=" in reuse
+    timed = re.compile(r"_ms\b|\bms\b|tokens_per_s|tpot|ttft")
+    for c in code:
+        for node in ast.walk(ast.parse(c)):
+            if isinstance(node, ast.Assert):
+                text = ast.unparse(node)
+                assert not timed.search(ast.unparse(node.test)), f"a timing asserted without a verdict: {text}"
+    assert timed.search(ast.unparse(ast.parse("assert last['none']['ttft_ms'] > last['contiguous']['ttft_ms']")))

@@ -9,6 +9,7 @@ on a busy machine the verdict says the result is too noisy to conclude instead.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -46,7 +47,8 @@ def measured_waste(config: ModelConfig, lengths: list[int], max_seq_len: int, bl
 
 @torch.inference_mode()
 def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch: int = 1,
-                              max_spread: float = MAX_SPREAD) -> list[dict]:
+                              max_spread: float = MAX_SPREAD,
+                              clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """Decode-step time (ms) with `context` tokens already cached, for each context length, with how far to trust it.
 
     One `KVCache` per context is filled with random K/V (the values do not change the time) and a single-token step
@@ -57,7 +59,8 @@ def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch:
 
     Returns one row per context: context, ms (the median step), spread, verdict ("steady" or "too noisy to conclude:
     rerun", `llmlab.measure.timing.summarize_ms`), repeats (the `Repeats`), kv_mb_read (MB of K/V a step reads,
-    growing linearly with the context). `context_trend(rows)` says whether the step time rises.
+    growing linearly with the context). `context_trend(rows)` says whether the step time rises. clock: seconds
+    (time.perf_counter; a test passes a fake one).
 
     Raises:
         ValueError: steps not a whole number >= 2 (the spread needs repeats), or an empty `contexts`.
@@ -83,11 +86,12 @@ def decode_latency_vs_context(model, contexts: list[int], steps: int = 8, batch:
             cache.length = ctx  # the step below writes position ctx and attends to ctx + 1 tokens, every repeat
             pos = torch.tensor([ctx], device=device)
             sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             model(token, pos, kv_cache=cache, last_only=True)
             sync(device)
+            elapsed_ms = (clock() - t0) * 1e3
             if round_:
-                times[i].append((time.perf_counter() - t0) * 1e3)
+                times[i].append(elapsed_ms)
     rows = []
     for ctx, samples in zip(contexts, times):
         rep = summarize_ms(samples, max_spread)

@@ -107,7 +107,8 @@ def machine_load_note() -> str:
     cpus = os.cpu_count() or 1
     if load < cpus:
         return ""
-    return f"the load average is {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}: other programs are using this machine"
+    plural = "s" if cpus != 1 else ""
+    return f"the load average is {load:.1f} on {cpus} CPU{plural}: other programs are using this machine"
 
 
 @dataclass(frozen=True)
@@ -201,8 +202,9 @@ def compare_ms(a: Repeats, b: Repeats, a_name: str = "a", b_name: str = "b") -> 
               f"(middle half of the repeats)")
     if a.low_ms > b.high_ms or a.high_ms < b.low_ms:
         verdict = "slower" if a.low_ms > b.high_ms else "faster"
-        return Comparison(ratio, verdict, f"{a_name} takes {ratio:.2f}x {b_name}'s time and the repeats do not "
-                                          f"overlap: {ranges}")
+        return Comparison(ratio, verdict, f"{a_name} {a.median_ms:.2f} ms = {ratio:.2f}x {b_name} "
+                                          f"{b.median_ms:.2f} ms; the middle halves of their repeats do not overlap: "
+                                          f"{ranges}")
     noisy = [(n, r) for n, r in ((a_name, a), (b_name, b)) if not r.steady]
     if noisy:
         return Comparison(ratio, TOO_NOISY, f"the repeats overlap ({ranges}) and are scattered: "

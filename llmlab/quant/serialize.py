@@ -340,7 +340,8 @@ def load_quantized(directory: str | os.PathLike, device=None, dtype=None):
             a tensor holding NaN or inf; an unknown device or dtype.
         MemoryError: the file does not fit in the free memory of the device (checked before reading it).
     """
-    from llmlab.engine import LLM, generation_eos, pick_device, pick_dtype  # engine imports llmlab.quant
+    from llmlab.checkpoint import generation_eos
+    from llmlab.engine import LLM, pick_device, pick_dtype  # engine imports llmlab.quant
 
     folder = Path(directory)
     if not folder.is_dir():

@@ -61,8 +61,9 @@ from llmlab.generate import check_lengths, format_ms
 from llmlab.switches import apply_switches
 from llmlab.telemetry.controls import (live_mode_line, notes_html, read_settings, replay_mode_line, run_controls,
                                        show_settings, switch_controls)
-from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, live_figure, missing_gpu_notes,
-                                      results_table_html, set_time_span, show_gpu_series, sync_widget_state)
+from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, figure_output, live_figure,
+                                      missing_gpu_notes, results_table_html, set_time_span, show_gpu_series,
+                                      sync_widget_state)
 from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, gpu_series, probe_series, rolling_rate, run_row,
                                        sample_times, take_samples, time_span, trace_row)
 from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
@@ -87,7 +88,8 @@ class Dashboard:
         live: None decides (live sampling iff the model is on CUDA and NVML works); True forces the live sampler
             path (with a fake `sampler_backend` in tests), False forces the replay.
 
-    Attributes: `widget` (the ipywidgets box), `fig` (live FigureWidget), `bars` (comparison FigureWidget),
+    Attributes: `widget` (the ipywidgets box), `fig` (live FigureWidget), `bars` (comparison `go.Figure`, shown
+    by the Output widget `bars_view`),
     `table` (HTML), `results` (one dict per run), `mode_line` (the one-line description of the GPU panel's
     source), `controls` (switch key -> widget), `unavailable` (switch key -> why it cannot run here), `notes`
     (HTML: those switches, and what the GPU panel cannot show).
@@ -141,7 +143,7 @@ class Dashboard:
         self.table = W.HTML(results_table_html(self.results), layout=W.Layout(width="100%"))
         full = W.Layout(width="100%")
         self.widget = W.VBox([self.mode, self.controls_box, self.notes, self.status, self.fig,
-                              W.HTML("<b>All runs</b>"), self.table, self.bars], layout=full)
+                              W.HTML("<b>All runs</b>"), self.table, self.bars_view], layout=full)
         self.widget.add_class("llmlab-dashboard")
 
     # -- widgets -------------------------------------------------------------------------------------------------
@@ -156,9 +158,16 @@ class Dashboard:
                                    layout=W.Layout(flex_flow="row wrap", align_items="center", width="100%"))
 
     def _build_figures(self) -> None:
+        """The live panels: a FigureWidget updated in place while a run goes (`_pull`). The comparison bars change
+        once per run: a plain figure in the kernel (`bars`), shown through an Output widget whose whole content
+        is replaced each time (`bars_view`). A view of the bars as a FigureWidget took no further updates after
+        a page reload; an Output widget's content is kernel-side state, drawn again on every reload."""
         self.fig = live_figure()
         self._n_gpu = len(GPU_SERIES)
         self.bars = comparison_bars()
+        self.bars_view = W.Output(layout=W.Layout(width="100%"))
+        self.bars_view.add_class("llmlab-bars")
+        self.bars_view.outputs = (figure_output(self.bars),)
 
     @property
     def latency_trace(self):
@@ -183,7 +192,6 @@ class Dashboard:
         now = time.monotonic()
         if force or now - self._synced_at >= SYNC_EVERY_S:
             sync_widget_state(self.fig)
-            sync_widget_state(self.bars)
             self._synced_at = now
 
     def _repr_mimebundle_(self, **kwargs):
@@ -275,12 +283,13 @@ class Dashboard:
         self.notes.value = notes_html(self.unavailable, self._gpu_notes)
 
     def _reset_live_plot(self, run: LiveRun, title: str) -> None:
-        with self.fig.batch_update():
-            for tr in self.fig.data:
+        fig = self.fig
+        with fig.batch_update():
+            for tr in fig.data:
                 tr.x, tr.y = [], []
-            self.fig.layout.annotations[0].text = title
-            self.fig.layout.annotations[1].text = f"latency of each token (ms), {run.label}"
-            set_time_span(self.fig, time_span(run))
+            fig.layout.annotations[0].text = title
+            fig.layout.annotations[1].text = f"latency of each token (ms), {run.label}"
+            set_time_span(fig, time_span(run))
         self._show_gpu_series(run)
         self._sync()
 
@@ -382,7 +391,7 @@ class Dashboard:
                 self.bars.data[i].x = labels
                 self.bars.data[i].y = [r.get(key) for r in self.results]
                 self.bars.data[i].hovertext = [f"{r['run']} ({r['device']})" for r in self.results]
-        sync_widget_state(self.bars)
+        self.bars_view.outputs = (figure_output(self.bars),)  # the whole figure, replaced: see `_build_figures`
 
     # -- driving it ----------------------------------------------------------------------------------------------
     def run(self, settings: dict[str, Any] | None = None, max_new_tokens: int | None = None,
@@ -467,7 +476,7 @@ class Dashboard:
         self._task = None
         if widgets:
             self.widget.close()
-            for w in (self.fig, self.bars):
+            for w in (self.fig, self.bars_view):
                 w.close()
 
     def __enter__(self) -> "Dashboard":

@@ -8,10 +8,12 @@ The dashboard (`llmlab.telemetry.dashboard`) builds its widgets from `live_figur
 from __future__ import annotations
 
 import html
+import json
 import math
 from copy import deepcopy
 
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from llmlab.telemetry.trace import Trace
@@ -139,15 +141,29 @@ def show_gpu_series(fig: go.FigureWidget, series: set | None, live: bool) -> lis
     return notes
 
 
-def comparison_bars() -> go.FigureWidget:
-    """One bar chart per BAR_METRICS entry, side by side: every run as one bar."""
+def comparison_bars() -> go.Figure:
+    """One bar chart per BAR_METRICS entry, side by side: every run as one bar. A plain figure (no widget):
+    the dashboard shows it with `figure_output`."""
     titles = [f"{t} ({u})" if u else t for _, t, u in BAR_METRICS]
     bars = make_subplots(rows=1, cols=len(BAR_METRICS), horizontal_spacing=0.05, subplot_titles=titles)
     for i, _ in enumerate(BAR_METRICS):
         bars.add_trace(go.Bar(x=[], y=[], showlegend=False), row=1, col=i + 1)
     bars.update_xaxes(type="category", tickangle=0)
-    bars.update_layout(height=300, margin={"l": 40, "r": 10, "t": top_margin_px(titles), "b": 30})
-    return _widget(bars)
+    bars.update_layout(height=300, margin={"l": 40, "r": 10, "t": top_margin_px(titles), "b": 30}, autosize=True,
+                       width=None, modebar={"orientation": "h"})
+    bars.update_annotations(font_size=TITLE_PX)
+    return go.Figure(bars)
+
+
+def figure_output(fig: go.Figure) -> dict:
+    """`fig` as one output of an ipywidgets `Output` (nbformat display_data): plotly's mimetype, drawn by
+    JupyterLab's plotly renderer at the width of the output area, with FIGURE_CONFIG; a line of text elsewhere.
+    Raises nothing for a valid figure."""
+    spec = fig.to_plotly_json()
+    spec = json.loads(pio.to_json({"data": spec["data"], "layout": spec["layout"]}, validate=False))
+    spec["config"] = dict(FIGURE_CONFIG)
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": spec, "text/plain": f"<plotly figure: {len(fig.data)} traces>"}}
 
 
 def sync_widget_state(fig: go.FigureWidget) -> None:
