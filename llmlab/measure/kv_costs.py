@@ -2,8 +2,8 @@
 (`measured_waste`, against the formula in `llmlab.cache.sizing.waste`) and the decode step's time as the context
 grows (`decode_latency_vs_context`: each step reads the whole cache), and the TTFT of a conversation with and without
 prefix reuse (`reuse_ttft`). Lab 03 plots them. The timings are repeated, and each claim drawn from them
-(`context_trend`, `reuse_verdict`) is made only when the repeats are steady (`llmlab.measure.timing.summarize_ms`):
-on a busy machine the verdict says the result is too noisy to conclude instead.
+(`context_trend`, `reuse_verdict`) is made only when the difference is larger than the spread of the repeats
+(`llmlab.measure.timing.compare_ms`): on a busy machine the verdict says the result is too noisy to conclude instead.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ done when the call returns and the host clock is right.
 On a machine shared with other work a single timing can be far off, so a claim such as "A is slower than B" is made
 from repeats: `summarize_ms` reduces repeated timings to their median and spread and gives a verdict, "steady" or
 "too noisy to conclude: rerun"; `compare_ms` says whether one set of repeats is slower than another beyond that
-spread; `time_repeats` times a function that way (injectable clock, so the verdict logic can be tested).
+spread; `check_claim` turns such a comparison into the line a lab prints, and fails only when a steady measurement
+contradicts the claim; `time_repeats` times a function that way (injectable clock, so the verdict logic can be
+tested).
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ def summarize_ms(samples_ms, max_spread: float = MAX_SPREAD) -> Repeats:
     page fault, a moment when another program held the core) does not move it, while a machine whose load comes
     and goes scatters the repeats and widens it. With fewer than 4 repeats the quartiles interpolate between the
     fastest, the median and the slowest. A verdict of TOO_NOISY means the median is not a number to rank or
-    compare things by: rerun on a quieter machine, or with more repeats.
+    compare things by: rerun on a quieter machine, or with more repeats. (The quartiles and the interquartile range
+    are those of Tukey's box plot: J. W. Tukey, Exploratory Data Analysis, 1977.)
 
     Raises:
         ValueError: fewer than 2 samples (one timing has no spread: repeat it), a sample that is not a positive
@@ -195,7 +198,8 @@ def compare_ms(a: Repeats, b: Repeats, a_name: str = "a", b_name: str = "b") -> 
     fast repeats are slower than b's slow ones, however scattered each set is; "faster" the other way round. When
     the middle halves overlap: "same within noise" if both sets are steady (the difference, if any, is smaller than
     the machine's noise), TOO_NOISY if either is not (a real difference could be hidden: `Repeats.why` says which
-    and why). a_name, b_name name them in `why`.
+    and why). a_name, b_name name them in `why`. Two boxes of a box plot that do not overlap is a stricter form of
+    the notched box plot's test of two medians (McGill, Tukey & Larsen, "Variations of Box Plots", 1978).
     """
     ratio = a.median_ms / b.median_ms
     ranges = (f"{a_name} {a.low_ms:.2f}-{a.high_ms:.2f} ms, {b_name} {b.low_ms:.2f}-{b.high_ms:.2f} ms "
