@@ -248,7 +248,7 @@ class BatchEngine:
     @torch.inference_mode()
     def _run(self, plan: StepPlan) -> dict:
         """The forward passes of a plan, then the sampling: {seq_id: token} for `plan.sampled`."""
-        logits, greedy = {}, {}  # seq_id -> (V,) logits of its last token; seq_id -> its greedy token (device)
+        logits, greedy = {}, {}  # seq_id -> (V,) logits of its last token; seq_id -> its greedy token (an int)
         # (sequence, first new position, new tokens): decode rows are one-token chunks at their next position
         chunks = [(s, s.num_computed, 1) for s in plan.decode] + list(plan.prefill)
         if self.decode_step is not None:  # every one-token chunk through the paged decode step
@@ -257,6 +257,7 @@ class BatchEngine:
             if ones:
                 out, picked = self.decode_step.step([(token_at(s, p), p, self.pool.blocks.block_table(s.seq_id))
                                                      for s, p, _ in ones])  # (B, V), (B,)
+                picked = picked.tolist()  # (B,) -> host: the step's one sync
                 for i, (s, p, _) in enumerate(ones):
                     if p + 1 == s.num_tokens:
                         logits[s.seq_id], greedy[s.seq_id] = out[i], picked[i]
@@ -274,17 +275,16 @@ class BatchEngine:
         return self._sample(plan.sampled, logits, greedy)
 
     def _sample(self, seqs: list[Sequence], logits: dict, greedy_tokens: dict | None = None) -> dict:
-        """{seq_id: token}: greedy rows in one argmax (or the decode step's own argmax, `greedy_tokens`), each
-        sampled row with its own settings and generator."""
+        """{seq_id: token}: greedy rows in one argmax (or the decode step's own argmax, `greedy_tokens` {seq_id:
+        int}), each sampled row with its own settings and generator."""
         tokens, greedy_tokens = {}, greedy_tokens or {}
         greedy = [s for s in seqs if s.params.temperature == 0]
         if greedy:
             need = [s for s in greedy if s.seq_id not in greedy_tokens]
-            if need:  # one argmax over every row the decode step did not pick
-                picked = argmax_rows(torch.stack([logits[s.seq_id] for s in need]))
-                greedy_tokens = {**greedy_tokens, **{s.seq_id: picked[i] for i, s in enumerate(need)}}
-            picked = torch.stack([greedy_tokens[s.seq_id] for s in greedy]).tolist()  # (G,) -> host: one sync
-            tokens.update((s.seq_id, t) for s, t in zip(greedy, picked))
+            if need:  # one argmax over every row the decode step did not pick, one copy to the host
+                picked = argmax_rows(torch.stack([logits[s.seq_id] for s in need])).tolist()
+                greedy_tokens = {**greedy_tokens, **{s.seq_id: t for s, t in zip(need, picked)}}
+            tokens.update((s.seq_id, greedy_tokens[s.seq_id]) for s in greedy)
         for s in seqs:
             p = s.params
             if p.temperature != 0:

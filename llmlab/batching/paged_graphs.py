@@ -39,9 +39,11 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
 
 class PagedDecodeBatch:
     """The KV cache of one decode step over a shared block pool: row b is one sequence, one new token at its own
-    position. Static buffers (device, allocated once): ids (R, 1) int64, positions (R, 1) int64, the new token's
-    slot (block (R,), offset (R,)) int64, lengths (R,) int32 (tokens each row attends over, its new one included)
-    and tables (R, width) int32; R = max_rows. `rows` is the number of rows the next forward pass uses (a bucket).
+    position. Static buffers (device, allocated once): `values` (4, R) int64 holding each row's token, position and
+    new slot (block, offset), with `ids` (R, 1), `positions` (R, 1), `block` and `offset` (R,) views of its rows;
+    lengths (R,) int32 (tokens each row attends over, its new one included: positions + 1, computed on the device
+    at the start of the step) and tables (R, width) int32; R = max_rows. `rows` is the number of rows the next
+    forward pass uses (a bucket).
 
     Args:
         pool: the `PagedKVCache` the sequences' K/V live in; it needs one spare block (`spare_blocks=1`) for the
@@ -61,10 +63,10 @@ class PagedDecodeBatch:
             raise ValueError(f"max_rows={max_rows} and width={width} must be at least 1")
         dev = pool.k[0].device
         self.pool, self.pad_block, self.width = pool, pool.spare[0], width
-        self.ids = torch.zeros(max_rows, 1, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(max_rows, 1, dtype=torch.int64, device=dev)
-        self.block = torch.full((max_rows,), self.pad_block, dtype=torch.int64, device=dev)
-        self.offset = torch.zeros(max_rows, dtype=torch.int64, device=dev)
+        self.values = torch.zeros(4, max_rows, dtype=torch.int64, device=dev)  # one copy per step fills all four
+        self.values[2] = self.pad_block
+        self.ids, self.positions = self.values[0].view(max_rows, 1), self.values[1].view(max_rows, 1)
+        self.block, self.offset = self.values[2], self.values[3]
         self.lengths = torch.ones(max_rows, dtype=torch.int32, device=dev)
         self.tables = torch.full((max_rows, width), self.pad_block, dtype=torch.int32, device=dev)
         self.max_rows, self.rows = max_rows, max_rows
@@ -73,7 +75,8 @@ class PagedDecodeBatch:
         """Load a step into the buffers: rows [(token, position, block table)], len(rows) <= bucket <= max_rows.
 
         Rows len(rows)..bucket-1 become padding: token 0 at position 0, written to the spare block, attending
-        over that one slot. One host-to-device copy for the per-row values and one for the tables' used columns.
+        over that one slot. Two host-to-device copies: the per-row values, and the tables' used columns (built as
+        flat Python lists first: a tensor op per row would cost the host more than the step's GPU time).
 
         Raises:
             ValueError: more rows than the bucket, a bucket beyond max_rows, a table wider than `width`, or a
@@ -86,22 +89,23 @@ class PagedDecodeBatch:
         used = max(len(table) for _, _, table in rows)
         if used > self.width:
             raise ValueError(f"a block table of {used} blocks is wider than this step's {self.width} columns")
-        values = torch.zeros(4, bucket, dtype=torch.int64)  # token, position, block, offset
-        values[2] = self.pad_block
-        tables = torch.full((bucket, used), self.pad_block, dtype=torch.int32)
+        pad, blank = bucket - n, [self.pad_block] * used
+        tokens, positions, blocks, offsets, flat = [], [], [], [], []
         for b, (token, pos, table) in enumerate(rows):
             if not 0 <= pos < len(table) * bs:
                 raise ValueError(f"row {b}: position {pos} is outside its {len(table)} blocks of {bs} tokens")
-            values[:, b] = torch.tensor([token, pos, table[pos // bs], pos % bs])
-            tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
-        dev = self.ids.device
-        values = values.to(dev, non_blocking=True)
-        self.ids[:bucket, 0] = values[0]
-        self.positions[:bucket, 0] = values[1]
-        self.block[:bucket] = values[2]
-        self.offset[:bucket] = values[3]
-        self.lengths[:bucket] = (values[1] + 1).to(torch.int32)
-        self.tables[:bucket, :used] = tables.to(dev, non_blocking=True)
+            tokens.append(token)
+            positions.append(pos)
+            blocks.append(table[pos // bs])
+            offsets.append(pos % bs)
+            flat += table
+            flat += blank[len(table):]
+        flat += blank * pad
+        values = torch.tensor([tokens + [0] * pad, positions + [0] * pad, blocks + [self.pad_block] * pad,
+                               offsets + [0] * pad], dtype=torch.int64)
+        self.values[:, :bucket].copy_(values, non_blocking=True)
+        self.tables[:bucket, :used].copy_(torch.tensor(flat, dtype=torch.int32).view(bucket, used),
+                                          non_blocking=True)
         self.rows = bucket
 
     # -- what the model calls (`llmlab.kernels.modules.TritonAttention`, paged decode path) --------------------
@@ -158,6 +162,7 @@ class PagedDecodeGraphs:
     def _forward(self, b: int) -> None:
         """The step on the first b rows of the buffers (eagerly, or while being captured)."""
         self.batch.rows = b
+        torch.add(self.batch.positions[:b, 0], 1, out=self.batch.lengths[:b])  # int64 -> the int32 lengths
         logits = self.model(self.batch.ids[:b], self.batch.positions[:b], kv_cache=self.batch, last_only=True)
         logits = logits[:, -1]  # (b, V)
         self.outputs[b] = (logits, logits.argmax(dim=-1))
