@@ -21,16 +21,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from browser_helpers import CELL_ERRORS_JS, CHROMIUM, CHROMIUM_ARGS, NOTEBOOK_READY_JS, TOKEN, jupyter_lab, \
+    require_browser, wait_for, watch_console
 
 pytestmark = pytest.mark.slow
 
@@ -40,74 +38,17 @@ NOTEBOOK = REPO / "labs" / "01_gpu_utilization.ipynb"
 # clean; otherwise the screenshot goes to a temporary folder and is checked there.
 SCREENSHOT = (REPO / "data" / "screenshots" / "lab01_dashboard.png" if os.environ.get("LLMLAB_UPDATE_SCREENSHOT")
               else Path(tempfile.gettempdir()) / "llmlab-test-screenshots" / "lab01_dashboard.png")
-CHROMIUM = os.environ.get("LLMLAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-TOKEN = "llmlab-browser-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited early with status {proc.returncode}:\n"
-                               + "\n".join(log.read_text().splitlines()[-15:]))
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"jupyter lab did not answer on {url} within {timeout_s} s")
 
 
 @pytest.fixture
-def jupyter_lab(tmp_path):
+def lab01_server(tmp_path):
     """A JupyterLab server over a copy of lab 01; yields (base_url, log_path). Shut down (kernels included)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
-    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed: pip install playwright")
+    require_browser()
     work = tmp_path / "nb"
     work.mkdir()
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
-    port = _free_port()
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-               JUPYTER_PLATFORM_DIRS="1", PYTHONUNBUFFERED="1")
-    log = tmp_path / "jupyter.log"
-    notification = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no news toast
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={work}",
-           "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", "--LabApp.news_url=",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{base}/api/status?token={TOKEN}", 60, proc, log)
+    with jupyter_lab(work, tmp_path / "jupyter") as (base, log):
         yield base, log
-    finally:
-        try:  # a clean shutdown also shuts the kernels down
-            req = urllib.request.Request(f"{base}/api/shutdown?token={TOKEN}", method="POST", data=b"")
-            urllib.request.urlopen(req, timeout=5).close()
-            proc.wait(timeout=20)
-        except Exception:
-            pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 PLOT_STATE_JS = """() => {
@@ -131,13 +72,6 @@ PLOT_STATE_JS = """() => {
 }"""
 
 
-NOTEBOOK_READY_JS = """() => {
-    const app = window.jupyterapp;
-    if (!app || !app.shell) return false;
-    const w = app.shell.currentWidget;
-    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-    return !!(k && k.status === 'idle');
-}"""
 
 
 # the dashboard's figures as the browser drew them: per plot, how many traces drew, its width against the
@@ -172,35 +106,12 @@ FIGURES_JS = """() => {
 }"""
 
 
-CELL_ERRORS_JS = """() => {
-    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
-    const errors = [];
-    for (let i = 0; i < cells.length; i++) {
-        const cell = cells.get(i);
-        if (cell.type !== 'code') continue;
-        for (let j = 0; j < cell.outputs.length; j++) {
-            const out = cell.outputs.get(j).toJSON();
-            if (out.output_type === 'error') errors.push(`cell ${i}: ${out.ename}: ${out.evalue}`);
-        }
-    }
-    return errors;
-}"""
 
 
 def _wait_for(page, predicate_js: str, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = page.evaluate(predicate_js)
-        if last:
-            return last
-        page.wait_for_timeout(250)
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT.with_name("timeout.png")), full_page=True)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: {last!r}; the "
-                         f"dashboard: {page.evaluate(PLOT_STATE_JS)!r}; figures: {page.evaluate(FIGURES_JS)!r}; "
-                         f"page: {SCREENSHOT.with_name('timeout.png')}; the browser console's errors and warnings "
-                         f"(last 20): {getattr(page, 'llmlab_console', [])[-20:]}")
+    return wait_for(page, predicate_js, timeout_s, what, shot="lab01_timeout.png",
+                    describe=lambda p: f"the dashboard: {p.evaluate(PLOT_STATE_JS)!r}; "
+                                       f"figures: {p.evaluate(FIGURES_JS)!r}")
 
 
 def _check_figures(page, when: str) -> None:
@@ -219,18 +130,15 @@ def _check_figures(page, when: str) -> None:
     return figs
 
 
-def test_lab01_dashboard_renders_and_run_stop_work(jupyter_lab):
+def test_lab01_dashboard_renders_and_run_stop_work(lab01_server):
     from playwright.sync_api import sync_playwright
 
-    base, log = jupyter_lab
+    base, log = lab01_server
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 2000})
-            page.llmlab_console = []  # reported when a wait times out
-            page.on("console", lambda m: page.llmlab_console.append(f"{m.type}: {m.text[:300]}")
-                    if m.type in ("error", "warning") else None)
-            page.on("pageerror", lambda e: page.llmlab_console.append(f"pageerror: {str(e)[:300]}"))
+            watch_console(page)  # reported when a wait times out
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={TOKEN}", timeout=60_000)
             # JupyterLab is up and the notebook's kernel is idle
             _wait_for(page, NOTEBOOK_READY_JS, 90, "the notebook and an idle kernel")

@@ -202,7 +202,7 @@ def _curve_rows() -> list[dict]:
 def test_the_lab_says_when_no_curve_is_recorded(tmp_path, monkeypatch, capsys):
     ns = _run_replay(monkeypatch, tmp_path)
     assert ns["recorded"] is None and ns["shown"] == []
-    assert "No serving curve recorded on an H200 in data/bench/ yet" in capsys.readouterr().out
+    assert "No serving curve recorded on a GPU in data/bench/ yet" in capsys.readouterr().out
 
 
 def test_the_lab_draws_a_recorded_curve(tmp_path, monkeypatch, capsys):
