@@ -141,22 +141,23 @@ def check_on_token(on_token) -> None:
                         f"to stop), or None")
 
 
-def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int) -> None:
+def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int, name: str = "the prompt") -> None:
     """Raise ValueError naming the numbers when the prompt (plus what is to be generated) exceeds the context, and
-    TypeError / ValueError for a max_new_tokens that is not a positive int (`check_max_new_tokens`)."""
+    TypeError / ValueError for a max_new_tokens that is not a positive int (`check_max_new_tokens`). name: what the
+    messages call the prompt (a batch names its longest row, e.g. "prompts[3]")."""
     if prompt_len == 0:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise ValueError(f"{name} is empty: give at least one token")
     check_max_new_tokens(max_new_tokens)
     if prompt_len > context_len:
-        raise ValueError(f"the prompt has {prompt_len} tokens, longer than the model's context of {context_len} "
-                         f"tokens; shorten the prompt")
+        raise ValueError(f"{name} has {prompt_len} tokens, longer than the model's context of {context_len} "
+                         f"tokens; shorten {name}")
     if prompt_len == context_len:
-        raise ValueError(f"the prompt has {prompt_len} tokens and already fills the model's context of "
-                         f"{context_len} tokens, leaving no room for a new token; shorten the prompt")
+        raise ValueError(f"{name} has {prompt_len} tokens and already fills the model's context of "
+                         f"{context_len} tokens, leaving no room for a new token; shorten {name}")
     if prompt_len + max_new_tokens > context_len:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+        raise ValueError(f"{name.removeprefix('the ')} ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
                          f"{prompt_len + max_new_tokens} exceeds the model's context of {context_len} tokens; "
-                         f"lower max_new_tokens to at most {context_len - prompt_len} or shorten the prompt")
+                         f"lower max_new_tokens to at most {context_len - prompt_len} or shorten {name}")
 
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int) -> None:

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from llmlab.generate import (Generation, check_finite_logits, check_max_new_tokens, check_on_token, check_seed,
+from llmlab.generate import (Generation, check_finite_logits, check_lengths, check_on_token, check_seed,
                              make_generator, to_device)
 from llmlab.measure.timing import StepTimer, sync
 from llmlab.runtime.cuda_graphs import MODES, GraphDecoder, RunnerCache
@@ -285,16 +285,8 @@ def check_prompts(prompts, max_new_tokens, context_len: int, vocab_size: int, pa
             raise ValueError(f"prompts[{i}] holds token id {lo if lo < 0 else hi}, outside the model's vocabulary "
                              f"(0..{vocab_size - 1}); was it encoded with another model's tokenizer?")
         rows.append(ids.tolist())
-    check_max_new_tokens(max_new_tokens)
     longest = max(range(len(rows)), key=lambda i: len(rows[i]))
-    L = len(rows[longest])
-    if L >= context_len:
-        raise ValueError(f"prompts[{longest}] has {L} tokens, {'longer than' if L > context_len else 'filling'} the "
-                         f"model's context of {context_len} tokens, leaving no room for a new token; shorten it")
-    if L + max_new_tokens > context_len:
-        raise ValueError(f"prompts[{longest}] ({L} tokens) + max_new_tokens ({max_new_tokens}) = "
-                         f"{L + max_new_tokens} exceeds the model's context of {context_len} tokens; lower "
-                         f"max_new_tokens to at most {context_len - L} or shorten prompts[{longest}]")
+    check_lengths(len(rows[longest]), max_new_tokens, context_len, name=f"prompts[{longest}]")
     if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral):
         raise TypeError(f"pad_id={pad_id!r}: give a token id (an int), e.g. pad_id=0")
     if not 0 <= pad_id < vocab_size:
