@@ -3,6 +3,7 @@ bookkeeping; the schema check; clear errors for unknown workloads, models and st
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -52,12 +53,18 @@ def test_quick_chat_writes_one_valid_file(chat_doc):
 def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     doc, _ = chat_doc
     steps = [r["step"] for r in doc["results"]]
-    assert steps == ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time", "+static_batching", "+continuous_batching",
-                     "hf_eager", "hf_static", "roofline"]
+    torchao = [s for s in steps if s.startswith("torchao_")]  # the quantized peers, where torchao is installed
+    assert not torchao or importlib.util.find_spec("torchao") is not None
+    assert [s for s in steps if s not in torchao] == ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time",
+                                                      "+static_batching", "+continuous_batching", "hf_eager",
+                                                      "hf_static", "roofline"]
+    skipped = {s["step"] for s in doc["skipped"]}
+    assert {"torchao_int8", "torchao_int4"} <= set(torchao) | skipped  # each run or skipped with its reason
     for r in doc["results"]:
         assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
         assert r["workload"] == "chat" and r["model"] == "pydoc-llama" and r["batch_size"] == 1
-        assert r["weights"] == {"+int8": "int8", "+int4": "int4"}.get(r["step"], "fp32")
+        assert r["weights"] == {"+int8": "int8", "+int4": "int4", "torchao_int8": "int8",
+                                "torchao_int4": "int4"}.get(r["step"], "fp32")
         assert r["tokens_per_s"] > 0
         assert r["gpu_util"] is None and r["sm_active"] is None and r["peak_mem_GB"] is None  # not a GPU run
     rows = {r["step"]: r for r in doc["results"]}
@@ -511,3 +518,27 @@ def test_hf_continuous_batching_peer_gives_the_solo_tokens():
     (call,) = run.calls
     assert call.tokens == want
     assert len(call.step_ms) == 1 and all(0 < t <= call.step_ms[0] for t in call.ttft_ms)
+
+
+def test_torchao_peer_quantizes_a_copy_and_leaves_the_shared_weights_alone():
+    """The torchao int8 peer: a copy of the Hugging Face peer with torchao's weight-only layers in the decoder
+    (lm_head untouched), greedy tokens close to llmlab's own int8 rung, and the llmlab weights it shared unchanged."""
+    pytest.importorskip("torchao", reason="torchao is optional (a quantized peer of the +int8 / +int4 rungs)")
+    from llmlab.measure.peers import hf_peer_model, run_hf, torchao_peer_model
+
+    llm = LLM(tiny_model(seed=5), name="tiny")
+    before = {k: v.clone() for k, v in llm.model.state_dict().items()}
+    hf = hf_peer_model(llm)
+    q, how = torchao_peer_model(hf, "int8")
+    assert "Int8WeightOnlyConfig" in how
+    assert type(q.model.layers[0].mlp.gate_proj.weight).__name__ != "Parameter"  # a torchao tensor subclass
+    assert type(q.lm_head.weight).__name__ == "Parameter"
+    assert all(torch.equal(before[k], v) for k, v in llm.model.state_dict().items())
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():  # both int8 roundings of the same weights move the logits by the same order
+        theirs, ours, exact = q(ids).logits, llm.quantize("int8").model(ids), llm.model(ids)
+    their_error, our_error = (theirs - exact).abs().max(), (ours - exact).abs().max()
+    assert 0 < their_error < 2 * our_error
+    assert len(run_hf(q, [[5, 6, 7, 8]], 4, static=False).calls[0].tokens[0]) == 4
+    with pytest.raises(ValueError, match="int8' or 'int4"):
+        torchao_peer_model(hf, "int2")

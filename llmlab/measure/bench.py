@@ -34,13 +34,15 @@ from llmlab.config import PRESETS
 from llmlab.engine import LLM
 from llmlab.envinfo import device_name
 from llmlab.kernels import step_tuning
-from llmlab.ladder import LadderStep, ResolvedStep, available_steps, weight_bytes_per_param, weights_label
+from llmlab.ladder import (LadderStep, ResolvedStep, available_steps, get_step, weight_bytes_per_param,
+                           weights_label)
 from llmlab.measure import roofline
 from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filename, peaks_record, result_row, save_bench
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
 from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
-from llmlab.measure.peers import close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous, transformers_version
+from llmlab.measure.peers import (TORCHAO_PEERS, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
+                                  torchao_peer_model, torchao_version, transformers_version)
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
 from llmlab.quant import is_quantized
@@ -361,6 +363,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                 doc["skipped"].append({"step": name, "reason": f"transformers model not built: "
                                                                f"{type(e).__name__}: {e}"})
         names = ["hf_eager", "hf_static"] + (["hf_continuous"] if wl.n_requests > 1 else [])
+        # the quantized rungs' peers: torchao's weight-only layers on the same weights
+        names += [name for name, w in TORCHAO_PEERS.items() if any(r.step.weights == w for r in runnable)]
         for name in names:
             if hf is None or over_budget(name):
                 continue
@@ -368,6 +372,28 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             try:
                 if static:
                     torch._dynamo.reset()  # a clean compile cache: the warm-up time is transformers' own
+                if name in TORCHAO_PEERS:
+                    if TORCHAO_PEERS[name] == "int4" and (dev.type != "cuda" or llm.dtype != torch.bfloat16):
+                        doc["skipped"].append({"step": name, "reason": "torchao's int4 weight-only layout runs "
+                                               "bf16 weights on a CUDA GPU; this run is "
+                                               f"{str(llm.dtype).removeprefix('torch.')} on {dev.type}"})
+                        continue
+                    try:
+                        quantized, how = torchao_peer_model(hf, TORCHAO_PEERS[name])
+                    except ImportError as e:
+                        doc["skipped"].append({"step": name, "reason": f"torchao is not installed ({e})"})
+                        continue
+                    torch._dynamo.reset()
+                    runs, hw, warm = timed(lambda: run_hf(quantized, prompts, new_tokens, True), dev, repeats,
+                                           sample)
+                    w = TORCHAO_PEERS[name]
+                    add_row(name, f"torchao {w} (HF static cache)", w, weight_bytes_per_param(get_step("+" + w),
+                                                                                            llm.dtype), runs, hw,
+                            warm, note=f"torchao {torchao_version()} {how} on the decoder layers (lm_head "
+                                       f"{str(llm.dtype).removeprefix('torch.')}), transformers "
+                                       f"{transformers_version()} generate with its static cache, greedy")
+                    quantized = None
+                    continue
                 if name == "hf_continuous":
                     runs, hw, warm = timed(lambda: run_hf_continuous(hf, prompts, new_tokens), dev, repeats, sample)
                     add_row(name, "HF continuous batching", weights_label(AS_LOADED, llm.dtype),

@@ -3,8 +3,9 @@
 `hf_peer_model` builds a transformers model that shares llmlab's weight tensors (no copy); `run_hf` runs a
 workload with its `generate`, all requests as ONE left-padded batch with an attention mask (its normal way), eager
 or with its static cache (which transformers compiles on a GPU); `run_hf_continuous` serves the requests with
-transformers' own continuous batching (`generate_batch`, recent transformers). Greedy decoding; EOS is ignored, so
-every request generates exactly its new tokens, as the llmlab rows do.
+transformers' own continuous batching (`generate_batch`, recent transformers); `torchao_peer_model` gives a copy of
+the peer with torchao's weight-only int8 or int4 layers, the quantized peers of the `+int8` / `+int4` rungs. Greedy
+decoding; EOS is ignored, so every request generates exactly its new tokens, as the llmlab rows do.
 """
 
 from __future__ import annotations
@@ -139,6 +140,46 @@ def close_hf_continuous(hf) -> None:
     destroy = getattr(hf, "destroy_cached_continuous_batching_manager", None)
     if destroy is not None:
         destroy()
+
+
+TORCHAO_PEERS = {"torchao_int8": "int8", "torchao_int4": "int4"}  # bench row -> weights
+
+
+def torchao_peer_model(hf, weights: str):
+    """A COPY of the Hugging Face peer whose decoder layers carry torchao's weight-only quantization: "int8" (one
+    scale per output channel) or "int4" (groups of 128, as the `+int4` rung). lm_head stays in the peer's dtype, as
+    llmlab's rungs keep it; the llmlab weights the peer shares are not touched (the copy owns its tensors).
+
+    Returns (model, how): how names the torchao config used. Raises ImportError without torchao, ValueError for
+    another `weights`; torchao's own errors (e.g. an int4 layout its kernels do not support here) pass through.
+    """
+    import copy
+
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    if weights not in ("int8", "int4"):
+        raise ValueError(f"weights={weights!r}: give 'int8' or 'int4'")
+    q = copy.deepcopy(hf)
+    if weights == "int8":
+        config, how = Int8WeightOnlyConfig(), "Int8WeightOnlyConfig()"
+    else:
+        try:  # the tinygemm layout: torchao's fast int4 path for small batches on a CUDA GPU
+            config = Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+            how = "Int4WeightOnlyConfig(group_size=128, int4_packing_format='tile_packed_to_4d')"
+        except (TypeError, ValueError):  # an older or newer torchao without that argument or value
+            config, how = Int4WeightOnlyConfig(group_size=128), "Int4WeightOnlyConfig(group_size=128)"
+    quantize_(q.model, config)  # the decoder layers only: lm_head is q.lm_head, outside q.model
+    return q.eval(), how
+
+
+def torchao_version() -> str:
+    """torchao's version, "?" where it is not installed."""
+    try:
+        import torchao
+
+        return torchao.__version__
+    except ImportError:
+        return "?"
 
 
 def transformers_version() -> str:
