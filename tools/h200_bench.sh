@@ -8,7 +8,8 @@
 # the batch workload's batching rungs, and the serving curve (llmlab.batching.trace_runner: arrival rates x static /
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
-# weight-only +int8 and +int4 rungs (no peers; the GPU tests of the quantized paths first); "batching" (~6 min)
+# weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
+# installed; the GPU tests of the quantized paths first); "batching" (~6 min)
 # runs the batch workload's batching rungs (one at a time, static, continuous) with the peers, then the serving curve.
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
@@ -42,7 +43,9 @@ elif [[ $MODE == quant ]]; then
   QBIG=${QBIG:-llama-3.1-8b}
   step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_quant_runtime.py tests/test_quant_linear.py
   # the 8B shape skips the host-paced eager variants and torch.compile's minute of warm-up
-  step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" \
+  # its peers: Hugging Face, and torchao's int8 / int4 where torchao is importable (a carried wheel, see
+  # tools/README.md)
+  step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" ${QPEERS---peers} \
     --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,+int8,+int4}" --repeats 1 \
     --time-budget "$(budget ${QRESERVE:-120})"
   step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \

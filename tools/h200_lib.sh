@@ -1,5 +1,6 @@
 # Shared helper of tools/h200_*.sh; sourced, not run. It needs $OUT (an output folder; created, made absolute) and
-# moves to the root of the checkout it is in. It exports PYTHONPATH (that root, so `python3 -m llmlab.cli` and
+# moves to the root of the checkout it is in. It exports PYTHONPATH (that root, then what PYTHONPATH held, e.g. the
+# folder carried wheels were installed into; so `python3 -m llmlab.cli` and
 # `llmlab.kernels` import with no install), HF_HUB_OFFLINE=1 (no network), LLMLAB_PEAKS_CACHE (the device's peak
 # bandwidth, measured once per run and shared by every bench in it) and LLMLAB_COMMIT (the commit the bench files
 # record: set it yourself when the tree is a copy whose git HEAD is not what it holds). It writes $OUT/device.txt
@@ -10,7 +11,7 @@
 : "${OUT:?set OUT to an output folder, e.g. OUT=/tmp/llmlab-out bash tools/h200_bench.sh}"
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-export OUT PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD
+export OUT PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export LLMLAB_PEAKS_CACHE=${LLMLAB_PEAKS_CACHE:-$OUT/peaks.json}
 export LLMLAB_COMMIT=${LLMLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "-")}
 # OMP_NUM_THREADS=1: torch's CPU-side tests otherwise start one thread per core in every pytest worker
