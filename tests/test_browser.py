@@ -10,10 +10,12 @@ Chromium, runs every cell, and checks that
   kernel is idle, Stop ends it, and a new row appears;
 * the notebook's last cell found no llmlab thread left.
 
-A screenshot of the dashboard is kept in data/screenshots/lab01_dashboard.png.
+A screenshot of the dashboard is kept in data/screenshots/lab01_dashboard.png. Every lab, this one included, is also
+run whole in the browser by tests/test_browser_labs.py (error outputs, figures, widgets, console errors).
 
 Needs /usr/bin/chromium (`apt-get install -y chromium`) and the `playwright` Python package (`pip install
-playwright`; never `playwright install`: the browser is Debian's). Skipped, with the reason, where either is absent.
+playwright`; never `playwright install`: the browser is Debian's). Skipped, with the reason, where either is absent
+(tests/browser_helpers.py holds the server, browser and wait helpers both browser tests use).
 """
 
 from __future__ import annotations
