@@ -26,15 +26,7 @@ from __future__ import annotations
 import torch
 
 from llmlab.cache.paged_cache import PagedKVCache
-
-
-def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to max_batch (max_batch itself the last): the batch sizes captured."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    return (*sizes, max_batch)
+from llmlab.runtime.cuda_graphs import batch_buckets, warm_up  # the same buckets and warm-up as the static runner
 
 
 class PagedDecodeBatch:
@@ -176,12 +168,7 @@ class PagedDecodeGraphs:
         pool = None
         for b in sorted(self.buckets, reverse=True):
             self.batch.fill([(0, 0, [self.batch.pad_block])], b)
-            stream, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                for _ in range(warmup_steps):
-                    self._forward(b)
-            stream.wait_stream(side)
+            warm_up(lambda b=b: self._forward(b), warmup_steps, dev)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._forward(b)

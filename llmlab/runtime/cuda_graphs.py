@@ -70,6 +70,21 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
 
 
+def warm_up(run, times: int, device) -> None:
+    """run() `times` times on a side stream of `device` before a CUDA-graph capture (lazy setup such as cuBLAS
+    workspaces and Triton compiles must not happen during capture); the current stream waits for it, even if it
+    raises."""
+    stream = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(stream)
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(times):
+                run()
+    finally:
+        stream.wait_stream(side)
+
+
 def decode_step(model, cache: StaticKVCache, input_ids: torch.Tensor, positions: torch.Tensor, kernels=None):
     """One decode step: input_ids (b, 1) int64 at positions (b,) int64 -> logits (b, V) in the model's dtype and
     the greedy tokens (b,) int64. Writes each row's K/V at its position. Nothing in it reads a value on the host,
@@ -217,26 +232,13 @@ class GraphDecoder:
         """
         pool = None
         for b in sorted(self.buckets, reverse=True):
-            self._warm_up(lambda b=b: self._forward(b), self.warmup_steps)
+            warm_up(lambda b=b: self._forward(b), self.warmup_steps, self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._forward(b)
             pool = graph.pool() if pool is None else pool
             self.graphs[b] = graph
         torch.cuda.synchronize(self.device)
-
-    def _warm_up(self, run, times: int) -> None:
-        """run() `times` times on a side stream before a capture (lazy setup must not happen during capture); the
-        current stream waits for it, even if it raises."""
-        stream = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(stream)
-        try:
-            with torch.cuda.stream(side):
-                for _ in range(times):
-                    run()
-        finally:
-            stream.wait_stream(side)
 
     def bucket(self, batch: int) -> int:
         """The smallest bucket >= batch. Raises ValueError when batch > max_batch."""
@@ -342,7 +344,7 @@ class GraphDecoder:
         once, leaves the current stream as it was, and returns None: this bucket's prefill runs eagerly from then
         on. An error in the warm-up (the eager prefill itself) is raised."""
         stream = torch.cuda.current_stream(self.device)
-        self._warm_up(lambda: self._prefill_forward(b, length), max(self.warmup_steps, 1))
+        warm_up(lambda: self._prefill_forward(b, length), max(self.warmup_steps, 1), self.device)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._prefill_pool):
