@@ -7,7 +7,7 @@ contiguous KV cache) token for token, and a seeded sampled request equals its so
 import pytest
 import torch
 
-from llmlab.batching.engine import BatchEngine
+from llmlab.batching.engine import BatchEngine, pack_chunks
 from llmlab.batching.paged_batch import PagedBatchView
 from llmlab.cache.paged_cache import PagedKVCache
 from llmlab.generate import generate
@@ -72,6 +72,62 @@ def test_view_refuses_unreserved_tokens():
         PagedBatchView(pool, ["a"], [4], 2)
     with pytest.raises(KeyError):
         PagedBatchView(pool, ["b"], [0], 1)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_left_padded_pass_of_chunks_of_different_lengths_matches_the_uncached_model(window):
+    """Chunks of 3, 7 and 12 tokens (two fresh prompts, one after 5 cached tokens) in ONE left-padded (3, 12)
+    pass: each row's last logits equal the model on the whole sequence, the padding wrote only the spare block,
+    and a decode step after it sees exactly the real tokens."""
+    m = tiny_model(max_seq_len=64, sliding_window=window)
+    pool = PagedKVCache(m.config, 3, 32, torch.float32, "cpu", block_size=4, num_blocks=20, spare_blocks=1)
+    seqs = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (4, 8, 18)]
+    starts, counts = [0, 0, 5], [3, 7, 12]  # each chunk ends one token before its sequence's last
+    with torch.no_grad():
+        for sid, s in enumerate(seqs):
+            pool.blocks.allocate(sid, len(s))
+        first = PagedBatchView(pool, [2], [0], 5)  # sequence 2's first 5 tokens are cached before the pass
+        m(torch.tensor([seqs[2][:5]]), first.positions, kv_cache=first)
+        view = PagedBatchView(pool, [0, 1, 2], starts, 12, counts)
+        assert view.padding == 3 * 12 - sum(counts)
+        assert view.positions[0].tolist() == [0] * 9 + [0, 1, 2]  # padding sits at the row's first position
+        assert view.positions[2].tolist() == list(range(5, 17))
+        ids = torch.tensor([[0] * (12 - n) + s[p:p + n] for s, p, n in zip(seqs, starts, counts)])
+        out = m(ids, view.positions, kv_cache=view, last_only=True)[:, -1]
+        for b, s in enumerate(seqs):
+            ref = m(torch.tensor([s[:-1]]))[0, -1]
+            torch.testing.assert_close(out[b], ref, atol=1e-4, rtol=1e-4)
+        decode = PagedBatchView(pool, [0, 1, 2], [len(s) - 1 for s in seqs], 1)
+        out = m(torch.tensor([[s[-1]] for s in seqs]), decode.positions, kv_cache=decode)[:, -1]
+        for b, s in enumerate(seqs):
+            torch.testing.assert_close(out[b], m(torch.tensor([s]))[0, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_left_padding_needs_a_spare_block_and_counts_within_T():
+    m = tiny_model(max_seq_len=64)
+    pool = PagedKVCache(m.config, 2, 32, torch.float32, "cpu", block_size=4, num_blocks=8)
+    pool.blocks.allocate("a", 5)
+    pool.blocks.allocate("b", 3)
+    with pytest.raises(ValueError, match="spare_blocks=1"):
+        PagedBatchView(pool, ["a", "b"], [0, 0], 5, [5, 3])
+    with pytest.raises(ValueError, match="between 1 and T"):
+        PagedBatchView(pool, ["a", "b"], [0, 0], 4, [5, 3])
+    PagedBatchView(pool, ["a", "b"], [0, 0], 3, [3, 3])  # equal lengths: no padding, no spare block needed
+
+
+def test_pack_chunks_bounds_the_padding():
+    """Longest first; each pass's padding within the slack of its real tokens; every chunk in exactly one pass."""
+    g = torch.Generator().manual_seed(3)
+    chunks = [(i, 0, int(n)) for i, n in enumerate(torch.randint(1, 513, (40,), generator=g))]
+    for slack in (0.0, 0.25, 1.0):
+        groups = pack_chunks(chunks, slack)
+        assert sorted(c for grp in groups for c in grp) == sorted(chunks)
+        for grp in groups:
+            T, real = grp[0][2], sum(n for _, _, n in grp)
+            assert all(n <= T for _, _, n in grp)
+            assert len(grp) == 1 or len(grp) * T <= (1 + slack) * real
+    assert len(pack_chunks(chunks, 0.25)) < len({n for _, _, n in chunks})  # fewer passes than distinct lengths
+    assert len(pack_chunks([(0, 0, 300)] + [(i, 0, 1) for i in range(1, 9)], 0.25)) == 2  # decode rows apart
 
 
 def test_greedy_outputs_equal_solo_under_preemption_and_chunked_prefill(model):

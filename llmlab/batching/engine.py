@@ -7,14 +7,15 @@ https://arxiv.org/abs/2309.06180):
 1. the scheduler (`llmlab.batching.scheduler`) plans the step: which sequences decode one token, which prompt
    chunks are prefilled, who is preempted to make room, who is admitted;
 2. one forward pass runs every decode row together, a (B, 1) batch, each row at its own position; the prefill
-   chunks of equal length run together as one (k, n) forward pass. All of them read and write one shared block
-   pool through a `llmlab.batching.paged_batch.PagedBatchView`, so `llmlab.model.Transformer` runs unchanged;
+   chunks run in as few passes as `pack_chunks` allows: chunks of near-equal length share one (k, T) pass, each
+   row left-padded to the longest. All of them read and write one shared block pool through a
+   `llmlab.batching.paged_batch.PagedBatchView`, so `llmlab.model.Transformer` runs unchanged;
 3. each sequence that reached its next token samples it with its own settings (greedy rows together; a sampled
    row with its own seeded generator, so its tokens do not depend on what else is in the batch);
 4. sequences that hit EOS or max_new_tokens finish, give their blocks back and leave the batch this very step.
 
-Chunks of different lengths run as separate forward passes to keep each pass simple; a server that packs decode
-rows and chunks of any lengths into one pass of all their tokens (a "varlen" batch) reads the weights once per step.
+Padding buys fewer passes with wasted compute; a server that packs decode rows and chunks of any lengths into one
+pass of all their tokens (a "varlen" batch, with attention kernels that take each row's length) wastes none.
 
 With the Triton kernel modules swapped in (`llmlab.kernels.modules.swap_in`, an `LLM` with the "Triton kernels"
 switch on), the decode rows run `llmlab.batching.paged_graphs.PagedDecodeGraphs` instead: the paged-attention
@@ -42,6 +43,7 @@ from llmlab.generate import check_flags, check_seed, make_generator, prepare_pro
 from llmlab.sampling import argmax_rows, check_sampling_args, sample, warn_greedy_filters
 
 HISTORY = 10_000  # steps whose `StepStats` the engine keeps (the oldest are dropped)
+PACK_SLACK = 0.25  # padding allowed in a packed prefill pass, as a share of its real tokens (`pack_chunks`)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class BatchEngine:
         self.max_seq_len = max_seq_len
         why_not = paged_step_reason(model, cuda_graphs)
         self.pool = PagedKVCache(config, max_batch, max_seq_len, self.dtype, self.device, block_size=block_size,
-                                 num_blocks=num_blocks, spare_blocks=0 if why_not else 1)
+                                 num_blocks=num_blocks, spare_blocks=1)  # the padding's slot
         # the decode step: the paged kernel (graph-captured on a GPU) where the kernel modules are in, else None
         self.decode_step = None if why_not else PagedDecodeGraphs(
             model, self.pool, max_batch, -(-max_seq_len // block_size),
@@ -261,15 +263,14 @@ class BatchEngine:
                 for i, (s, p, _) in enumerate(ones):
                     if p + 1 == s.num_tokens:
                         logits[s.seq_id], greedy[s.seq_id] = out[i], picked[i]
-        by_length: dict[int, list] = {}  # chunks of equal length run as one (k, n) forward pass
-        for c in chunks:
-            by_length.setdefault(c[2], []).append(c)
-        for n, group in by_length.items():
-            view = PagedBatchView(self.pool, [s.seq_id for s, _, _ in group], [p for _, p, _ in group], n)
-            ids = torch.tensor([[token_at(s, q) for q in range(p, p + n)] for s, p, _ in group],
-                               device=self.device)  # (k, n)
+        for group in pack_chunks(chunks):  # chunks of near-equal length run as one left-padded (k, T) pass
+            T = group[0][2]
+            view = PagedBatchView(self.pool, [s.seq_id for s, _, _ in group], [p for _, p, _ in group], T,
+                                  [n for _, _, n in group])
+            ids = torch.tensor([[0] * (T - n) + [token_at(s, q) for q in range(p, p + n)] for s, p, n in group],
+                               device=self.device)  # (k, T)
             out = self.model(ids, view.positions, kv_cache=view, last_only=True)[:, -1]  # (k, V)
-            for i, (s, p, _) in enumerate(group):
+            for i, (s, p, n) in enumerate(group):
                 if p + n == s.num_tokens:
                     logits[s.seq_id] = out[i]
         return self._sample(plan.sampled, logits, greedy)
@@ -340,6 +341,26 @@ def paged_step_reason(model, cuda_graphs: bool | None) -> str:
         raise ValueError(f"cuda_graphs=True: the continuous-batching decode step cannot be captured: {why}; "
                          f"or leave cuda_graphs out")
     return why
+
+
+def pack_chunks(chunks: list, slack: float = PACK_SLACK) -> list[list]:
+    """Chunks [(sequence, start, n)] grouped into forward passes, longest first: a chunk joins the current pass
+    while the pass's padding (each row left-padded to its longest chunk) stays within `slack` of its real tokens.
+
+    One pass per group reads the weights once and launches each kernel once; padding costs compute. With chunk
+    lengths spread over 64..512 tokens, a slack of 1/4 packs a step's prefill chunks into a few passes instead of
+    one pass per distinct length. Each group's first chunk is its longest (its n is the pass's T).
+    """
+    groups: list[list] = []
+    total = 0  # real tokens of the current group
+    for c in sorted(chunks, key=lambda c: -c[2]):
+        if groups and (len(groups[-1]) + 1) * groups[-1][0][2] <= (1 + slack) * (total + c[2]):
+            groups[-1].append(c)
+            total += c[2]
+        else:
+            groups.append([c])
+            total = c[2]
+    return groups
 
 
 def token_at(seq: Sequence, p: int) -> int:

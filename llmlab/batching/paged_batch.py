@@ -35,42 +35,60 @@ from llmlab.cache.paged_cache import PagedKVCache, gather
 
 
 class PagedBatchView:
-    """The KV cache of one forward pass: row b is sequence `seq_ids[b]`, its T new tokens at positions
-    starts[b] .. starts[b] + T - 1.
+    """The KV cache of one forward pass: row b is sequence `seq_ids[b]`, its counts[b] new tokens at positions
+    starts[b] .. starts[b] + counts[b] - 1, LEFT-padded to T tokens.
+
+    Left padding lets chunks of different lengths share one pass (one read of the weights) and keeps every row's
+    last real token at index T - 1, where `last_only` logits are taken. A padding token (token 0 of the caller's
+    choosing) sits at its row's first new position, so RoPE and the mask stay in range, and its K/V go to the pool's
+    spare block (`PagedKVCache(spare_blocks=1)`), a slot no block table lists: no real query ever sees it, and the
+    padding queries' outputs are thrown away.
 
     Args:
         pool: the `PagedKVCache` whose pools hold the K/V and whose `blocks` (a `BlockManager`) hold the tables.
         seq_ids: one sequence id per row (B >= 1), each with blocks reserved up to its new tokens.
         starts: each row's first new position (its tokens before it are already in the cache).
-        T: new tokens per row (1 for a decode batch; a prefill chunk's length).
+        T: tokens per row of the pass (1 for a decode batch; the longest chunk for prefill).
+        counts: new tokens per row, each 1..T (default: T for every row, no padding).
 
     Attributes (built once, shared by every layer): positions (B, T) int64 on the pools' device, to pass to the
-    model; block_tables (B, width) int64; length S = max(starts) + T.
+    model; block_tables (B, width) int64; length S = max(starts[b] + counts[b]); padding = B * T - sum(counts).
 
     Raises:
-        ValueError: no rows, T < 1, starts and seq_ids of different lengths, a negative start, or a row whose blocks
-            do not reach its last new token (reserve them first: `BlockManager.allocate` / `append`).
+        ValueError: no rows, T < 1, starts / counts and seq_ids of different lengths, a count outside 1..T, a
+            negative start, a row whose blocks do not reach its last new token (reserve them first:
+            `BlockManager.allocate` / `append`), or padding in a pool without a spare block.
         KeyError: a sequence id without blocks.
     """
 
-    def __init__(self, pool: PagedKVCache, seq_ids: list, starts: list[int], T: int):
+    def __init__(self, pool: PagedKVCache, seq_ids: list, starts: list[int], T: int, counts: list[int] | None = None):
         B = len(seq_ids)
-        if B == 0 or T < 1 or len(starts) != B:
-            raise ValueError(f"a view needs B >= 1 rows, T >= 1 new tokens per row and one start per row; got "
-                             f"{B} seq_ids, T={T}, {len(starts)} starts")
+        counts = [T] * B if counts is None else list(counts)
+        if B == 0 or T < 1 or len(starts) != B or len(counts) != B:
+            raise ValueError(f"a view needs B >= 1 rows, T >= 1 tokens per row and one start and count per row; "
+                             f"got {B} seq_ids, T={T}, {len(starts)} starts, {len(counts)} counts")
+        if any(not 1 <= n <= T for n in counts):
+            raise ValueError(f"counts={counts}: each row's new tokens must be between 1 and T={T}")
         blocks, bs = pool.blocks, pool.block_size
-        for sid, start in zip(seq_ids, starts):
-            if start < 0 or blocks.length(sid) < start + T:
-                raise ValueError(f"sequence {sid!r}: tokens {start}..{start + T - 1} are not all within its "
+        for sid, start, n in zip(seq_ids, starts, counts):
+            if start < 0 or blocks.length(sid) < start + n:
+                raise ValueError(f"sequence {sid!r}: tokens {start}..{start + n - 1} are not all within its "
                                  f"{blocks.length(sid)} reserved token slots; reserve blocks before the forward pass")
+        self.padding = B * T - sum(counts)
+        if self.padding and not pool.spare:
+            raise ValueError("rows of different lengths need a spare block for their padding: build the pool with "
+                             "PagedKVCache(..., spare_blocks=1)")
         self.pool = pool
-        self.length = max(starts) + T  # S: the longest row, cached tokens + new ones
+        self.length = max(s + n for s, n in zip(starts, counts))  # S: the longest row, cached tokens + new ones
         width = -(-self.length // bs)  # blocks per row of the tables
         tables, blk, off, pos = [], [], [], []
-        for sid, start in zip(seq_ids, starts):
+        for sid, start, n in zip(seq_ids, starts, counts):
             table = blocks.block_table(sid)[:width]
             tables.append(table + [0] * (width - len(table)))  # padding: slots past the row's length, masked
-            for p in range(start, start + T):
+            blk += [pool.spare[0] if pool.spare else 0] * (T - n)  # left padding: the spare block, offset 0
+            off += [0] * (T - n)
+            pos += [start] * (T - n)
+            for p in range(start, start + n):
                 blk.append(table[p // bs])
                 off.append(p % bs)
                 pos.append(p)

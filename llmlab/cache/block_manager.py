@@ -254,10 +254,13 @@ class BlockManager:
             neither a count (an int, numpy's too) nor token ids (a bool or a string is neither).
             OutOfBlocks: not enough free blocks (nothing is changed).
         """
-        if isinstance(n, (bool, str, bytes)) or not (isinstance(n, numbers.Integral) or hasattr(n, "__iter__")):
+        if type(n) is int:  # a plain count, the decode step's case: tested first, the ABC checks below cost more
+            ids, count = None, n
+        elif isinstance(n, (bool, str, bytes)) or not (isinstance(n, numbers.Integral) or hasattr(n, "__iter__")):
             raise TypeError(f"append takes a count (an int) or token ids, not {n!r}")
-        ids = None if isinstance(n, numbers.Integral) else [int(t) for t in n]
-        count = int(n) if ids is None else len(ids)
+        else:
+            ids = None if isinstance(n, numbers.Integral) else [int(t) for t in n]
+            count = int(n) if ids is None else len(ids)
         if count < 1:
             raise ValueError(f"append at least one token (got {count})")
         table = self._table(seq_id)
