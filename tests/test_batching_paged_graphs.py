@@ -106,3 +106,79 @@ def test_fill_refuses_what_does_not_fit(models):
         batch.fill([(1, 16, [0])], 2)
     with pytest.raises(ValueError, match="spare block"):
         PagedDecodeBatch(PagedKVCache(fast.config, 2, 64, torch.float32, DEV, num_blocks=8), 2, 2)
+
+
+# -- overlapped steps (llmlab.batching.overlap) ------------------------------------------------------------------
+def test_overlapped_steps_give_the_reference_tokens_and_free_every_block(models):
+    """Greedy tokens equal the synchronous engine's, no placeholder is left, every block goes back."""
+    ref, fast = models
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=6).token_ids
+    engine = BatchEngine(fast, max_batch=4, max_seq_len=64, overlap=True)
+    seqs = [engine.add_request(p, 6, stop_at_eos=False) for p in PROMPTS]
+    done = engine.run_until_done()
+    assert [s.output for s in seqs] == want
+    assert sorted(s.seq_id for s in done) == sorted(s.seq_id for s in seqs)  # each reported finished once
+    assert engine.pool.blocks.num_used == 0 and not engine.has_work()
+    assert engine.summary()["sampled"] == sum(len(w) for w in want)
+
+
+def test_an_overlapped_step_reports_its_tokens_one_step_later(models):
+    ref, fast = models
+    engine = BatchEngine(fast, max_batch=4, max_seq_len=64, overlap=True)
+    seq = engine.add_request([5, 6, 7], 4, stop_at_eos=False)
+    first = engine.step()  # the prefill: synchronous, its token read at once
+    assert list(first.tokens.values()) == seq.output and len(seq.output) == 1
+    second = engine.step()  # a greedy decode: launched, not read back
+    assert second.tokens == {} and seq.output[1] == -1 and engine.overlap.in_flight is not None
+    third = engine.step()  # launches the next one (its input token still on the device), reads the second back
+    assert third.tokens == {seq.seq_id: seq.output[1]} and seq.output[1] >= 0 and seq.output[2] == -1
+    engine.run_until_done()
+    assert seq.output == generate_continuous(ref, [[5, 6, 7]], max_new_tokens=4).token_ids[0]
+
+
+def test_an_eos_read_back_late_ends_the_request_where_the_synchronous_engine_does(models):
+    """A request whose EOS is read one step late: its extra token is cut off and its finish reason is "eos"."""
+    ref, fast = models
+    plain = generate_continuous(ref, PROMPTS, max_new_tokens=8).token_ids
+    eos = plain[1][2]  # the third token of the second request: it ends there (others may too)
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=8, eos_token_id=eos).token_ids
+    engine = BatchEngine(fast, max_batch=4, max_seq_len=64, overlap=True)
+    engine.eos_ids = frozenset([eos])
+    seqs = [engine.add_request(p, 8) for p in PROMPTS]
+    engine.run_until_done()
+    assert [s.output for s in seqs] == want
+    assert seqs[1].finish_reason == "eos" and len(seqs[1].output) <= 3
+    assert engine.pool.blocks.num_used == 0
+
+
+def test_a_sampled_request_makes_the_overlapped_engine_wait(models):
+    """A row with temperature > 0 is sampled on the host: those steps run synchronously; every token as without
+    overlap (the same seeds)."""
+    _, fast = models
+    runs = []
+    for overlap in (False, True):
+        engine = BatchEngine(fast, max_batch=4, max_seq_len=64, overlap=overlap)
+        seqs = [engine.add_request(PROMPTS[0], 5, stop_at_eos=False),
+                engine.add_request(PROMPTS[1], 5, temperature=0.8, seed=3, stop_at_eos=False)]
+        engine.run_until_done()
+        runs.append([s.output for s in seqs])
+    assert runs[0] == runs[1]
+
+
+def test_overlap_needs_the_paged_step_and_a_server_refuses_it(models):
+    ref, fast = models
+    from llmlab.batching.requests import Server
+
+    with pytest.raises(ValueError, match="overlap=True"):
+        BatchEngine(ref, max_batch=4, max_seq_len=64, overlap=True)
+    with pytest.raises(ValueError, match="overlap=False"):
+        Server(BatchEngine(fast, max_batch=4, max_seq_len=64, overlap=True))
+
+
+@pytest.mark.slow  # ~60 s in the CPU interpreter
+def test_overlapped_steps_with_preemption_give_the_reference_tokens(models):
+    ref, fast = models
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=14).token_ids
+    got = generate_continuous(fast, PROMPTS, max_new_tokens=14, num_blocks=3, overlap=True)
+    assert got.token_ids == want
+    assert sum(r["preemptions"] for r in got.extra["requests"]) > 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmlab.batching.overlap import OverlappedDecode
 from llmlab.batching.paged_batch import PagedBatchView
 from llmlab.batching.paged_graphs import PagedDecodeGraphs
 from llmlab.batching.scheduler import Scheduler, Sequence, StepPlan, check_positive_int
@@ -106,6 +107,11 @@ class BatchEngine:
         cuda_graphs: with the Triton kernel modules swapped into the model, capture the decode step per
             batch-size bucket (default: on a CUDA device). True without the kernel modules is an error; without
             them the decode step runs eagerly on the gathering view whatever this says (None, False).
+        overlap: launch each greedy decode step before reading the last one's tokens back
+            (`llmlab.batching.overlap`): the host's planning hides behind the GPU's work. Tokens then reach
+            `StepResult.tokens` and each sequence's output one step after they were made, and a sequence that makes
+            EOS finishes one step late (its extra token is cut off). False (the default): every step waits for its
+            tokens. None: on where the decode step is graph-captured. True needs the paged decode step.
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
@@ -115,7 +121,7 @@ class BatchEngine:
 
     def __init__(self, llm_or_model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 16,
                  token_budget: int = 256, chunk: int = 64, max_seq_len: int | None = None,
-                 clock=time.perf_counter, cuda_graphs: bool | None = None):
+                 clock=time.perf_counter, cuda_graphs: bool | None = None, overlap: bool | None = False):
         model = getattr(llm_or_model, "model", llm_or_model)
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"llm_or_model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
@@ -148,6 +154,12 @@ class BatchEngine:
             cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
         self.scheduler = Scheduler(self.pool.blocks, max_batch=max_batch, token_budget=token_budget, chunk=chunk,
                                    clock=clock)
+        if overlap is None:
+            overlap = self.decode_step is not None and bool(self.decode_step.graphs)
+        if overlap and self.decode_step is None:
+            raise ValueError(f"overlap=True: overlapped steps run the paged decode step, and this engine cannot: "
+                             f"{why_not}; or leave overlap out")
+        self.overlap = OverlappedDecode(self.decode_step, self.scheduler, max_batch) if overlap else None
         eos = config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.history: deque[StepStats] = deque(maxlen=HISTORY)
@@ -212,7 +224,8 @@ class BatchEngine:
                              f"finished)") from None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Whether a request waits or runs, or a launched step has not been read back (`overlap`)."""
+        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)
 
     # -- one step ---------------------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -226,19 +239,62 @@ class BatchEngine:
         """
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        ov = self.overlap
+        tokens, finished = {}, []  # what a step read back here brings (overlap)
+        if ov is not None and ov.in_flight is not None and not ov.can_run(plan):
+            self.scheduler.undo_step(plan)  # the plan needs tokens on the host: read the step in flight first
+            tokens, finished = self._read_back(None)
+            plan = self.scheduler.schedule()
         if not plan and not plan.preempted:
-            return StepResult({}, [])
+            return StepResult(tokens, finished)
+        if ov is not None and ov.can_run(plan):
+            return self._overlapped(plan, t0)
         try:
-            tokens = self._run(plan) if plan else {}
+            new = self._run(plan) if plan else {}
         except Exception as e:  # noqa: BLE001 - any failure: fail this step's requests, keep serving
-            finished = self.scheduler.abort_step(plan, e)
+            failed = self.scheduler.abort_step(plan, e)
             self.counters["errors"] += 1
-            return StepResult({}, finished, self._record(plan, finished, 0, t0), e)
+            return StepResult(tokens, finished + failed, self._record(plan, failed, 0, t0), e)
         except BaseException:  # an interrupt (Ctrl-C in a notebook): forget the step, it runs again next time
             self.scheduler.undo_step(plan)
             raise
-        finished = self.scheduler.finish_step(plan, tokens)
-        return StepResult(tokens, finished, self._record(plan, finished, len(tokens), t0))
+        done = self.scheduler.finish_step(plan, new)
+        return StepResult({**tokens, **new}, finished + done, self._record(plan, done, len(new), t0))
+
+    def _overlapped(self, plan: StepPlan, t0: float) -> StepResult:
+        """Launch a greedy decode plan without waiting for it, then read back the step launched before it."""
+        ov = self.overlap
+        before = ov.in_flight
+        try:
+            with torch.inference_mode():
+                ov.launch(plan, self.pool.blocks.block_table)
+        except BaseException as e:
+            # the step before is read back first: its rows' tokens were to come from this step's device buffers
+            ov.in_flight = before
+            if isinstance(e, Exception):  # any failure: fail this plan's requests, keep serving
+                failed = self.scheduler.abort_step(plan, e)
+                tokens, finished = self._read_back(None)
+                self.counters["errors"] += 1
+                return StepResult(tokens, finished + failed, self._record(plan, failed, 0, t0), e)
+            self.scheduler.undo_step(plan)  # an interrupt: the plan runs again next time
+            self._read_back(None)
+            raise
+        ov.in_flight, launched = before, ov.in_flight
+        tokens, finished = self._read_back(launched)
+        ov.in_flight = launched
+        return StepResult(tokens, finished, self._record(plan, [], 0, t0))
+
+    def _read_back(self, later) -> tuple[dict, list[Sequence]]:
+        """Read back the overlapped step in flight, if any (`OverlappedDecode.resolve`; `later`: the step launched
+        after it) and count its tokens and finished sequences. Leaves no step in flight."""
+        ov = self.overlap
+        if ov is None or ov.in_flight is None:
+            return {}, []
+        tokens, finished = ov.resolve(ov.in_flight, later, self.scheduler.clock())
+        ov.in_flight = None
+        self.counters["sampled"] += len(tokens)
+        self.counters["finished"] += len(finished)
+        return tokens, finished
 
     def run_until_done(self) -> list[Sequence]:
         """Step until no request is waiting or running; returns the sequences in the order they finished."""

@@ -33,11 +33,16 @@ from llmlab.runtime.cuda_graphs import batch_buckets, warm_up  # the same bucket
 
 class PagedDecodeBatch:
     """The KV cache of one decode step over a shared block pool: row b is one sequence, one new token at its own
-    position. Static buffers (device, allocated once): `values` (4, R) int64 holding each row's token, position and
-    new slot (block, offset), with `ids` (R, 1), `positions` (R, 1), `block` and `offset` (R,) views of its rows;
-    lengths (R,) int32 (tokens each row attends over, its new one included: positions + 1, computed on the device
-    at the start of the step) and tables (R, width) int32; R = max_rows. `rows` is the number of rows the next
-    forward pass uses (a bucket).
+    position. Static buffers (device, allocated once): `values` (5, R) int64 holding each row's token, position, new
+    slot (block, offset) and source row, with `positions` (R, 1), `block` and `offset` (R,) views of its rows;
+    `last` (R,) int64, the greedy tokens of the step before; lengths (R,) int32 (tokens each row attends over, its
+    new one included: positions + 1, computed on the device at the start of the step) and tables (R, width) int32;
+    R = max_rows. `rows` is the number of rows the next forward pass uses (a bucket).
+
+    A row's input token is its `token` value, or, where its source row s >= 0, `last[s]`: the token the step before
+    picked in row s, still on the device. That lets the host launch a step before it has read the last one's tokens
+    (`BatchEngine(overlap=True)`). The host stages each step's values in one of two pinned buffers (on a GPU), so the
+    copies to the device run without waiting for the GPU.
 
     Args:
         pool: the `PagedKVCache` the sequences' K/V live in; it needs one spare block (`spare_blocks=1`) for the
@@ -57,24 +62,40 @@ class PagedDecodeBatch:
             raise ValueError(f"max_rows={max_rows} and width={width} must be at least 1")
         dev = pool.k[0].device
         self.pool, self.pad_block, self.width = pool, pool.spare[0], width
-        self.values = torch.zeros(4, max_rows, dtype=torch.int64, device=dev)  # one copy per step fills all four
+        self.values = torch.zeros(5, max_rows, dtype=torch.int64, device=dev)  # one copy per step fills all five
         self.values[2] = self.pad_block
-        self.ids, self.positions = self.values[0].view(max_rows, 1), self.values[1].view(max_rows, 1)
+        self.values[4] = -1
+        self.positions = self.values[1].view(max_rows, 1)
         self.block, self.offset = self.values[2], self.values[3]
+        self.last = torch.zeros(max_rows, dtype=torch.int64, device=dev)
         self.lengths = torch.ones(max_rows, dtype=torch.int32, device=dev)
         self.tables = torch.full((max_rows, width), self.pad_block, dtype=torch.int32, device=dev)
         self.max_rows, self.rows = max_rows, max_rows
+        # host staging: two pinned buffers on a GPU (values, then the tables' columns), each reused once the copies
+        # out of it have run (its event)
+        pin = dev.type == "cuda"
+        self._staging = [(torch.empty(5 * max_rows, dtype=torch.int64, pin_memory=pin),
+                          torch.empty(max_rows * width, dtype=torch.int32, pin_memory=pin)) for _ in range(2)]
+        self._copied = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._turn = 0
 
-    def fill(self, rows: list[tuple[int, int, list[int]]], bucket: int) -> None:
-        """Load a step into the buffers: rows [(token, position, block table)], len(rows) <= bucket <= max_rows.
+    def input_ids(self, b: int) -> torch.Tensor:
+        """(b, 1) int64 input tokens of the first b rows: `token`, or `last[source]` where a row has a source row."""
+        token, source = self.values[0, :b], self.values[4, :b]
+        return torch.where(source >= 0, self.last[source.clamp(min=0)], token).view(b, 1)
+
+    def fill(self, rows: list[tuple[int, int, list[int]]], bucket: int, sources: list[int] | None = None) -> None:
+        """Load a step into the buffers: rows [(token, position, block table)], len(rows) <= bucket <= max_rows;
+        sources: per row, the row of the step before whose greedy token is its input (-1: its `token`; default all
+        -1).
 
         Rows len(rows)..bucket-1 become padding: token 0 at position 0, written to the spare block, attending
         over that one slot. Two host-to-device copies: the per-row values, and the tables' used columns (built as
         flat Python lists first: a tensor op per row would cost the host more than the step's GPU time).
 
         Raises:
-            ValueError: more rows than the bucket, a bucket beyond max_rows, a table wider than `width`, or a
-                position outside its table.
+            ValueError: more rows than the bucket, a bucket beyond max_rows, a table wider than `width`, a position
+                outside its table, or sources of another length or outside 0..max_rows-1.
         """
         n = len(rows)
         if not 1 <= n <= bucket <= self.max_rows:
@@ -83,6 +104,10 @@ class PagedDecodeBatch:
         used = max(len(table) for _, _, table in rows)
         if used > self.width:
             raise ValueError(f"a block table of {used} blocks is wider than this step's {self.width} columns")
+        if sources is None:
+            sources = [-1] * n
+        elif len(sources) != n or not all(-1 <= r < self.max_rows for r in sources):
+            raise ValueError(f"sources: one per row, each -1 or a row below {self.max_rows}; got {sources}")
         pad, blank = bucket - n, [self.pad_block] * used
         tokens, positions, blocks, offsets, flat = [], [], [], [], []
         for b, (token, pos, table) in enumerate(rows):
@@ -96,10 +121,18 @@ class PagedDecodeBatch:
             flat += blank[len(table):]
         flat += blank * pad
         values = array("q", tokens + [0] * pad + positions + [0] * pad + blocks + [self.pad_block] * pad + offsets
-                       + [0] * pad)  # array -> tensor costs a third of torch.tensor(list)
-        self.values[:, :bucket].copy_(torch.frombuffer(values, dtype=torch.int64).view(4, bucket), non_blocking=True)
-        self.tables[:bucket, :used].copy_(torch.frombuffer(array("i", flat), dtype=torch.int32).view(bucket, used),
-                                          non_blocking=True)
+                       + [0] * pad + sources + [-1] * pad)  # array -> tensor costs a third of torch.tensor(list)
+        (buf, tbuf), done = self._staging[self._turn], self._copied[self._turn]
+        if done is not None:
+            done.synchronize()  # the copies out of this buffer two steps ago have run
+        buf[:5 * bucket].copy_(torch.frombuffer(values, dtype=torch.int64))
+        tbuf[:bucket * used].copy_(torch.frombuffer(array("i", flat), dtype=torch.int32))
+        # same dtypes on both sides: a copy that also converts would go through pageable memory and wait for the GPU
+        self.values[:, :bucket].copy_(buf[:5 * bucket].view(5, bucket), non_blocking=True)
+        self.tables[:bucket, :used].copy_(tbuf[:bucket * used].view(bucket, used), non_blocking=True)
+        if done is not None:
+            done.record()
+        self._turn ^= 1
         self.rows = bucket
 
     # -- what the model calls (`llmlab.kernels.modules.TritonAttention`, paged decode path) --------------------
@@ -157,16 +190,19 @@ class PagedDecodeGraphs:
         """The step on the first b rows of the buffers (eagerly, or while being captured)."""
         self.batch.rows = b
         torch.add(self.batch.positions[:b, 0], 1, out=self.batch.lengths[:b])  # int64 -> the int32 lengths
-        logits = self.model(self.batch.ids[:b], self.batch.positions[:b], kv_cache=self.batch, last_only=True)
+        ids = self.batch.input_ids(b)  # (b, 1)
+        logits = self.model(ids, self.batch.positions[:b], kv_cache=self.batch, last_only=True)
         logits = logits[:, -1]  # (b, V)
-        self.outputs[b] = (logits, logits.argmax(dim=-1))
+        tokens = logits.argmax(dim=-1)
+        self.batch.last[:b].copy_(tokens)  # the next step's rows may read these (their source rows)
+        self.outputs[b] = (logits, tokens)
 
     @torch.inference_mode()
     def _capture(self, warmup_steps: int) -> None:
         """One graph per bucket, largest first so the smaller ones reuse its memory pool. Each bucket runs
         `warmup_steps` times on a side stream before its capture (lazy setup must not happen while capturing); the
         buffers hold padding rows then, so the warm-up writes only the spare block."""
-        dev = self.batch.ids.device
+        dev = self.batch.values.device
         pool = None
         for b in sorted(self.buckets, reverse=True):
             self.batch.fill([(0, 0, [self.batch.pad_block])], b)
@@ -186,13 +222,14 @@ class PagedDecodeGraphs:
         raise ValueError(f"{n} decode rows exceed this step's max_batch of {self.buckets[-1]}")
 
     @torch.inference_mode()
-    def step(self, rows: list[tuple[int, int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step of rows [(token, position, block table)]: writes each row's K/V at its position and
-        returns (logits (n, V), greedy tokens (n,)) on the device, views of the bucket's outputs (the next step
-        rewrites them: read them first)."""
+    def step(self, rows: list[tuple[int, int, list[int]]], sources: list[int] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of rows [(token, position, block table)] (sources: as `PagedDecodeBatch.fill`): writes
+        each row's K/V at its position and returns (logits (n, V), greedy tokens (n,)) on the device, views of the
+        bucket's outputs (the next step rewrites them: read them first). Nothing waits for the GPU."""
         n = len(rows)
         b = self.bucket(n)
-        self.batch.fill(rows, b)
+        self.batch.fill(rows, b, sources)
         if b in self.graphs:
             self.graphs[b].replay()
         else:

@@ -205,6 +205,9 @@ class Server:
             self.engine = llm_or_engine
         else:
             self.engine = BatchEngine(llm_or_engine, **engine_args)
+        if self.engine.overlap is not None:
+            raise ValueError("the engine overlaps its steps (overlap=True): its outputs hold a placeholder until a "
+                             "step is read back, which a stream must not see; give overlap=False for a Server")
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()  # guards the state, the inbox and the request tables
         self._step_lock = threading.Lock()  # one engine step at a time, whichever thread runs it

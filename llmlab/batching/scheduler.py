@@ -173,13 +173,25 @@ class Scheduler:
             KeyError: no live sequence has this id (unknown, or already finished).
             RuntimeError: called between schedule() and finish_step().
         """
-        self._check_no_plan("cancel")
+        return self.stop(seq_id, "cancelled")
+
+    def stop(self, seq_id, reason: str) -> Sequence:
+        """Finish a waiting or running sequence now with `reason` (one of FINISH_REASONS), freeing its blocks: a
+        cancel, or an EOS the engine read after the step that made it (`BatchEngine(overlap=True)`).
+
+        Raises:
+            KeyError: no live sequence has this id. ValueError: an unknown reason.
+            RuntimeError: called between schedule() and finish_step().
+        """
+        self._check_no_plan("stop")
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"reason={reason!r}: one of {FINISH_REASONS}")
         if seq_id not in self.live:
             raise KeyError(f"no waiting or running sequence has seq_id={seq_id!r} (unknown, or already finished)")
         seq = self.live[seq_id]
         if seq.status == WAITING:
             self.waiting.remove(seq)
-        self._finish(seq, "cancelled")
+        self._finish(seq, reason)
         return seq
 
     def has_work(self) -> bool:

@@ -141,8 +141,9 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         on_step: continuous mode: on_step(t_s, used_blocks, total_blocks) after every step (e.g. a live plot).
         static_mode: the decode runner of the static and one-at-a-time modes (`generate_static`'s mode: "static"
             eager, "graphs" CUDA graphs on an `LLM`'s runners, with its Triton kernels where switched on).
-        **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len (continuous only;
-            max_seq_len defaults to the trace's longest request, so the default pool holds max_batch of them).
+        **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len, overlap
+            (continuous only; max_seq_len defaults to the trace's longest request, so the default pool holds
+            max_batch of them; overlap defaults to None: on where the decode step is graph-captured).
 
     Returns:
         A `TraceRun`.
@@ -227,7 +228,7 @@ def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, 
 def _serve_continuous(llm, trace, prompts, max_batch, clock, sleep, on_step, engine_args) -> TraceRun:
     """The continuous server loop: take the arrived requests, run one engine step, repeat."""
     longest = max(len(p) + r.max_new_tokens for p, r in zip(prompts, trace))
-    engine_args = {"max_seq_len": max(2, longest), **engine_args}
+    engine_args = {"max_seq_len": max(2, longest), "overlap": None, **engine_args}  # overlap where graph-captured
     engine = BatchEngine(llm, max_batch=max_batch, clock=clock, **engine_args)
     seqs = [engine.make_request(list(p), r.max_new_tokens, stop_at_eos=False) for p, r in zip(prompts, trace)]
     total = engine.pool.num_blocks
