@@ -176,9 +176,41 @@ def test_overlap_needs_the_paged_step_and_a_server_refuses_it(models):
 
 
 @pytest.mark.slow  # ~60 s in the CPU interpreter
-def test_overlapped_steps_with_preemption_give_the_reference_tokens(models):
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_overlapped_steps_with_preemption_give_the_reference_tokens(models, with_eos):
+    """A pool too small for all four requests: preemptions (and, with an EOS, requests ending one step late) while
+    steps overlap; every token as the synchronous reference's, every block back in the pool."""
     ref, fast = models
-    want = generate_continuous(ref, PROMPTS, max_new_tokens=14).token_ids
-    got = generate_continuous(fast, PROMPTS, max_new_tokens=14, num_blocks=3, overlap=True)
+    eos = generate_continuous(ref, PROMPTS, max_new_tokens=14).token_ids[2][5] if with_eos else None
+    want = generate_continuous(ref, PROMPTS, max_new_tokens=14, eos_token_id=eos).token_ids
+    got = generate_continuous(fast, PROMPTS, max_new_tokens=14, num_blocks=3, overlap=True, eos_token_id=eos)
     assert got.token_ids == want
     assert sum(r["preemptions"] for r in got.extra["requests"]) > 0
+    assert got.extra["engine"]["finished"] == len(PROMPTS)
+    if with_eos:
+        assert len(want[2]) <= 6
+
+
+@pytest.mark.slow  # ~40 s in the CPU interpreter
+@pytest.mark.parametrize("seed", [0, 1])
+def test_overlapped_and_synchronous_engines_agree_on_random_requests(models, seed):
+    """Seeded random prompts, lengths, EOS and a pool that forces preemption: the overlapped engine's outputs,
+    finish reasons and block accounting equal the synchronous engine's on the same model."""
+    _, fast = models
+    g = torch.Generator().manual_seed(seed)
+    reqs = [(torch.randint(0, 256, (int(torch.randint(1, 30, (), generator=g)),), generator=g).tolist(),
+             int(torch.randint(1, 12, (), generator=g))) for _ in range(6)]
+    results, eos = [], None
+    for overlap in (False, False, True):  # the first run picks an EOS its outputs contain: some requests end early
+        engine = BatchEngine(fast, num_blocks=4, max_batch=4, max_seq_len=48, overlap=overlap)
+        engine.eos_ids = frozenset() if eos is None else frozenset([eos])
+        seqs = [engine.add_request(p, n) for p, n in reqs]
+        done = engine.run_until_done()
+        assert sorted(s.seq_id for s in done) == sorted(s.seq_id for s in seqs)
+        assert engine.pool.blocks.num_used == 0 and all(-1 not in s.output for s in seqs)
+        results.append([(s.output, s.finish_reason) for s in seqs])
+        if eos is None:
+            longest = max((s.output for s in seqs), key=len)
+            eos = longest[len(longest) // 2]
+    assert "eos" in [reason for _, reason in results[1]]
+    assert results[1] == results[2]

@@ -89,10 +89,11 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     step_ms = []
     while engine.has_work():
         t = time.perf_counter()
+        in_flight = engine.overlap is not None and engine.overlap.in_flight is not None
         result = engine.step()
         if result.error is not None:
             raise result.error
-        if result.stats is None and not result.tokens and not result.finished:  # nothing ran: cannot happen while
+        if result.stats is None and not in_flight:  # nothing ran and nothing was read back: cannot happen while
             raise RuntimeError("continuous batching made no progress")  # requests wait (one fits the pool alone)
         step_ms.append((time.perf_counter() - t) * 1e3)  # a call that only read back an overlapped step counts too
     param = next(model.parameters())
