@@ -455,15 +455,18 @@ def main(argv: list[str] | None = None) -> int:
     from llmlab.switches import apply_switches
 
     llm = LLM.from_preset(args.preset, device="cuda", dtype="bf16")
-    sweep = batch_sweep(llm, [int(b) for b in args.batches.split(",")], prompt_len=128, new_tokens=64)
+    fast = {"cuda_graphs": True, "triton_kernels": True}
+    # the sweep on the fast path too: an eager step is paced by the host at any batch size and shows no roofline
+    sweep = batch_sweep(llm, [int(b) for b in args.batches.split(",")], prompt_len=128, new_tokens=64,
+                        settings=fast)
     # both servers on the fast path: static batches on CUDA graphs + the Triton kernels, the continuous engine's
     # decode rows on its graph-captured paged step; prefill chunks of up to 512 tokens, 4096 tokens a step
-    llm, _ = apply_switches(llm, {"cuda_graphs": True, "triton_kernels": True})
+    llm, _ = apply_switches(llm, fast)
     rates = [float(r) for r in args.rates.split(",")]
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
                 "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
-                "token_budget": 4096, "chunk": 512}
+                "token_budget": 4096, "chunk": 512, "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
                                     modes=("continuous", "static"), log=print, static_mode="graphs",
                                     token_budget=4096, chunk=512)
