@@ -10,7 +10,8 @@
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
 # installed; the GPU tests of the quantized paths first); "batching" (~6 min)
-# runs the batch workload's batching rungs (one at a time, static, continuous) with the peers, then the serving curve.
+# runs the batch workload's batching rungs (one at a time, static, continuous) with the peers, then the serving curve
+# (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -55,7 +56,9 @@ elif [[ $MODE == batching ]]; then
     tests/test_batching_paged_graphs.py tests/test_kernels_paged_attention.py
   step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers --repeats 1 \
     --time-budget "$(budget 150)"
-  step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT" ${CURVE_ARGS:-}
+  # rates high enough and traces long enough that the servers' throughput, not the arrivals, sets the wall time
+  step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT" \
+    ${CURVE_ARGS:---rates 16,32,64,128 -n 192 --batches 1,8,32,64,128}
 else
   step batch_1b 90 $BENCH --workload batch --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget 260
