@@ -115,6 +115,20 @@ def test_left_padding_needs_a_spare_block_and_counts_within_T():
     PagedBatchView(pool, ["a", "b"], [0, 0], 3, [3, 3])  # equal lengths: no padding, no spare block needed
 
 
+def test_pack_chunks_and_the_view_refuse_bad_input():
+    with pytest.raises(ValueError, match="n >= 1"):
+        pack_chunks([("a", 0, 0)])
+    with pytest.raises(ValueError, match="slack"):
+        pack_chunks([("a", 0, 3)], slack=float("nan"))
+    m = tiny_model(max_seq_len=64)
+    pool = PagedKVCache(m.config, 2, 32, torch.float32, "cpu", block_size=4, num_blocks=8, spare_blocks=1)
+    pool.blocks.allocate("a", 5)
+    with pytest.raises(ValueError, match=">= 0"):
+        PagedBatchView(pool, ["a"], [-1], 2)
+    with pytest.raises(TypeError, match="whole numbers"):
+        PagedBatchView(pool, ["a"], [0], 3, [2.0])
+
+
 def test_pack_chunks_bounds_the_padding():
     """Longest first; each pass's padding within the slack of its real tokens; every chunk in exactly one pass."""
     g = torch.Generator().manual_seed(3)

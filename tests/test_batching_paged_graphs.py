@@ -131,7 +131,8 @@ def test_an_overlapped_step_reports_its_tokens_one_step_later(models):
     second = engine.step()  # a greedy decode: launched, not read back
     assert second.tokens == {} and seq.output[1] == -1 and engine.overlap.in_flight is not None
     third = engine.step()  # launches the next one (its input token still on the device), reads the second back
-    assert third.tokens == {seq.seq_id: seq.output[1]} and seq.output[1] >= 0 and seq.output[2] == -1
+    assert third.tokens == {} and third.read_back == {seq.seq_id: seq.output[1]}
+    assert seq.output[1] >= 0 and seq.output[2] == -1
     engine.run_until_done()
     assert seq.output == generate_continuous(ref, [[5, 6, 7]], max_new_tokens=4).token_ids[0]
 
@@ -214,3 +215,62 @@ def test_overlapped_and_synchronous_engines_agree_on_random_requests(models, see
             eos = longest[len(longest) // 2]
     assert "eos" in [reason for _, reason in results[1]]
     assert results[1] == results[2]
+
+
+def test_cancel_interrupt_and_a_synchronous_step_after_an_overlapped_one_lose_no_token(models):
+    """Every token reaches a StepResult exactly once (as `tokens` or `read_back`), whatever interrupts the
+    overlapped steps: a cancel while a step is in flight (no placeholder left in what it returns, its reason stays
+    "cancelled"), an interrupt inside a launch, a request added (a synchronous prefill step) while a step is in
+    flight. Outputs equal the synchronous engine's."""
+    ref, fast = models
+
+    want = generate_continuous(ref, PROMPTS + [[4, 4]], max_new_tokens=6).token_ids
+    engine = BatchEngine(fast, max_batch=5, max_seq_len=64, overlap=True)
+    real_step, calls = engine.decode_step.step, []
+
+    def interrupting_step(rows, sources=None):  # the 4th decode step is interrupted (Ctrl-C) as it launches
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_step(rows, sources)
+
+    engine.decode_step.step = interrupting_step
+    seqs = [engine.add_request(p, 6, stop_at_eos=False) for p in PROMPTS]
+    reported = {s.seq_id: [] for s in seqs}
+    finished = []
+
+    def take(result):
+        for d in (result.read_back, result.tokens):  # read_back first: it holds the older tokens
+            for sid, t in d.items():
+                reported[sid].append(t)
+        finished.extend(result.finished)
+
+    take(engine.step())  # the prefill
+    take(engine.step())  # an overlapped decode: in flight
+    cancelled = engine.cancel(seqs[3].seq_id)
+    assert -1 not in cancelled.output and cancelled.finish_reason == "cancelled"
+    late = engine.add_request([4, 4], 6, stop_at_eos=False)  # a prefill: the next step runs synchronously
+    reported[late.seq_id] = []
+    seqs.append(late)
+    take(engine.step())
+    interrupted = False
+    while engine.has_work():
+        try:
+            take(engine.step())
+        except KeyboardInterrupt:
+            interrupted = True
+    assert interrupted
+    assert [s.output for s in seqs if s is not cancelled] == [w for s, w in zip(seqs, want) if s is not cancelled]
+    assert cancelled.output == want[3][:len(cancelled.output)] and cancelled.finish_reason == "cancelled"
+    assert all(reported[s.seq_id] == s.output for s in seqs)  # each token reported once, in order
+    # every other request finished through a step's result (a cancelled one comes back from cancel)
+    assert sorted(s.seq_id for s in finished) == sorted(s.seq_id for s in seqs if s is not cancelled)
+    assert engine.pool.blocks.num_used == 0
+
+
+def test_generate_continuous_takes_tensor_prompts(models):
+    ref, _ = models
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    want = generate_continuous(ref, ids.tolist(), max_new_tokens=3).token_ids
+    assert generate_continuous(ref, ids, max_new_tokens=3).token_ids == want
+    assert generate_continuous(ref, ids[0], max_new_tokens=3).token_ids == want[:1]

@@ -61,10 +61,10 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     if on_token is not None:
         raise ValueError("on_token: continuous batching advances each request at its own step; stream tokens with "
                          "llmlab.batching.requests.Server instead, or leave on_token out")
+    if isinstance(prompts, torch.Tensor):  # first: a tensor's truth value is ambiguous
+        prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     if prompts and isinstance(prompts[0], int):
         prompts = [prompts]
-    if isinstance(prompts, torch.Tensor):
-        prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     if not prompts:
         raise ValueError("prompts: give at least one prompt")
     longest = max(len(p) for p in prompts) + int(max_new_tokens)

@@ -31,7 +31,7 @@ import itertools
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -81,14 +81,16 @@ class StepStats:
 
 @dataclass
 class StepResult:
-    """tokens: {seq_id: new token} of this step; finished: sequences that finished in it (an "error" finish
-    included); stats: None when there was nothing to run; error: what made the step fail (its sequences are
-    finished with reason "error"; the others go on)."""
+    """tokens: {seq_id: new token} of this step, when it ran synchronously; read_back: {seq_id: token} of an earlier,
+    overlapped step read back in this call (`BatchEngine(overlap=True)`; a sequence can have one of each);
+    finished: sequences whose last token is known now (an "error" finish included); stats: None when nothing was
+    planned; error: what made the step fail (its sequences are finished with reason "error"; the others go on)."""
 
     tokens: dict
     finished: list[Sequence]
     stats: StepStats | None = None
     error: BaseException | None = None
+    read_back: dict = field(default_factory=dict)
 
 
 class BatchEngine:
@@ -156,10 +158,13 @@ class BatchEngine:
                                    clock=clock)
         if overlap is None:
             overlap = self.decode_step is not None and bool(self.decode_step.graphs)
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap={overlap!r}: give True, False or None")
         if overlap and self.decode_step is None:
             raise ValueError(f"overlap=True: overlapped steps run the paged decode step, and this engine cannot: "
                              f"{why_not}; or leave overlap out")
         self.overlap = OverlappedDecode(self.decode_step, self.scheduler, max_batch) if overlap else None
+        self._unreported: tuple[dict, list] = ({}, [])  # read back while a step was interrupted: the next result
         eos = config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.history: deque[StepStats] = deque(maxlen=HISTORY)
@@ -217,6 +222,8 @@ class BatchEngine:
         Raises:
             ValueError: no waiting or running request has this id (unknown, or already finished).
         """
+        if seq_id in self.scheduler.live:  # its step in flight is read back first: no placeholder is left in it
+            self._keep_unreported(*self._read_back(None))
         try:
             return self.scheduler.cancel(seq_id)
         except KeyError:
@@ -224,8 +231,9 @@ class BatchEngine:
                              f"finished)") from None
 
     def has_work(self) -> bool:
-        """Whether a request waits or runs, or a launched step has not been read back (`overlap`)."""
-        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)
+        """Whether a request waits or runs, or a launched step has not been read back or reported (`overlap`)."""
+        return (self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)
+                or any(self._unreported))
 
     # -- one step ---------------------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -240,29 +248,33 @@ class BatchEngine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         ov = self.overlap
-        tokens, finished = {}, []  # what a step read back here brings (overlap)
+        read, finished = self._unreported  # what earlier steps read back and did not report yet (overlap)
+        self._unreported = ({}, [])
         if ov is not None and ov.in_flight is not None and not ov.can_run(plan):
             self.scheduler.undo_step(plan)  # the plan needs tokens on the host: read the step in flight first
-            tokens, finished = self._read_back(None)
+            more, done = self._read_back(None)
+            read, finished = {**read, **more}, finished + done
             plan = self.scheduler.schedule()
         if not plan and not plan.preempted:
-            return StepResult(tokens, finished)
+            return StepResult({}, finished, read_back=read)
         if ov is not None and ov.can_run(plan):
-            return self._overlapped(plan, t0)
+            return self._overlapped(plan, t0, read, finished)
         try:
             new = self._run(plan) if plan else {}
         except Exception as e:  # noqa: BLE001 - any failure: fail this step's requests, keep serving
             failed = self.scheduler.abort_step(plan, e)
             self.counters["errors"] += 1
-            return StepResult(tokens, finished + failed, self._record(plan, failed, 0, t0), e)
+            return StepResult({}, finished + failed, self._record(plan, failed, 0, t0), e, read)
         except BaseException:  # an interrupt (Ctrl-C in a notebook): forget the step, it runs again next time
             self.scheduler.undo_step(plan)
+            self._keep_unreported(read, finished)
             raise
         done = self.scheduler.finish_step(plan, new)
-        return StepResult({**tokens, **new}, finished + done, self._record(plan, done, len(new), t0))
+        return StepResult(new, finished + done, self._record(plan, done, len(new), t0), read_back=read)
 
-    def _overlapped(self, plan: StepPlan, t0: float) -> StepResult:
-        """Launch a greedy decode plan without waiting for it, then read back the step launched before it."""
+    def _overlapped(self, plan: StepPlan, t0: float, read: dict, finished: list) -> StepResult:
+        """Launch a greedy decode plan without waiting for it, then read back the step launched before it. read,
+        finished: what this call read back before (reported with it)."""
         ov = self.overlap
         before = ov.in_flight
         try:
@@ -273,16 +285,23 @@ class BatchEngine:
             ov.in_flight = before
             if isinstance(e, Exception):  # any failure: fail this plan's requests, keep serving
                 failed = self.scheduler.abort_step(plan, e)
-                tokens, finished = self._read_back(None)
+                more, done = self._read_back(None)
                 self.counters["errors"] += 1
-                return StepResult(tokens, finished + failed, self._record(plan, failed, 0, t0), e)
+                return StepResult({}, finished + done + failed, self._record(plan, failed, 0, t0), e,
+                                  {**read, **more})
             self.scheduler.undo_step(plan)  # an interrupt: the plan runs again next time
-            self._read_back(None)
+            more, done = self._read_back(None)
+            self._keep_unreported({**read, **more}, finished + done)
             raise
         ov.in_flight, launched = before, ov.in_flight
-        tokens, finished = self._read_back(launched)
+        more, done = self._read_back(launched)
         ov.in_flight = launched
-        return StepResult(tokens, finished, self._record(plan, [], 0, t0))
+        return StepResult({}, finished + done, self._record(plan, [], 0, t0), read_back={**read, **more})
+
+    def _keep_unreported(self, read: dict, finished: list) -> None:
+        """Tokens and finished sequences read back outside a step's result: the next step reports them."""
+        r, f = self._unreported
+        self._unreported = ({**r, **read}, f + [s for s in finished if s not in f])
 
     def _read_back(self, later) -> tuple[dict, list[Sequence]]:
         """Read back the overlapped step in flight, if any (`OverlappedDecode.resolve`; `later`: the step launched
@@ -406,7 +425,16 @@ def pack_chunks(chunks: list, slack: float = PACK_SLACK) -> list[list]:
     One pass per group reads the weights once and launches each kernel once; padding costs compute. With chunk
     lengths spread over 64..512 tokens, a slack of 1/4 packs a step's prefill chunks into a few passes instead of
     one pass per distinct length. Each group's first chunk is its longest (its n is the pass's T).
+
+    Raises:
+        ValueError: a chunk that is not (sequence, start, n) with n a whole number >= 1, or a slack that is not a
+            finite number >= 0.
     """
+    if not (isinstance(slack, (int, float)) and math.isfinite(slack) and slack >= 0):
+        raise ValueError(f"slack={slack!r}: give the padding allowed as a share of the real tokens, a number >= 0")
+    for c in chunks:
+        if not (isinstance(c, tuple) and len(c) == 3 and isinstance(c[2], int) and c[2] >= 1):
+            raise ValueError(f"chunk {c!r}: give (sequence, start, n) with n >= 1 tokens")
     groups: list[list] = []
     total = 0  # real tokens of the current group
     for c in sorted(chunks, key=lambda c: -c[2]):

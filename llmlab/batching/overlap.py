@@ -109,6 +109,8 @@ class OverlappedDecode:
             if i >= len(seq.output) or seq.output[i] != PENDING:
                 continue  # cut off: an EOS before it was read back first
             seq.output[i] = token
+            if seq.finish_reason in ("cancelled", "error"):
+                continue  # it ended while this step ran: its last token is kept, not reported, its reason stays
             tokens[seq.seq_id] = token
             seq.last_token_time = now
             if token in seq.eos_ids:

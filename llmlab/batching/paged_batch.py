@@ -29,6 +29,8 @@ Source: Kwon et al. 2023, PagedAttention, https://arxiv.org/abs/2309.06180.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from llmlab.cache.paged_cache import PagedKVCache, gather
@@ -58,7 +60,7 @@ class PagedBatchView:
         ValueError: no rows, T < 1, starts / counts and seq_ids of different lengths, a count outside 1..T, a
             negative start, a row whose blocks do not reach its last new token (reserve them first:
             `BlockManager.allocate` / `append`), or padding in a pool without a spare block.
-        KeyError: a sequence id without blocks.
+        TypeError: T, a start or a count that is not a whole number. KeyError: a sequence id without blocks.
     """
 
     def __init__(self, pool: PagedKVCache, seq_ids: list, starts: list[int], T: int, counts: list[int] | None = None):
@@ -70,8 +72,12 @@ class PagedBatchView:
         if any(not 1 <= n <= T for n in counts):
             raise ValueError(f"counts={counts}: each row's new tokens must be between 1 and T={T}")
         blocks, bs = pool.blocks, pool.block_size
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in [T, *starts, *counts]):
+            raise TypeError(f"T={T!r}, starts={starts} and counts={counts} must be whole numbers")
         for sid, start, n in zip(seq_ids, starts, counts):
-            if start < 0 or blocks.length(sid) < start + n:
+            if start < 0:
+                raise ValueError(f"sequence {sid!r}: start={start}; a row's first new position must be >= 0")
+            if blocks.length(sid) < start + n:
                 raise ValueError(f"sequence {sid!r}: tokens {start}..{start + n - 1} are not all within its "
                                  f"{blocks.length(sid)} reserved token slots; reserve blocks before the forward pass")
         self.padding = B * T - sum(counts)
