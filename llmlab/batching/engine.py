@@ -111,7 +111,7 @@ class BatchEngine:
             them the decode step runs eagerly on the gathering view whatever this says (None, False).
         overlap: launch each greedy decode step before reading the last one's tokens back
             (`llmlab.batching.overlap`): the host's planning hides behind the GPU's work. Tokens then reach
-            `StepResult.tokens` and each sequence's output one step after they were made, and a sequence that makes
+            `StepResult.read_back` and each sequence's output one step after they were made, and a sequence that makes
             EOS finishes one step late (its extra token is cut off). False (the default): every step waits for its
             tokens. None: on where the decode step is graph-captured. True needs the paged decode step.
 
