@@ -50,6 +50,12 @@ def test_continuous_batching_refuses_what_it_cannot_run_and_the_llm_stays_usable
         llm.generate(PROMPTS, on_token=lambda step, toks: None, batching="continuous")
     with pytest.raises(ValueError, match="max_new_tokens"):
         llm.generate(PROMPTS, max_new_tokens=0, batching="continuous")
+    from llmlab.batching.continuous import generate_continuous
+
+    with pytest.raises(ValueError, match=r"num_blocks=1: .*longest request \(prompt \+ max_new_tokens = 38 tokens\): "
+                                         r"give num_blocks >= 3") as e:  # 30 + 8 tokens need 3 blocks of 16
+        generate_continuous(llm.model, PROMPTS, max_new_tokens=8, num_blocks=1)
+    assert "max_seq_len" not in str(e.value)  # generate_continuous has no such argument to give
     assert llm.generate(PROMPTS[0], max_new_tokens=2, batching="continuous").token_ids
 
 

@@ -129,6 +129,33 @@ def test_the_static_batcher_waits_for_more_requests_up_to_its_timeout(model):
     assert full.batches[0]["start_s"] < 1.0  # a full batch does not wait
 
 
+def test_the_static_servers_decode_runner_is_built_at_its_largest_size_before_the_clock_starts(model, monkeypatch):
+    """With a captured runner (static_mode "graphs" on a GPU), a runner that a later, larger batch outgrows is
+    rebuilt and captured again mid-trace, on the clock. The server builds it for max_batch rows of the trace's
+    longest prompt + longest answer before its first batch, as the continuous engine captures before its clock."""
+    events = []
+
+    class Runners:
+        def runner_for(self, m, mode, batch, seq_len, kernels=None):
+            events.append(("runner", m, mode, batch, seq_len, kernels))
+
+    real = trace_runner.generate_static
+
+    def fake_generate_static(llm, prompts, max_new_tokens, mode="static", **kw):  # the eager decode, recorded
+        events.append(("batch", len(prompts), mode))
+        return real(getattr(llm, "model", llm), prompts, max_new_tokens, **kw)
+
+    monkeypatch.setattr(trace_runner, "generate_static", fake_generate_static)
+    llm = type("FakeLLM", (), {"model": model, "kernels": "kernel modules", "runners": Runners()})()
+    trace = requests((0.0, 20, 3), (0.0, 4, 11), (0.001, 9, 2))
+    run = serve_trace(llm, trace, prompts_for(trace), "static", max_batch=2, static_wait_s=0.0, static_mode="graphs")
+    assert events[0] == ("runner", model, "graphs", 2, 20 + 11, "kernel modules")
+    assert [e[0] for e in events[1:]] == ["batch"] * len(run.batches) and all(e[2] == "graphs" for e in events[1:])
+    events.clear()
+    serve_trace(model, trace, prompts_for(trace), "static", max_batch=2)  # eager on a bare model: nothing to build
+    assert all(e[0] == "batch" for e in events)
+
+
 def test_bad_input_names_the_argument(model):
     p = prompts_for(TRACE)
     with pytest.raises(ValueError, match="mode='batched'"):

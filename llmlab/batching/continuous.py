@@ -71,6 +71,11 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     context = model.config.max_seq_len
     max_batch = max_batch or min(len(prompts), 64)
     block_size = 16
+    need = -(-min(longest, context) // block_size)  # the blocks of the longest request
+    if type(num_blocks) is int and 1 <= num_blocks < need:
+        raise ValueError(f"num_blocks={num_blocks}: {num_blocks} blocks of {block_size} tokens cannot hold the longest "
+                         f"request (prompt + max_new_tokens = {longest} tokens): give num_blocks >= {need}, or "
+                         f"shorter prompts or fewer max_new_tokens")
     gpu = next(model.parameters()).device.type == "cuda"
     engine = BatchEngine(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
                          token_budget=token_budget or max(4096 if gpu else 256, max_batch),

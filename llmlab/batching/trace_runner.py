@@ -184,6 +184,13 @@ def _wall_s(requests: list[RequestTimes]) -> float:
 
 def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, mode="static") -> TraceRun:
     """The static batcher: FIFO queue; a batch goes when max_batch are queued or the oldest waited wait_s."""
+    if mode != "static" and not isinstance(llm, torch.nn.Module):
+        # the LLM's decode runner at the largest batch this trace can form, built (and captured) before the clock
+        # starts: a runner outgrown mid-trace would be rebuilt and captured again on the clock
+        # (`RunnerCache.runner_for`), as the continuous engine's graphs are captured before its clock starts
+        context = llm.model.config.max_seq_len
+        longest = min(context, max(len(p) for p in prompts) + max(r.max_new_tokens for r in trace))
+        llm.runners.runner_for(llm.model, mode, max_batch, longest, kernels=llm.kernels)
     order = _order(trace)
     times: list[RequestTimes | None] = [None] * len(trace)
     outputs: list[list[int] | None] = [None] * len(trace)
