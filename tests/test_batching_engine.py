@@ -163,6 +163,28 @@ def test_greedy_outputs_equal_solo_under_preemption_and_chunked_prefill(model):
     assert engine.pool.blocks.num_free == 12 and not engine.pool.blocks.tables
 
 
+def test_an_admission_delay_batches_arrivals_into_fewer_prefill_steps_with_the_same_tokens(model):
+    """Requests arrive one per step while others decode. With admit_delay=10 (on a clock that moves 0.1 s per
+    reading, a prefill step reads 0.1 s) an arrival waits a few steps and shares its prefill step with the ones that
+    came meanwhile: fewer steps with a prefill, and every request still gets its solo tokens."""
+    reqs = prompts(9, seed=4, max_new=(6, 12))
+    expected = [solo(model, p, n) for p, n in reqs]
+    steps_with_prefill = {}
+    for delay in (0.0, 10.0):
+        ticks = iter(range(10**6))
+        engine = BatchEngine(model, block_size=4, max_batch=9, token_budget=64, chunk=64, max_seq_len=40,
+                             clock=lambda: 0.1 * next(ticks), admit_delay=delay)
+        seqs = []
+        while len(seqs) < len(reqs) or engine.has_work():
+            if len(seqs) < len(reqs):
+                seqs.append(engine.add_request(*reqs[len(seqs)], stop_at_eos=False))  # one arrival per step
+            assert engine.step().error is None
+        assert [q.output for q in seqs] == expected
+        steps_with_prefill[delay] = sum(1 for h in engine.history if h.prefill_chunks)
+        assert engine.pool.blocks.num_free == engine.pool.num_blocks
+    assert steps_with_prefill[0.0] == len(reqs) and steps_with_prefill[10.0] <= len(reqs) // 2
+
+
 def test_seeded_sampling_equals_its_solo_run(model):
     reqs = prompts(6, seed=2)
     settings = [dict(temperature=0.9, seed=10 + i, top_k=[None, 40][i % 2], top_p=[0.9, None][i % 2])

@@ -192,6 +192,57 @@ def test_sizes_are_checked_by_name(field):
         make(**{field: 2.5})
 
 
+class ManualClock:
+    """A clock that moves only when the test says."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_admit_delay_holds_arrivals_while_others_decode_then_prefills_them_together():
+    """With admit_delay=2, a request that arrives while another decodes waits until it has waited twice the last
+    prefill step's time (10 s here); the requests that arrived meanwhile join it in one prefill step."""
+    clock = ManualClock()
+    s = Scheduler(BlockManager(64, 4), clock=clock, token_budget=100, chunk=100, admit_delay=2)
+    s.add(seq(0, 5, max_new=50))
+    plan = s.schedule()  # nothing decodes: admitted at once
+    assert [q.seq_id for q, _, _ in plan.prefill] == [0]
+    clock.t = 10.0  # the prefill step took 10 s
+    s.finish_step(plan, {0: 7})
+    assert s.prefill_s == 10.0
+    s.add(seq(1, 3))  # arrives at t=10
+    for t in (10.0, 15.0, 29.9):  # waited less than 2 x 10 s: seq 0 decodes alone
+        clock.t = t
+        plan = s.schedule()
+        assert [q.seq_id for q in plan.decode] == [0] and not plan.prefill
+        s.finish_step(plan, {0: 7})
+        if t == 15.0:
+            s.add(seq(2, 4))  # a later arrival queues behind it
+    clock.t = 30.0
+    plan = s.schedule()  # seq 1 has waited 20 s: it and seq 2 are prefilled in this step, beside seq 0's decode
+    assert [q.seq_id for q in plan.decode] == [0]
+    assert [(q.seq_id, start, n) for q, start, n in plan.prefill] == [(1, 0, 3), (2, 0, 4)]
+    s.finish_step(plan, {0: 7, 1: 7, 2: 7})
+    s.check()
+
+
+def test_admit_delay_zero_admits_at_once_and_bad_values_are_named():
+    clock = ManualClock()
+    s = Scheduler(BlockManager(64, 4), clock=clock, token_budget=100, chunk=100)
+    s.add(seq(0, 5, max_new=50))
+    clock.t = 10.0
+    s.finish_step(s.schedule(), {0: 7})
+    s.add(seq(1, 3))
+    plan = s.schedule()
+    assert [q.seq_id for q in plan.decode] == [0] and [q.seq_id for q, _, _ in plan.prefill] == [1]
+    for bad in (-1, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="admit_delay"):
+            make(admit_delay=bad)
+
+
 def test_metrics_times_are_ordered():
     s = make(num_blocks=8, token_budget=100, chunk=100)
     q = seq(0, 3, max_new=3)

@@ -70,6 +70,13 @@ def test_every_request_is_served_once_with_its_solo_output(served, solo):
         assert ids == list(range(len(TRACE)))
 
 
+def test_an_admission_delay_keeps_every_solo_output(model, solo):
+    run = serve_trace(model, TRACE, prompts_for(TRACE), "continuous", max_batch=3, block_size=4, token_budget=16,
+                      chunk=8, admit_delay=2.0)
+    assert run.outputs == solo
+    assert all(r.admitted_s >= r.arrival_s for r in run.requests)
+
+
 def test_no_request_is_admitted_before_it_arrives(served):
     for i, r in enumerate(served.requests):
         assert r.arrival_s == TRACE[i].arrival_s

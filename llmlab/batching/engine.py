@@ -114,6 +114,8 @@ class BatchEngine:
             `StepResult.read_back` and each sequence's output one step after they were made, and a sequence that makes
             EOS finishes one step late (its extra token is cut off). False (the default): every step waits for its
             tokens. None: on where the decode step is graph-captured. True needs the paged decode step.
+        admit_delay: `Scheduler`'s: while sequences decode, admit waiting requests only once the oldest has waited
+            this many times the last prefill step's time, so that they share one prefill pass (0: at once).
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
@@ -123,7 +125,8 @@ class BatchEngine:
 
     def __init__(self, llm_or_model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 16,
                  token_budget: int = 256, chunk: int = 64, max_seq_len: int | None = None,
-                 clock=time.perf_counter, cuda_graphs: bool | None = None, overlap: bool | None = False):
+                 clock=time.perf_counter, cuda_graphs: bool | None = None, overlap: bool | None = False,
+                 admit_delay: float = 0.0):
         model = getattr(llm_or_model, "model", llm_or_model)
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"llm_or_model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
@@ -155,7 +158,7 @@ class BatchEngine:
             model, self.pool, max_batch, -(-max_seq_len // block_size),
             cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
         self.scheduler = Scheduler(self.pool.blocks, max_batch=max_batch, token_budget=token_budget, chunk=chunk,
-                                   clock=clock)
+                                   clock=clock, admit_delay=admit_delay)
         if overlap is None:
             overlap = self.decode_step is not None and bool(self.decode_step.graphs)
         if not isinstance(overlap, bool):

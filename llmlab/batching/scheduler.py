@@ -16,6 +16,11 @@ finishes. This module is that plan, in plain Python (no torch), so it can be tes
   sequence gives all its blocks back and returns to the front of the waiting queue, keeping the tokens it has
   generated; re-admitted, it prefills prompt + those tokens again and goes on where it was. (The other way, swap,
   copies the blocks to host memory and back.)
+* an optional admission delay (`admit_delay`, vLLM's scheduler delay factor): while sequences decode, the waiting
+  queue is admitted only once its oldest request has waited `admit_delay` times the last prefill step's time. A step
+  with a prefill costs far more than a decode step (its pass is not graph-captured, and it cannot overlap), so
+  requests that arrive one at a time are better prefilled together in one pass than each in its own step; the
+  price is up to that wait in TTFT.
 
 A `Sequence` is one request's state. `num_computed` counts its tokens whose K/V are in the cache: a sequence with
 more than one token left to compute is in prefill (a prompt, or a prompt + output being recomputed); one with a
@@ -125,21 +130,30 @@ class Scheduler:
         token_budget: the most tokens one step runs (decodes count 1 each, a prefill chunk its length).
         chunk: the most prompt tokens one sequence prefills in one step.
         clock: seconds, for the request times (default `time.perf_counter`).
+        admit_delay: while sequences decode, admit waiting requests only once the oldest has waited this many
+            times the last prefill step's time (>= 0; 0, the default: at the first step with room).
 
     Raises:
-        TypeError / ValueError: a size that is not a whole number >= 1 (the message names it).
+        TypeError / ValueError: a size that is not a whole number >= 1, an admit_delay that is not a finite number
+            >= 0 (the message names it).
 
     Not thread-safe: one thread calls it (`llmlab.batching.requests.Server` hands it requests through a queue).
     """
 
     def __init__(self, blocks: BlockManager, max_batch: int = 16, token_budget: int = 256, chunk: int = 64,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, admit_delay: float = 0.0):
         if not isinstance(blocks, BlockManager):
             raise TypeError(f"blocks={blocks!r}: give a llmlab.cache.block_manager.BlockManager")
         self.blocks = blocks
         self.max_batch = check_positive_int("max_batch", max_batch)
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.chunk = check_positive_int("chunk", chunk)
+        if isinstance(admit_delay, bool) or not isinstance(admit_delay, numbers.Real) \
+                or not 0 <= admit_delay < float("inf"):
+            raise ValueError(f"admit_delay={admit_delay!r}: give a finite number >= 0 (0: admit at once)")
+        self.admit_delay = float(admit_delay)
+        self.prefill_s = 0.0  # how long the last step with a prefill chunk took, from schedule() to finish_step()
+        self._planned_at = 0.0
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -209,6 +223,7 @@ class Scheduler:
         self._check_no_plan("schedule")
         plan = StepPlan()
         budget = self.token_budget
+        self._planned_at = now = self.clock()
         for seq in list(self.running):  # 1. decodes, oldest first
             if budget == 0:
                 break
@@ -224,6 +239,8 @@ class Scheduler:
                 n = min(seq.remaining, self.chunk, budget)
                 plan.prefill.append((seq, seq.num_computed, n))
                 budget -= n
+        if plan.decode and self.waiting and now - self.waiting[0].arrival_time < self.admit_delay * self.prefill_s:
+            budget = 0  # 3. admissions wait: more requests may arrive to share their prefill pass (`admit_delay`)
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:  # 3. admissions, in order
             seq = self.waiting[0]
             if seq in plan.preempted or not self.blocks.can_allocate(seq.num_tokens):
@@ -232,7 +249,7 @@ class Scheduler:
             self.blocks.allocate(seq.seq_id, seq.num_tokens)  # blocks for everything it has to compute
             seq.status = RUNNING
             if seq.admitted_time is None:
-                seq.admitted_time = self.clock()
+                seq.admitted_time = now
             self.running.append(seq)
             n = min(seq.remaining, self.chunk, budget)
             plan.prefill.append((seq, 0, n))
@@ -262,6 +279,8 @@ class Scheduler:
             seq.num_computed += n
         finished = []
         now = self.clock()
+        if plan.prefill:
+            self.prefill_s = now - self._planned_at
         for seq in plan.sampled:
             token = int(tokens[seq.seq_id])
             seq.output.append(token)

@@ -454,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=128, help="requests per trace (default %(default)s)")
     ap.add_argument("--max-context", type=int, default=1024, help="longest request (default %(default)s)")
     ap.add_argument("--max-batch", type=int, default=32, help="default %(default)s")
-    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256", help="batch sweep sizes (default %(default)s)")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256", help="batch sweep sizes (default %(default)s; '': no sweep)")
+    ap.add_argument("--modes", default="continuous,static", help="servers to run at each rate (default %(default)s)")
+    ap.add_argument("--admit-delay", type=float, default=0.0,
+                    help="the continuous server's admission delay, as a multiple of the last prefill step's time "
+                         "(BatchEngine's admit_delay; default %(default)s: admit at once)")
     ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -464,8 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM.from_preset(args.preset, device="cuda", dtype="bf16")
     fast = {"cuda_graphs": True, "triton_kernels": True}
     # the sweep on the fast path too: an eager step is paced by the host at any batch size and shows no roofline
-    sweep = batch_sweep(llm, [int(b) for b in args.batches.split(",")], prompt_len=128, new_tokens=64,
-                        settings=fast)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    sweep = batch_sweep(llm, batches, prompt_len=128, new_tokens=64, settings=fast) if batches else []
     # both servers on the fast path: static batches on CUDA graphs + the Triton kernels, the continuous engine's
     # decode rows on its graph-captured paged step; prefill chunks of up to 512 tokens, 4096 tokens a step
     llm, _ = apply_switches(llm, fast)
@@ -473,10 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
                 "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
-                "token_budget": 4096, "chunk": 512, "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
+                "token_budget": 4096, "chunk": 512, "admit_delay": args.admit_delay,
+                "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
-                                    modes=("continuous", "static"), log=print, static_mode="graphs",
-                                    token_budget=4096, chunk=512)
+                                    modes=tuple(args.modes.split(",")), log=print, static_mode="graphs",
+                                    token_budget=4096, chunk=512, admit_delay=args.admit_delay)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},
                       settings=settings, device=device, extra={"batch_sweep": sweep})
