@@ -184,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", default="all", help="ladder steps, comma-separated, e.g. eager,+cuda_graphs (default: "
                                                   "all: every rung that can run here; the others are listed with "
                                                   "the reason)")
-    b.add_argument("--peers", action="store_true",
-                   help="also run Hugging Face generate: eager and static cache (default: off)")
+    b.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
+                   help="also run the peers: Hugging Face generate (eager, static cache, continuous batching) and "
+                        "torchao's quantized layers beside the quantized rungs; alone: every one that applies, or "
+                        "some of them, comma-separated, e.g. torchao_int8,torchao_int4 (default: none)")
     b.add_argument("--out", default=None, help="folder for the JSON files (default: data/bench/)")
     b.add_argument("--no-save", action="store_true", help="print the table only (default: save a JSON file)")
     b.add_argument("--quick", action="store_true",
@@ -238,6 +240,12 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    from llmlab.measure.peers import select_peers
+
+    try:
+        select_peers(args.peers)  # a misspelt peer, before the model loads
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
     out = None if args.no_save else (args.out or DEFAULT_OUT)
     if out is not None:
         _writable_folder(out)  # before the model loads and the first row runs

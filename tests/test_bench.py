@@ -123,6 +123,27 @@ def test_every_row_warms_up_on_the_whole_workload(monkeypatch):
     assert "warm-up run of the whole workload" in " ".join(doc["notes"])
 
 
+def test_peers_can_be_chosen_by_name_and_a_misspelt_one_is_refused_before_the_model_loads(monkeypatch, capsys):
+    from llmlab.cli import main
+    from llmlab.measure.peers import PEER_NAMES, select_peers
+
+    llm = LLM(tiny_model(seed=0), name="tiny")
+    doc = run_bench("chat", "tiny", steps=["eager"], peers="hf_static", out=None, quick=True, llm=llm, repeats=1,
+                    print_fn=lambda *a: None)
+    assert [r["step"] for r in doc["results"]] == ["eager", "hf_static", "roofline"]
+    assert select_peers(True) is None and select_peers("all") is None and select_peers(False) == frozenset()
+    assert select_peers(["hf_eager", "torchao_int4"]) == {"hf_eager", "torchao_int4"} <= set(PEER_NAMES)
+    with pytest.raises(ValueError, match=r"unknown peer\(s\) \['hf_statc'\]; give 'all' or some of hf_eager"):
+        run_bench("chat", "tiny", steps=["eager"], peers="hf_eager,hf_statc", out=None, quick=True, llm=llm)
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded for a command that names an unknown peer")
+
+    monkeypatch.setattr(bench, "load_bench_model", no_model)
+    assert main(["bench", "--quick", "--peers", "torchao_int3", "--no-save", "--device", "cpu"]) == 2
+    assert "--peers: unknown peer(s) ['torchao_int3']" in capsys.readouterr().err
+
+
 def test_run_metrics_by_hand():
     cfg = tiny_model().config
     # two groups run one after the other: 2 requests of 4 tokens, then 1 request of 6 tokens; 3 new tokens each

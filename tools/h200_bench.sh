@@ -46,7 +46,7 @@ elif [[ $MODE == quant ]]; then
   step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_quant_runtime.py tests/test_quant_linear.py
   # the 8B shape skips the host-paced eager variants and torch.compile's minute of warm-up
   # its peers: Hugging Face, and torchao's int8 / int4 where torchao is importable (a carried wheel, see
-  # tools/README.md)
+  # tools/README.md); QPEERS="--peers torchao_int8,torchao_int4" runs only torchao's, QPEERS="" none
   step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" ${QPEERS---peers} \
     --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,+int8,+int4}" --repeats 1 \
     --time-budget "$(budget ${QRESERVE:-120})"

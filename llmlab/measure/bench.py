@@ -41,7 +41,7 @@ from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filenam
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
 from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
-from llmlab.measure.peers import (TORCHAO_PEERS, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
+from llmlab.measure.peers import (TORCHAO_PEERS, select_peers, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
                                   torchao_peer_model, torchao_version, transformers_version)
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
@@ -190,7 +190,7 @@ def plan_steps(llm: LLM, steps: list[str] | None, peers: bool
                          f"Face peers (--peers)")
 
 
-def run_bench(workload: str = "chat", model: str = "default", steps: list[str] | None = None, peers: bool = True,
+def run_bench(workload: str = "chat", model: str = "default", steps: list[str] | None = None, peers=True,
               out: str | os.PathLike | None = DEFAULT_OUT, quick: bool = False, repeats: int | None = None,
               device=None, dtype=None, time_budget_s: float | None = None, llm: LLM | None = None,
               peaks_cache=None, measured_peaks=None, print_fn=print) -> dict:
@@ -201,7 +201,10 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         model: 'default', a preset name (random weights; bf16 on CUDA) or a model folder.
         steps: ladder step names (None / ['all']: every rung that can run here; the rest are listed in
             "skipped" with the reason).
-        peers: also run Hugging Face generate, eager ('hf_eager') and static cache ('hf_static').
+        peers: also run the peer rows: Hugging Face generate, eager ('hf_eager') and static cache ('hf_static'),
+            its continuous batching ('hf_continuous', workloads of several requests) and torchao's weight-only
+            layers ('torchao_int8' / 'torchao_int4', beside the quantized rungs). True or "all": every one that
+            applies; False: none; a comma-separated string or a list: those (`llmlab.measure.peers.select_peers`).
         out: folder for the JSON file (None: write nothing). The file is rewritten after every row, so an
             interrupted run keeps what it measured ("complete": false).
         quick: `Workload.quick_new_tokens` new tokens and (unless `repeats` is given) 1 timed repeat.
@@ -216,12 +219,14 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
             The printed "peaks:" line (`peaks_line`) says where they come from and how steady they were.
 
     Raises:
-        ValueError: unknown workload, model or step; a workload longer than the model's context (the message
+        ValueError: unknown workload, model, step or peer; a workload longer than the model's context (the message
             gives both lengths).
         NothingToRun (a ValueError): none of the `steps` can run here and `peers` is False; nothing is written.
     """
     t_start = time.perf_counter()
     wl = get_workload(workload)
+    wanted = select_peers(peers)  # None: every peer that applies
+    peers = wanted is None or bool(wanted)
     if llm is None:
         llm, model_id, random_weights = load_bench_model(model, device=device, dtype=dtype)
     else:
@@ -365,6 +370,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         names = ["hf_eager", "hf_static"] + (["hf_continuous"] if wl.n_requests > 1 else [])
         # the quantized rungs' peers: torchao's weight-only layers on the same weights
         names += [name for name, w in TORCHAO_PEERS.items() if any(r.step.weights == w for r in runnable)]
+        names = [name for name in names if wanted is None or name in wanted]
         for name in names:
             if hf is None or over_budget(name):
                 continue

@@ -143,6 +143,26 @@ def close_hf_continuous(hf) -> None:
 
 
 TORCHAO_PEERS = {"torchao_int8": "int8", "torchao_int4": "int4"}  # bench row -> weights
+PEER_NAMES = ("hf_eager", "hf_static", "hf_continuous", *TORCHAO_PEERS)  # every peer row a bench can run
+
+
+def select_peers(peers) -> frozenset | None:
+    """Which peer rows to run: None for all of them (peers True or "all"), an empty set for none (False, None,
+    ""), else the names given (a comma-separated string or an iterable of `PEER_NAMES`; a row still runs only where
+    its workload and weights call for it: hf_continuous with several requests, torchao's with the quantized rung).
+
+    Raises:
+        ValueError: a name that is not a peer row (the message lists them).
+    """
+    if peers is True or peers == "all":
+        return None
+    if not peers:
+        return frozenset()
+    names = [n.strip() for n in peers.split(",")] if isinstance(peers, str) else list(peers)
+    unknown = [n for n in names if n not in PEER_NAMES]
+    if unknown:
+        raise ValueError(f"peers: unknown peer(s) {unknown}; give 'all' or some of {', '.join(PEER_NAMES)}")
+    return frozenset(names)
 
 
 def torchao_peer_model(hf, weights: str):
