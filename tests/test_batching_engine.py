@@ -183,6 +183,8 @@ def test_an_admission_delay_batches_arrivals_into_fewer_prefill_steps_with_the_s
         steps_with_prefill[delay] = sum(1 for h in engine.history if h.prefill_chunks)
         assert engine.pool.blocks.num_free == engine.pool.num_blocks
     assert steps_with_prefill[0.0] == len(reqs) and steps_with_prefill[10.0] <= len(reqs) // 2
+    with pytest.raises(ValueError, match="admit_delay=-1"):  # checked with the sizes, before the pool is allocated
+        BatchEngine(model, num_blocks=10**9, admit_delay=-1)
 
 
 def test_seeded_sampling_equals_its_solo_run(model):

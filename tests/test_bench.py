@@ -128,13 +128,23 @@ def test_peers_can_be_chosen_by_name_and_a_misspelt_one_is_refused_before_the_mo
     from llmlab.measure.peers import PEER_NAMES, select_peers
 
     llm = LLM(tiny_model(seed=0), name="tiny")
-    doc = run_bench("chat", "tiny", steps=["eager"], peers="hf_static", out=None, quick=True, llm=llm, repeats=1,
-                    print_fn=lambda *a: None)
+    doc = run_bench("chat", "tiny", steps=["eager"], peers="hf_static, hf_continuous,torchao_int8", out=None,
+                    quick=True, llm=llm, repeats=1, print_fn=lambda *a: None)
     assert [r["step"] for r in doc["results"]] == ["eager", "hf_static", "roofline"]
+    why = {s["step"]: s["reason"] for s in doc["skipped"]}  # asked for, but not for this run: said so
+    assert "several requests; this one has 1" in why["hf_continuous"] and "+int8 rung" in why["torchao_int8"]
     assert select_peers(True) is None and select_peers("all") is None and select_peers(False) == frozenset()
-    assert select_peers(["hf_eager", "torchao_int4"]) == {"hf_eager", "torchao_int4"} <= set(PEER_NAMES)
+    assert select_peers("ALL,hf_static") is None and select_peers(None) == frozenset()
+    assert select_peers(["hf_eager", " torchao_int4", ""]) == {"hf_eager", "torchao_int4"} <= set(PEER_NAMES)
     with pytest.raises(ValueError, match=r"unknown peer\(s\) \['hf_statc'\]; give 'all' or some of hf_eager"):
         run_bench("chat", "tiny", steps=["eager"], peers="hf_eager,hf_statc", out=None, quick=True, llm=llm)
+    for empty in ("", ","):
+        with pytest.raises(ValueError, match="names no peer"):
+            select_peers(empty)
+    with pytest.raises(TypeError, match="peers=1"):
+        select_peers(1)
+    with pytest.raises(bench.NothingToRun, match="nothing to measure"):  # the one peer asked for does not apply
+        run_bench("chat", "tiny", steps=["+cuda_graphs"], peers="hf_continuous", out=None, quick=True, llm=llm)
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded for a command that names an unknown peer")
@@ -142,6 +152,10 @@ def test_peers_can_be_chosen_by_name_and_a_misspelt_one_is_refused_before_the_mo
     monkeypatch.setattr(bench, "load_bench_model", no_model)
     assert main(["bench", "--quick", "--peers", "torchao_int3", "--no-save", "--device", "cpu"]) == 2
     assert "--peers: unknown peer(s) ['torchao_int3']" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["bench", "--quick", "--steps", "+cuda_graphs", "--peers", "hf_continuous", "--no-save",
+                 "--device", "cpu"]) == 2
+    assert "nothing to measure" in capsys.readouterr().err
 
 
 def test_run_metrics_by_hand():

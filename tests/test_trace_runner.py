@@ -138,29 +138,50 @@ def test_the_static_batcher_waits_for_more_requests_up_to_its_timeout(model):
 
 def test_the_static_servers_decode_runner_is_built_at_its_largest_size_before_the_clock_starts(model, monkeypatch):
     """With a captured runner (static_mode "graphs" on a GPU), a runner that a later, larger batch outgrows is
-    rebuilt and captured again mid-trace, on the clock. The server builds it for max_batch rows of the trace's
-    longest prompt + longest answer before its first batch, as the continuous engine captures before its clock."""
+    rebuilt and captured again mid-trace, on the clock. The server builds it for the largest batch the trace can
+    form (max_batch rows, or fewer requests) of its longest prompt + longest answer before its first batch, as the
+    continuous engine captures before its clock; every batch then takes its runner from the same cache (an LLM's
+    own, or one kept for the trace when given a bare model)."""
     events = []
 
     class Runners:
         def runner_for(self, m, mode, batch, seq_len, kernels=None):
-            events.append(("runner", m, mode, batch, seq_len, kernels))
+            events.append(("runner", self, m, mode, batch, seq_len, kernels))
 
     real = trace_runner.generate_static
 
-    def fake_generate_static(llm, prompts, max_new_tokens, mode="static", **kw):  # the eager decode, recorded
-        events.append(("batch", len(prompts), mode))
+    def fake_generate_static(llm, prompts, max_new_tokens, mode="static", runners=None, **kw):  # eager, recorded
+        events.append(("batch", runners, mode))
         return real(getattr(llm, "model", llm), prompts, max_new_tokens, **kw)
 
     monkeypatch.setattr(trace_runner, "generate_static", fake_generate_static)
-    llm = type("FakeLLM", (), {"model": model, "kernels": "kernel modules", "runners": Runners()})()
+    own = Runners()
+    llm = type("FakeLLM", (), {"model": model, "kernels": "kernel modules", "runners": own})()
     trace = requests((0.0, 20, 3), (0.0, 4, 11), (0.001, 9, 2))
     run = serve_trace(llm, trace, prompts_for(trace), "static", max_batch=2, static_wait_s=0.0, static_mode="graphs")
-    assert events[0] == ("runner", model, "graphs", 2, 20 + 11, "kernel modules")
-    assert [e[0] for e in events[1:]] == ["batch"] * len(run.batches) and all(e[2] == "graphs" for e in events[1:])
+    assert events[0] == ("runner", own, model, "graphs", 2, 20 + 11, "kernel modules")
+    assert events[1:] == [("batch", own, "graphs")] * len(run.batches)
     events.clear()
-    serve_trace(model, trace, prompts_for(trace), "static", max_batch=2)  # eager on a bare model: nothing to build
-    assert all(e[0] == "batch" for e in events)
+    monkeypatch.setattr(trace_runner, "RunnerCache", Runners)  # a bare model: one cache for the whole trace
+    run = serve_trace(model, trace, prompts_for(trace), "static", max_batch=8, static_wait_s=0.0,
+                      static_mode="graphs")
+    cache = events[0][1]
+    assert events[0] == ("runner", cache, model, "graphs", 3, 20 + 11, None)  # 3 requests: no 8-row runner
+    assert events[1:] == [("batch", cache, "graphs")] * len(run.batches)
+    events.clear()
+    serve_trace(model, trace, prompts_for(trace), "static", max_batch=2)  # eager: nothing to build, no cache
+    assert all(e[0] == "batch" and e[1] is None for e in events)
+
+
+def test_a_static_batch_never_pads_past_the_context(model):
+    """A long prompt and a long answer fit the context apart but not in one padded batch (the batch pads every
+    row to the longest prompt and decodes every row for the longest answer): they go in two batches."""
+    trace = requests((0.0, 60, 4), (0.0, 4, 60), (0.0, 3, 5))  # context 96: 60 + 60 would not fit
+    prompts = prompts_for(trace, seed=5)
+    run = serve_trace(model, trace, prompts, "static", max_batch=4, static_wait_s=0.0)
+    assert [b["ids"] for b in run.batches] == [[0], [1, 2]]
+    assert run.outputs == [generate(model, p, max_new_tokens=r.max_new_tokens).token_ids[0]
+                           for p, r in zip(prompts, trace)]
 
 
 def test_bad_input_names_the_argument(model):

@@ -19,11 +19,14 @@ the model eagerly on the gathering view (`PagedBatchView`).
 
 from __future__ import annotations
 
+import numbers
 import time
 
 import torch
 
 from llmlab.batching.engine import BatchEngine
+from llmlab.batching.scheduler import check_positive_int
+from llmlab.batching.static import check_prompts
 from llmlab.generate import Generation
 
 __all__ = ["generate_continuous"]
@@ -67,19 +70,23 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
         prompts = [prompts]
     if not prompts:
         raise ValueError("prompts: give at least one prompt")
-    longest = max(len(p) for p in prompts) + int(max_new_tokens)
     context = model.config.max_seq_len
-    max_batch = max_batch or min(len(prompts), 64)
+    # ids, max_new_tokens and each prompt's length checked against the context before the pool is sized from them
+    prompts = check_prompts(prompts, max_new_tokens, context, model.config.vocab_size, pad_id=0)
+    longest = max(len(p) for p in prompts) + int(max_new_tokens)
+    max_batch = min(len(prompts), 64) if max_batch is None else check_positive_int("max_batch", max_batch)
     block_size = 16
-    need = -(-min(longest, context) // block_size)  # the blocks of the longest request
-    if type(num_blocks) is int and 1 <= num_blocks < need:
-        raise ValueError(f"num_blocks={num_blocks}: {num_blocks} blocks of {block_size} tokens cannot hold the longest "
-                         f"request (prompt + max_new_tokens = {longest} tokens): give num_blocks >= {need}, or "
-                         f"shorter prompts or fewer max_new_tokens")
+    need = -(-longest // block_size)  # the blocks of the longest request
+    whole = isinstance(num_blocks, numbers.Integral) and not isinstance(num_blocks, bool)
+    if whole and 1 <= num_blocks < need:
+        raise ValueError(f"num_blocks={num_blocks}: {num_blocks} block(s) of {block_size} tokens cannot hold the "
+                         f"longest request (prompt + max_new_tokens = {longest} tokens): give num_blocks >= {need}, "
+                         f"or shorter prompts or fewer max_new_tokens")
     gpu = next(model.parameters()).device.type == "cuda"
     engine = BatchEngine(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
-                         token_budget=token_budget or max(4096 if gpu else 256, max_batch),
-                         chunk=chunk or (512 if gpu else 64), max_seq_len=min(max(longest, 2), context),
+                         token_budget=max(4096 if gpu else 256, max_batch) if token_budget is None else token_budget,
+                         chunk=(512 if gpu else 64) if chunk is None else chunk,
+                         max_seq_len=min(max(longest, 2), context),
                          cuda_graphs=cuda_graphs, overlap=overlap)
     eos = eos_token_id is not None
     if eos:

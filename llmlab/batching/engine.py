@@ -38,7 +38,7 @@ import torch
 from llmlab.batching.overlap import OverlappedDecode
 from llmlab.batching.paged_batch import PagedBatchView
 from llmlab.batching.paged_graphs import PagedDecodeGraphs
-from llmlab.batching.scheduler import Scheduler, Sequence, StepPlan, check_positive_int
+from llmlab.batching.scheduler import Scheduler, Sequence, StepPlan, check_admit_delay, check_positive_int
 from llmlab.cache.paged_cache import PagedKVCache
 from llmlab.generate import check_flags, check_seed, make_generator, prepare_prompt
 from llmlab.sampling import argmax_rows, check_sampling_args, sample, warn_greedy_filters
@@ -119,7 +119,8 @@ class BatchEngine:
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
-            or a pool too small for one request of max_seq_len tokens — each message names the argument.
+            a pool too small for one request of max_seq_len tokens, a bad admit_delay — each message names the
+            argument.
         MemoryError: the pool would not fit in the free memory (`PagedKVCache`).
     """
 
@@ -140,6 +141,7 @@ class BatchEngine:
         block_size = check_positive_int("block_size", block_size)
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget), ("chunk", chunk)):
             check_positive_int(name, value)
+        check_admit_delay(admit_delay)  # every argument checked before the pool is allocated
         if num_blocks is None:
             num_blocks = max_batch * -(-max_seq_len // block_size)
         num_blocks = check_positive_int("num_blocks", num_blocks)

@@ -120,6 +120,16 @@ def check_positive_int(name: str, value) -> int:
     return int(value)
 
 
+def check_admit_delay(value) -> float:
+    """value as a float; TypeError for a value that is not a number, ValueError for one that is not finite and >= 0
+    (naming admit_delay)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"admit_delay={value!r}: give a number >= 0 (0: admit at once)")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"admit_delay={value!r}: give a finite number >= 0 (0: admit at once)")
+    return float(value)
+
+
 class Scheduler:
     """Waiting and running queues over a `BlockManager`; `schedule()` plans one step, `finish_step()` records it.
 
@@ -134,8 +144,8 @@ class Scheduler:
             times the last prefill step's time (>= 0; 0, the default: at the first step with room).
 
     Raises:
-        TypeError / ValueError: a size that is not a whole number >= 1, an admit_delay that is not a finite number
-            >= 0 (the message names it).
+        TypeError / ValueError: a size that is not a whole number >= 1, an admit_delay that is not a number /
+            not a finite number >= 0 (the message names it).
 
     Not thread-safe: one thread calls it (`llmlab.batching.requests.Server` hands it requests through a queue).
     """
@@ -148,10 +158,7 @@ class Scheduler:
         self.max_batch = check_positive_int("max_batch", max_batch)
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.chunk = check_positive_int("chunk", chunk)
-        if isinstance(admit_delay, bool) or not isinstance(admit_delay, numbers.Real) \
-                or not 0 <= admit_delay < float("inf"):
-            raise ValueError(f"admit_delay={admit_delay!r}: give a finite number >= 0 (0: admit at once)")
-        self.admit_delay = float(admit_delay)
+        self.admit_delay = check_admit_delay(admit_delay)
         self.prefill_s = 0.0  # how long the last step with a prefill chunk took, from schedule() to finish_step()
         self._planned_at = 0.0
         self.clock = clock

@@ -45,8 +45,9 @@ import torch
 
 from llmlab import REPO_ROOT
 from llmlab.batching.engine import BatchEngine
-from llmlab.batching.scheduler import check_positive_int
+from llmlab.batching.scheduler import check_admit_delay, check_positive_int
 from llmlab.batching.static import PaddingStats, generate_static
+from llmlab.runtime.cuda_graphs import RunnerCache
 from llmlab.batching.workload import TraceRequest, make_trace, trace_prompts
 from llmlab.envinfo import device_name, git_commit, versions
 from llmlab.measure.serving import RequestTimes, curve_point, summarize
@@ -141,8 +142,8 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         on_step: continuous mode: on_step(t_s, used_blocks, total_blocks) after every step (e.g. a live plot).
         static_mode: the decode runner of the static and one-at-a-time modes (`generate_static`'s mode: "static"
             eager, "graphs" CUDA graphs on an `LLM`'s runners, with its Triton kernels where switched on).
-        **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len, overlap
-            (continuous only; max_seq_len defaults to the trace's longest request, so the default pool holds
+        **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len, overlap,
+            admit_delay (continuous only; max_seq_len defaults to the trace's longest request, so the default pool holds
             max_batch of them; overlap defaults to None: on where the decode step is graph-captured).
 
     Returns:
@@ -183,14 +184,19 @@ def _wall_s(requests: list[RequestTimes]) -> float:
 
 
 def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, mode="static") -> TraceRun:
-    """The static batcher: FIFO queue; a batch goes when max_batch are queued or the oldest waited wait_s."""
-    if mode != "static" and not isinstance(llm, torch.nn.Module):
-        # the LLM's decode runner at the largest batch this trace can form, built (and captured) before the clock
-        # starts: a runner outgrown mid-trace would be rebuilt and captured again on the clock
+    """The static batcher: FIFO queue; a batch goes when max_batch are queued or the oldest waited wait_s, or when
+    the next request would make the batch's longest prompt + longest answer exceed the model's context."""
+    model = _model_of(llm)
+    context = model.config.max_seq_len
+    runners = None
+    if mode != "static":
+        # one runner cache for the trace (the LLM's own), its runner built at the largest batch this trace can form
+        # before the clock starts: a runner outgrown mid-trace would be rebuilt and captured again on the clock
         # (`RunnerCache.runner_for`), as the continuous engine's graphs are captured before its clock starts
-        context = llm.model.config.max_seq_len
+        runners = RunnerCache() if llm is model else llm.runners
         longest = min(context, max(len(p) for p in prompts) + max(r.max_new_tokens for r in trace))
-        llm.runners.runner_for(llm.model, mode, max_batch, longest, kernels=llm.kernels)
+        runners.runner_for(model, mode, min(max_batch, len(trace)), longest,
+                           kernels=None if llm is model else llm.kernels)
     order = _order(trace)
     times: list[RequestTimes | None] = [None] * len(trace)
     outputs: list[list[int] | None] = [None] * len(trace)
@@ -211,7 +217,9 @@ def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, 
             wake = deadline if nxt == len(order) else min(deadline, trace[order[nxt]].arrival_s)
             sleep(max(0.0, wake - now))
             continue
-        ids = [queue.popleft() for _ in range(min(max_batch, len(queue)))]
+        ids = [queue.popleft()]
+        while queue and len(ids) < max_batch and _fits(ids + [queue[0]], trace, prompts, context):
+            ids.append(queue.popleft())
         start = clock() - t0
         first: list[float] = []
 
@@ -220,7 +228,7 @@ def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, 
                 first.append(clock() - t0)
 
         g = generate_static(llm, [list(prompts[i]) for i in ids], max(trace[i].max_new_tokens for i in ids),
-                            on_token=on_token, pad_id=pad_id, mode=mode)
+                            on_token=on_token, pad_id=pad_id, mode=mode, runners=runners)
         end = clock() - t0
         news = []
         for row, i in enumerate(ids):
@@ -230,6 +238,12 @@ def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, 
         padding = PaddingStats(tuple(len(prompts[i]) for i in ids), tuple(news), tuple(g.step_ms))
         batches.append({"start_s": start, "end_s": end, "ids": ids, "padding": padding})
     return TraceRun("static", times, outputs, _wall_s(times), batches=batches)
+
+
+def _fits(ids: list[int], trace, prompts, context: int) -> bool:
+    """Whether one padded batch of these requests fits the context: its longest prompt + its longest answer (every
+    row is padded to the one and decodes for the other)."""
+    return max(len(prompts[i]) for i in ids) + max(trace[i].max_new_tokens for i in ids) <= context
 
 
 def _serve_continuous(llm, trace, prompts, max_batch, clock, sleep, on_step, engine_args) -> TraceRun:
@@ -461,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
                          "(BatchEngine's admit_delay; default %(default)s: admit at once)")
     ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
     args = ap.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes {args.modes!r}: choose one or more of {', '.join(MODES)}, comma-separated")
+    try:
+        check_admit_delay(args.admit_delay)
+    except (TypeError, ValueError) as e:
+        ap.error(f"--{e}")
     if not torch.cuda.is_available():
         ap.error("this records a GPU curve: no CUDA device here")
     from llmlab.switches import apply_switches
@@ -480,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 "token_budget": 4096, "chunk": 512, "admit_delay": args.admit_delay,
                 "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
-                                    modes=tuple(args.modes.split(",")), log=print, static_mode="graphs",
+                                    modes=modes, log=print, static_mode="graphs",
                                     token_budget=4096, chunk=512, admit_delay=args.admit_delay)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},

@@ -41,7 +41,7 @@ from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filenam
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
 from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
-from llmlab.measure.peers import (TORCHAO_PEERS, select_peers, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
+from llmlab.measure.peers import (TORCHAO_PEERS, peers_that_run, select_peers, why_not_run, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
                                   torchao_peer_model, torchao_version, transformers_version)
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
@@ -226,7 +226,6 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     t_start = time.perf_counter()
     wl = get_workload(workload)
     wanted = select_peers(peers)  # None: every peer that applies
-    peers = wanted is None or bool(wanted)
     if llm is None:
         llm, model_id, random_weights = load_bench_model(model, device=device, dtype=dtype)
     else:
@@ -236,7 +235,11 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     if need > cfg.max_seq_len:
         raise ValueError(f"workload {workload!r} needs a context of {need} tokens but {model_id} has "
                          f"{cfg.max_seq_len}: it does not fit")
-    runnable, skipped = plan_steps(llm, steps, peers)
+    runnable, skipped = plan_steps(llm, steps, True)
+    peer_rows = peers_that_run(wanted, wl.n_requests, {r.step.weights for r in runnable})
+    if not runnable and not peer_rows:
+        plan_steps(llm, steps, False)  # raises NothingToRun, with each step's reason
+    peers = bool(peer_rows)
     new_tokens = wl.quick_new_tokens if quick else wl.new_tokens
     repeats = repeats or (1 if quick else 3)
     prompts = make_prompts(wl, cfg.vocab_size)
@@ -295,7 +298,9 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                          workload={"name": wl.name, "description": wl.description, "requests": wl.n_requests,
                                    "prompt_lens": sorted(set(wl.prompt_lens)), "new_tokens": new_tokens,
                                    "quick": quick},
-                         skipped=[{"step": s.name, "reason": why} for s, why in skipped])
+                         skipped=[{"step": s.name, "reason": why} for s, why in skipped]
+                         + [{"step": n, "reason": why_not_run(n, wl.n_requests)}
+                            for n in sorted(wanted or ()) if n not in peer_rows])
     path = Path(out) / bench_filename(dev_name, wl.name, model_id) if out is not None else None
 
     def save():
@@ -364,14 +369,10 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         try:
             hf = hf_peer_model(llm)
         except Exception as e:
-            for name in ("hf_eager", "hf_static"):
+            for name in peer_rows:
                 doc["skipped"].append({"step": name, "reason": f"transformers model not built: "
                                                                f"{type(e).__name__}: {e}"})
-        names = ["hf_eager", "hf_static"] + (["hf_continuous"] if wl.n_requests > 1 else [])
-        # the quantized rungs' peers: torchao's weight-only layers on the same weights
-        names += [name for name, w in TORCHAO_PEERS.items() if any(r.step.weights == w for r in runnable)]
-        names = [name for name in names if wanted is None or name in wanted]
-        for name in names:
+        for name in peer_rows:
             if hf is None or over_budget(name):
                 continue
             static = name == "hf_static"

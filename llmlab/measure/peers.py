@@ -147,22 +147,47 @@ PEER_NAMES = ("hf_eager", "hf_static", "hf_continuous", *TORCHAO_PEERS)  # every
 
 
 def select_peers(peers) -> frozenset | None:
-    """Which peer rows to run: None for all of them (peers True or "all"), an empty set for none (False, None,
-    ""), else the names given (a comma-separated string or an iterable of `PEER_NAMES`; a row still runs only where
-    its workload and weights call for it: hf_continuous with several requests, torchao's with the quantized rung).
+    """Which peer rows to run: None for all of them (True, or "all" in the names), an empty set for none (False or
+    None), else the names given (a comma-separated string or an iterable of `PEER_NAMES`, spaces, case and empty
+    items ignored). A named row still runs only where its workload and rungs call for it (`peers_that_run`).
 
     Raises:
-        ValueError: a name that is not a peer row (the message lists them).
+        TypeError: peers that is neither a bool, None, a string nor an iterable of strings.
+        ValueError: a name that is not a peer row, or a string that names none (the message lists them).
     """
-    if peers is True or peers == "all":
+    if peers is True:
         return None
-    if not peers:
+    if peers is False or peers is None:
         return frozenset()
-    names = [n.strip() for n in peers.split(",")] if isinstance(peers, str) else list(peers)
-    unknown = [n for n in names if n not in PEER_NAMES]
+    items = peers.split(",") if isinstance(peers, str) else peers
+    try:
+        names = [n.strip().lower() for n in items if n.strip()]
+    except (TypeError, AttributeError):
+        raise TypeError(f"peers={peers!r}: give True (all), False (none), or peer names (a comma-separated string "
+                        f"or a list)") from None
+    known = ", ".join(PEER_NAMES)
+    if not names:
+        raise ValueError(f"peers={peers!r} names no peer; give 'all' or some of {known}")
+    unknown = [n for n in names if n != "all" and n not in PEER_NAMES]
     if unknown:
-        raise ValueError(f"peers: unknown peer(s) {unknown}; give 'all' or some of {', '.join(PEER_NAMES)}")
-    return frozenset(names)
+        raise ValueError(f"peers: unknown peer(s) {unknown}; give 'all' or some of {known}")
+    return None if "all" in names else frozenset(names)
+
+
+def peers_that_run(wanted: frozenset | None, n_requests: int, weights: set) -> list[str]:
+    """The peer rows a bench run makes, in order: Hugging Face generate eager and static, its continuous batching
+    (a workload of several requests), torchao's int8 / int4 (beside a rung with those weights: `weights`, the
+    runnable rungs' formats); only those in `wanted` (None: all)."""
+    names = ["hf_eager", "hf_static"] + (["hf_continuous"] if n_requests > 1 else [])
+    names += [name for name, w in TORCHAO_PEERS.items() if w in weights]
+    return [n for n in names if wanted is None or n in wanted]
+
+
+def why_not_run(name: str, n_requests: int) -> str:
+    """Why a peer row that was asked for does not apply to this run (see `peers_that_run`)."""
+    if name == "hf_continuous":
+        return f"continuous batching needs a workload of several requests; this one has {n_requests}"
+    return f"torchao's {TORCHAO_PEERS[name]} layers run beside the +{TORCHAO_PEERS[name]} rung, which this run does not have"
 
 
 def torchao_peer_model(hf, weights: str):
