@@ -47,10 +47,10 @@ from llmlab import REPO_ROOT
 from llmlab.batching.engine import BatchEngine
 from llmlab.batching.scheduler import check_admit_delay, check_positive_int
 from llmlab.batching.static import PaddingStats, generate_static
-from llmlab.runtime.cuda_graphs import RunnerCache
 from llmlab.batching.workload import TraceRequest, make_trace, trace_prompts
 from llmlab.envinfo import device_name, git_commit, versions
 from llmlab.measure.serving import RequestTimes, curve_point, summarize
+from llmlab.runtime.cuda_graphs import RunnerCache
 
 __all__ = ["MODES", "TraceRun", "serve_trace", "curve_row", "throughput_latency_curve", "save_curve", "load_curve",
            "list_curves", "latest_curve", "CURVE_FORMAT", "CURVE_KEYS"]
@@ -143,8 +143,8 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         static_mode: the decode runner of the static and one-at-a-time modes (`generate_static`'s mode: "static"
             eager, "graphs" CUDA graphs on an `LLM`'s runners, with its Triton kernels where switched on).
         **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len, overlap,
-            admit_delay (continuous only; max_seq_len defaults to the trace's longest request, so the default pool holds
-            max_batch of them; overlap defaults to None: on where the decode step is graph-captured).
+            admit_delay (continuous only; max_seq_len defaults to the trace's longest request, so the default pool
+            holds max_batch of them; overlap defaults to None: on where the decode step is graph-captured).
 
     Returns:
         A `TraceRun`.
@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=128, help="requests per trace (default %(default)s)")
     ap.add_argument("--max-context", type=int, default=1024, help="longest request (default %(default)s)")
     ap.add_argument("--max-batch", type=int, default=32, help="default %(default)s")
-    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256", help="batch sweep sizes (default %(default)s; '': no sweep)")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256",
+                    help="batch sweep sizes (default %(default)s; '': no sweep)")
     ap.add_argument("--modes", default="continuous,static", help="servers to run at each rate (default %(default)s)")
     ap.add_argument("--admit-delay", type=float, default=0.0,
                     help="the continuous server's admission delay, as a multiple of the last prefill step's time "

@@ -41,8 +41,9 @@ from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filenam
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
 from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
-from llmlab.measure.peers import (TORCHAO_PEERS, peers_that_run, select_peers, why_not_run, close_hf_continuous, hf_peer_model, run_hf, run_hf_continuous,
-                                  torchao_peer_model, torchao_version, transformers_version)
+from llmlab.measure.peers import (TORCHAO_PEERS, close_hf_continuous, hf_peer_model, peers_that_run, run_hf,
+                                  run_hf_continuous, select_peers, torchao_peer_model, torchao_version,
+                                  transformers_version, why_not_run)
 from llmlab.measure.timing import sync
 from llmlab.measure.workloads import get_workload, group_by_length, make_prompts
 from llmlab.quant import is_quantized

@@ -187,7 +187,8 @@ def why_not_run(name: str, n_requests: int) -> str:
     """Why a peer row that was asked for does not apply to this run (see `peers_that_run`)."""
     if name == "hf_continuous":
         return f"continuous batching needs a workload of several requests; this one has {n_requests}"
-    return f"torchao's {TORCHAO_PEERS[name]} layers run beside the +{TORCHAO_PEERS[name]} rung, which this run does not have"
+    weights = TORCHAO_PEERS[name]
+    return f"torchao's {weights} layers run beside the +{weights} rung, which this run does not have"
 
 
 def torchao_peer_model(hf, weights: str):
