@@ -240,10 +240,10 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
-    from llmlab.measure.peers import peers_that_run, select_peers
+    from llmlab.measure.peers import select_peers
 
     try:
-        wanted = select_peers(args.peers)  # a misspelt peer, before the model loads
+        select_peers(args.peers)  # a misspelt peer, before the model loads
     except ValueError as e:
         raise ValueError(f"--{e}") from None
     out = None if args.no_save else (args.out or DEFAULT_OUT)
@@ -251,10 +251,8 @@ def _bench(args) -> int:
         _writable_folder(out)  # before the model loads and the first row runs
     llm, model_id, _ = load_bench_model(args.model, device=args.device, dtype=args.dtype)
     try:
-        runnable, _ = plan_steps(llm, steps, True)  # before the peaks are measured and any file is written
-        weights = {r.step.weights for r in runnable}
-        if not runnable and not any(peers_that_run(wanted, WORKLOADS[n].n_requests, weights) for n in names):
-            plan_steps(llm, steps, False)  # raises NothingToRun, with each step's reason
+        # before the peaks are measured and any file is written
+        plan_steps(llm, steps, args.peers, [WORKLOADS[n].n_requests for n in names])
     except NothingToRun as e:
         print(f"llmlab bench: {e}", file=sys.stderr)
         return 2

@@ -171,17 +171,19 @@ class NothingToRun(ValueError):
     """None of the requested ladder steps can run here and no peer was asked for: a run would measure nothing."""
 
 
-def plan_steps(llm: LLM, steps: list[str] | None, peers: bool
+def plan_steps(llm: LLM, steps: list[str] | None, peers, n_requests=(1,)
                ) -> tuple[list[ResolvedStep], list[tuple[LadderStep, str]]]:
     """`available_steps(llm, steps)`: (runnable rungs, [(skipped rung, reason)]), checked before anything is measured.
+    peers: as `run_bench`; n_requests: the requests of each workload to run (which peer rows apply depends on it).
 
     Raises:
-        ValueError: an unknown step name (the message lists the steps).
-        NothingToRun: none of the steps can run here and `peers` is False; the message gives each step's reason,
-            the steps that can run here, and the fix.
+        ValueError: an unknown step or peer name (the message lists them).
+        NothingToRun: none of the steps can run here and no peer row applies (`peers_that_run`); the message gives
+            each step's reason, the steps that can run here, and the fix.
     """
     runnable, skipped = available_steps(llm, steps)
-    if runnable or peers:
+    wanted, weights = select_peers(peers), {r.step.weights for r in runnable}
+    if runnable or any(peers_that_run(wanted, n, weights) for n in n_requests):
         return runnable, skipped
     here = [r.name for r in available_steps(llm)[0]]
     raise NothingToRun("none of the requested ladder steps can run here, so there is nothing to measure: "
@@ -236,10 +238,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     if need > cfg.max_seq_len:
         raise ValueError(f"workload {workload!r} needs a context of {need} tokens but {model_id} has "
                          f"{cfg.max_seq_len}: it does not fit")
-    runnable, skipped = plan_steps(llm, steps, True)
+    runnable, skipped = plan_steps(llm, steps, peers, [wl.n_requests])
     peer_rows = peers_that_run(wanted, wl.n_requests, {r.step.weights for r in runnable})
-    if not runnable and not peer_rows:
-        plan_steps(llm, steps, False)  # raises NothingToRun, with each step's reason
     peers = bool(peer_rows)
     new_tokens = wl.quick_new_tokens if quick else wl.new_tokens
     repeats = repeats or (1 if quick else 3)
