@@ -53,9 +53,13 @@ from llmlab.measure.serving import RequestTimes, curve_point, summarize
 from llmlab.runtime.cuda_graphs import RunnerCache
 
 __all__ = ["MODES", "TraceRun", "serve_trace", "curve_row", "throughput_latency_curve", "save_curve", "load_curve",
-           "list_curves", "latest_curve", "CURVE_FORMAT", "CURVE_KEYS"]
+           "list_curves", "latest_curve", "CURVE_FORMAT", "CURVE_KEYS", "GPU_ENGINE_ARGS"]
 
 MODES = ("continuous", "static", "one_at_a_time")
+# the continuous engine on a GPU: its prefill runs eagerly, paced by the host launching its kernels whatever the
+# pass's length, so it takes whole chat prompts (chunks of up to 512 tokens, 4096 tokens a step) in one pass rather
+# than BatchEngine's CPU-sized defaults (64-token chunks, 256 tokens a step), which spread a prompt over several passes
+GPU_ENGINE_ARGS = {"token_budget": 4096, "chunk": 512}
 CURVE_FORMAT = "llmlab-serving-curve"
 DEFAULT_DIR = REPO_ROOT / "data" / "bench"  # where recorded curves are looked for (and written by `main`)
 CURVE_KEYS = ("rate", "mode", "requests", "finished", "tokens", "wall_s", "tokens_per_s", "requests_per_s",
@@ -499,11 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
                 "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
-                "token_budget": 4096, "chunk": 512, "admit_delay": args.admit_delay,
+                **GPU_ENGINE_ARGS, "admit_delay": args.admit_delay,
                 "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
                                     modes=modes, log=print, static_mode="graphs",
-                                    token_budget=4096, chunk=512, admit_delay=args.admit_delay)
+                                    admit_delay=args.admit_delay, **GPU_ENGINE_ARGS)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},
                       settings=settings, device=device, extra={"batch_sweep": sweep})
