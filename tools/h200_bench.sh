@@ -9,10 +9,10 @@
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
-# installed; the GPU tests of the quantized paths first); "batching" (~6 min)
-# runs the batch workload's batching rungs (one at a time, static, continuous) with the peers, then the serving curve
-# (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the continuous
-# server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/).
+# installed; the GPU tests of the quantized paths first); "batching" (~6 min) runs the batch workload's batching
+# rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
+# serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
+# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -32,7 +32,7 @@ BIG=${BIG:-llama-3.2-1b}
 BENCH="python3 -m llmlab.cli bench --out $OUT ${BENCH_ARGS:-}"
 # every rung from eager up (the no-KV-cache rung would recompute 8K-token contexts)
 LADDER="eager,+gpu_sampling,+pinned_memory,+cuda_graphs,+torch_compile,+triton_kernels,+step_tuning,+prefill_graphs"
-BATCHING="+prefill_graphs,+one_at_a_time,+static_batching,+continuous_batching"
+BATCHING="+one_at_a_time,+static_batching,+continuous_batching"
 
 if [[ $MODE == main ]]; then
   step chat_1b 90 $BENCH --workload chat --model "$BIG" --steps all --peers --repeats 2 --time-budget 240
@@ -55,8 +55,9 @@ elif [[ $MODE == quant ]]; then
 elif [[ $MODE == batching ]]; then
   step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_batching_gpu.py \
     tests/test_batching_paged_graphs.py tests/test_kernels_paged_attention.py
-  step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers --repeats 1 \
-    --time-budget "$(budget 150)"
+  # the peers the batching figures compare with (Hugging Face's eager generate is left out: it would take the time)
+  step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers hf_static,hf_continuous \
+    --repeats 1 --time-budget "$(budget 150)"
   # rates high enough and traces long enough that the servers' throughput, not the arrivals, sets the wall time
   step serving_curve 60 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192 --batches 1,8,32,64,128}
