@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmlab.batching import trace_runner
+from llmlab.batching import curve_file, trace_runner
 from llmlab.batching.static import left_pad, position_ids
 from llmlab.solutions import lab06
 
@@ -179,7 +179,7 @@ def _run_replay(monkeypatch, directory: Path) -> dict:
     from plotly.subplots import make_subplots
 
     shown = []
-    monkeypatch.setattr(trace_runner, "DEFAULT_DIR", directory)
+    monkeypatch.setattr(curve_file, "DEFAULT_DIR", directory)
     monkeypatch.setattr(go.Figure, "show", lambda self, *a, **k: shown.append(self))
     ns = {"go": go, "make_subplots": make_subplots, "math": math, "trace_runner": trace_runner,
           "work": SimpleNamespace(device=torch.device("cpu"))}

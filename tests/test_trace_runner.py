@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from llmlab.batching import trace_runner
+from llmlab.batching import curve_file, trace_runner
 from llmlab.batching.trace_runner import (CURVE_KEYS, MODES, latest_curve, list_curves, load_curve, save_curve,
                                           serve_trace, throughput_latency_curve)
 from llmlab.batching.workload import TraceRequest
@@ -260,7 +260,7 @@ def test_the_newest_gpu_curve_is_found(tmp_path, monkeypatch):
     assert [d["device"] for d in list_curves(tmp_path)] == ["NVIDIA H200", "NVIDIA H100", "CPU: some cpu (1 threads)"]
     assert latest_curve(tmp_path)["path"].endswith("old.json")
     assert latest_curve(tmp_path, device_contains=None)["path"].endswith("h100.json")  # CPUs never count
-    monkeypatch.setattr(trace_runner, "DEFAULT_DIR", tmp_path)
+    monkeypatch.setattr(curve_file, "DEFAULT_DIR", tmp_path)
     assert latest_curve()["path"].endswith("old.json")
 
 

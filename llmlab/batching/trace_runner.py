@@ -23,18 +23,16 @@ token, finish; seconds from the start of the run) feed `llmlab.measure.serving.s
 
 `throughput_latency_curve` repeats this at rising arrival rates: throughput follows the offered rate until the
 server saturates, then stalls while queueing, and TTFT with it, grows without bound. `save_curve` / `load_curve`
-keep a curve with the device, versions and commit; `latest_curve` finds the newest recorded one in data/bench/.
+(`llmlab.batching.curve_file`) keep a curve with the device, versions and commit; `latest_curve` finds the newest
+recorded one in data/bench/.
 On a GPU: `python -m llmlab.batching.trace_runner --preset llama-3.2-1b` records a curve and a batch sweep.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import numbers
-import os
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,12 +41,13 @@ from typing import Callable
 
 import torch
 
-from llmlab import REPO_ROOT
+from llmlab.batching import curve_file
+from llmlab.batching.curve_file import CURVE_FORMAT, CURVE_KEYS, latest_curve, list_curves, load_curve, save_curve
 from llmlab.batching.engine import BatchEngine
 from llmlab.batching.scheduler import check_admit_delay, check_positive_int
 from llmlab.batching.static import PaddingStats, generate_static
 from llmlab.batching.workload import TraceRequest, make_trace, trace_prompts
-from llmlab.envinfo import device_name, git_commit, versions
+from llmlab.envinfo import device_name
 from llmlab.measure.serving import RequestTimes, curve_point, summarize
 from llmlab.runtime.cuda_graphs import RunnerCache
 
@@ -60,11 +59,6 @@ MODES = ("continuous", "static", "one_at_a_time")
 # pass's length, so it takes whole chat prompts (chunks of up to 512 tokens, 4096 tokens a step) in one pass rather
 # than BatchEngine's CPU-sized defaults (64-token chunks, 256 tokens a step), which spread a prompt over several passes
 GPU_ENGINE_ARGS = {"token_budget": 4096, "chunk": 512}
-CURVE_FORMAT = "llmlab-serving-curve"
-DEFAULT_DIR = REPO_ROOT / "data" / "bench"  # where recorded curves are looked for (and written by `main`)
-CURVE_KEYS = ("rate", "mode", "requests", "finished", "tokens", "wall_s", "tokens_per_s", "requests_per_s",
-              "queueing_ms_p50", "queueing_ms_p90", "queueing_ms_p99", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99",
-              "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "mean_batch")
 
 
 @dataclass
@@ -364,99 +358,6 @@ def throughput_latency_curve(llm, rates, n: int = 24, seed: int = 0, modes=("con
     return rows
 
 
-# -- curve files ------------------------------------------------------------------------------------------------------
-
-
-def _clean(x):
-    """JSON-safe: NaN -> None, inf -> "inf", tuples -> lists, floats to 6 decimals."""
-    if isinstance(x, float):
-        return "inf" if x == math.inf else round(x, 6) if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def save_curve(rows: list[dict], path: str | os.PathLike, *, model: dict | str, settings: dict,
-               device: str | None = None, extra: dict | None = None) -> Path:
-    """Write a throughput-latency curve as JSON (atomically): format, version, device, date, commit, versions
-    (`llmlab.envinfo`), model, settings (how the traces were served), rows, and any `extra` keys (e.g.
-    "batch_sweep": `llmlab.measure.batch_sweep.batch_sweep`'s rows). A rate of math.inf is written as "inf".
-
-    Args:
-        rows: `throughput_latency_curve`'s dicts (each needs `CURVE_KEYS`). model: its name or a dict (id, params,
-            dtype...). device: default the current device's name (`envinfo.device_name`).
-
-    Raises:
-        ValueError: no rows, or a row missing a key (named), before anything is written.
-    """
-    _check_rows(rows, "rows")
-    doc = {"format": CURVE_FORMAT, "version": 1, "device": device or device_name(),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
-           "versions": versions(), "model": model if isinstance(model, dict) else {"id": str(model)},
-           "settings": settings, **(extra or {}), "rows": rows}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".curve-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(_clean(doc), f, indent=1)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
-
-
-def _check_rows(rows, where: str) -> None:
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{where}: a curve needs at least one row (throughput_latency_curve's output)")
-    for i, row in enumerate(rows):
-        missing = [k for k in CURVE_KEYS if not isinstance(row, dict) or k not in row]
-        if missing:
-            raise ValueError(f"{where}[{i}] misses {missing}: save rows made by throughput_latency_curve")
-
-
-def load_curve(path: str | os.PathLike) -> dict:
-    """Read a curve file written by `save_curve` (rates "inf" back to math.inf); adds "path".
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not a curve file (format), or rows missing keys.
-    """
-    doc = json.loads(Path(path).read_text())
-    if not isinstance(doc, dict) or doc.get("format") != CURVE_FORMAT:
-        raise ValueError(f"{path}: not a serving-curve file (format {CURVE_FORMAT!r} expected)")
-    for key in ("device", "versions", "commit", "model", "settings"):
-        if key not in doc:
-            raise ValueError(f"{path}: a serving-curve file needs {key!r}")
-    _check_rows(doc.get("rows"), f"{path}: rows")
-    for row in doc["rows"]:
-        row["rate"] = math.inf if row["rate"] == "inf" else row["rate"]
-    doc["path"] = str(path)
-    return doc
-
-
-def list_curves(directory: str | os.PathLike | None = None, device_contains: str | None = None) -> list[dict]:
-    """Every readable curve file in `directory` (default `DEFAULT_DIR`, data/bench/), oldest first (by date); other
-    JSON files (bench files) and broken ones are skipped. device_contains: keep only devices whose name contains it."""
-    folder = Path(directory) if directory is not None else DEFAULT_DIR
-    docs = []
-    for p in sorted(folder.glob("*.json")):
-        try:
-            doc = load_curve(p)
-        except (OSError, ValueError):
-            continue
-        if device_contains is None or device_contains.lower() in str(doc["device"]).lower():
-            docs.append(doc)
-    return sorted(docs, key=lambda d: str(d.get("date") or ""))
-
-
-def latest_curve(directory: str | os.PathLike | None = None, device_contains: str | None = "H200") -> dict | None:
-    """The newest curve file recorded on a device whose name contains `device_contains` (None: any device but a
-    CPU); None when there is none."""
-    docs = [d for d in list_curves(directory, device_contains) if "cpu" not in str(d["device"]).lower()]
-    return docs[-1] if docs else None
-
-
 # -- recording on a GPU ------------------------------------------------------------------------------------------------
 
 
@@ -478,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admit-delay", type=float, default=0.0,
                     help="the continuous server's admission delay, as a multiple of the last prefill step's time "
                          "(BatchEngine's admit_delay; default %(default)s: admit at once)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--out", type=Path, default=curve_file.DEFAULT_DIR)
     args = ap.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or any(m not in MODES for m in modes):
