@@ -9,10 +9,11 @@
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
-# installed; the GPU tests of the quantized paths first); "batching" (~6 min) runs the batch workload's batching
+# installed; the GPU tests of the quantized paths first); "batching" (~8 min) runs the batch workload's batching
 # rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
 # serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
-# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/).
+# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/),
+# then both servers' curve at a larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -63,6 +64,9 @@ elif [[ $MODE == batching ]]; then
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192 --batches 1,8,32,64,128}
   step serving_admit_delay 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/admit_delay" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" --admit-delay "${ADMIT_DELAY:-1}"
+  # both servers again with room for twice the batch (BIG_BATCH, default 64): how the curve depends on that limit
+  step serving_big_batch 90 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/max_batch" \
+    ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --batches "" --max-batch "${BIG_BATCH:-64}"
 else
   step batch_1b 90 $BENCH --workload batch --model "$BIG" --steps "$LADDER" --peers --repeats 1 \
     --time-budget 260
