@@ -9,11 +9,12 @@
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
-# installed; the GPU tests of the quantized paths first); "batching" (~8 min) runs the batch workload's batching
+# installed; the GPU tests of the quantized paths first); "batching" (~9 min) runs the batch workload's batching
 # rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
 # serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
-# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/),
-# then both servers' curve at a larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
+# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/)
+# and with its prefill passes replayed from CUDA graphs (into $OUT/prefill_graphs/), then both servers' curve at a
+# larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -54,7 +55,7 @@ elif [[ $MODE == quant ]]; then
   step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
     --time-budget "$(budget 20)"
 elif [[ $MODE == batching ]]; then
-  step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_batching_gpu.py \
+  step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_batching_gpu.py tests/test_prefill_graphs.py \
     tests/test_batching_paged_graphs.py tests/test_kernels_paged_attention.py
   # the peers the batching figures compare with (Hugging Face's eager generate is left out: it would take the time)
   step batching_1b 120 $BENCH --workload batch --model "$BIG" --steps "$BATCHING" --peers hf_static,hf_continuous \
@@ -64,6 +65,10 @@ elif [[ $MODE == batching ]]; then
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192 --batches 1,8,32,64,128}
   step serving_admit_delay 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/admit_delay" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" --admit-delay "${ADMIT_DELAY:-1}"
+  # the continuous server again with its prefill passes replayed from CUDA graphs (BatchEngine's prefill_graphs)
+  step serving_prefill_graphs 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" \
+    --out "$OUT/prefill_graphs" ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" \
+    --prefill-graphs
   # both servers again with room for twice the batch (BIG_BATCH, default 64): how the curve depends on that limit
   step serving_big_batch 90 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/max_batch" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --batches "" --max-batch "${BIG_BATCH:-64}"

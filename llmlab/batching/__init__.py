@@ -9,6 +9,7 @@
     paged_graphs.py  the decode step on a GPU: the paged-attention kernel from static buffers, one CUDA graph per
                    batch-size bucket
     engine.py      the step loop that runs the scheduler's batches on the model and a paged KV cache
+    prefill_graphs.py  the prefill passes at fixed (rows, tokens) buckets, replayed from CUDA graphs on a GPU
     overlap.py     overlapped steps: the next decode step launched before the last one's tokens are read back
     continuous.py  a list of prompts served by the engine, returned as one Generation (LLM.generate's
                    batching="continuous", the +continuous_batching rung)

@@ -21,6 +21,8 @@ With the Triton kernel modules swapped in (`llmlab.kernels.modules.swap_in`, an 
 switch on), the decode rows run `llmlab.batching.paged_graphs.PagedDecodeGraphs` instead: the paged-attention
 kernel reads each row's K/V in place, and on a GPU the step is replayed from a CUDA graph captured per batch-size
 bucket. Without them the model runs eagerly on the gathering view, the exact reference the tests compare with.
+With `prefill_graphs=True` the prefill chunks run as fixed-shape passes (`llmlab.batching.prefill_graphs`),
+captured per (rows, tokens) bucket on a GPU, instead of `pack_chunks` passes of any shape.
 The engine is single-threaded; `llmlab.batching.requests.Server` adds submission from other threads, streaming and
 a background loop.
 """
@@ -38,6 +40,7 @@ import torch
 from llmlab.batching.overlap import OverlappedDecode
 from llmlab.batching.paged_batch import PagedBatchView
 from llmlab.batching.paged_graphs import PagedDecodeGraphs
+from llmlab.batching.prefill_graphs import PagedPrefillGraphs
 from llmlab.batching.scheduler import Scheduler, Sequence, StepPlan, check_admit_delay, check_positive_int
 from llmlab.cache.paged_cache import PagedKVCache
 from llmlab.generate import check_flags, check_seed, make_generator, prepare_prompt
@@ -116,6 +119,9 @@ class BatchEngine:
             tokens. None: on where the decode step is graph-captured. True needs the paged decode step.
         admit_delay: `Scheduler`'s: while sequences decode, admit waiting requests only once the oldest has waited
             this many times the last prefill step's time, so that they share one prefill pass (0: at once).
+        prefill_graphs: run the prefill chunks as fixed-shape passes (`llmlab.batching.prefill_graphs`): on a CUDA
+            device each (rows, tokens) bucket is captured as a CUDA graph when the engine is built, elsewhere the
+            same passes run eagerly. False (the default): `pack_chunks` passes of any shape, run eagerly.
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
@@ -127,7 +133,7 @@ class BatchEngine:
     def __init__(self, llm_or_model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 16,
                  token_budget: int = 256, chunk: int = 64, max_seq_len: int | None = None,
                  clock=time.perf_counter, cuda_graphs: bool | None = None, overlap: bool | None = False,
-                 admit_delay: float = 0.0):
+                 admit_delay: float = 0.0, prefill_graphs: bool = False):
         model = getattr(llm_or_model, "model", llm_or_model)
         if not hasattr(model, "config") or not callable(model):
             raise TypeError(f"llm_or_model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
@@ -142,6 +148,8 @@ class BatchEngine:
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget), ("chunk", chunk)):
             check_positive_int(name, value)
         check_admit_delay(admit_delay)  # every argument checked before the pool is allocated
+        if not isinstance(prefill_graphs, bool):
+            raise TypeError(f"prefill_graphs={prefill_graphs!r}: give True or False")
         if num_blocks is None:
             num_blocks = max_batch * -(-max_seq_len // block_size)
         num_blocks = check_positive_int("num_blocks", num_blocks)
@@ -159,6 +167,8 @@ class BatchEngine:
         self.decode_step = None if why_not else PagedDecodeGraphs(
             model, self.pool, max_batch, -(-max_seq_len // block_size),
             cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
+        self.prefill = PagedPrefillGraphs(model, self.pool, chunk, token_budget, max_batch,
+                                          -(-max_seq_len // block_size)) if prefill_graphs else None
         self.scheduler = Scheduler(self.pool.blocks, max_batch=max_batch, token_budget=token_budget, chunk=chunk,
                                    clock=clock, admit_delay=admit_delay)
         if overlap is None:
@@ -343,6 +353,15 @@ class BatchEngine:
                 for i, (s, p, _) in enumerate(ones):
                     if p + 1 == s.num_tokens:
                         logits[s.seq_id], greedy[s.seq_id] = out[i], picked[i]
+        if self.prefill is not None and chunks:  # fixed-shape passes, replayed from CUDA graphs on a GPU
+            for idx, B, T in self.prefill.plan([n for _, _, n in chunks]):
+                group = [chunks[i] for i in idx]
+                out = self.prefill.run([([token_at(s, q) for q in range(p, p + n)], p,
+                                         self.pool.blocks.block_table(s.seq_id)) for s, p, n in group], B, T)
+                for i, (s, p, n) in enumerate(group):
+                    if p + n == s.num_tokens:
+                        logits[s.seq_id] = out[i]
+            chunks = []
         for group in pack_chunks(chunks):  # chunks of near-equal length run as one left-padded (k, T) pass
             T = group[0][2]
             view = PagedBatchView(self.pool, [s.seq_id for s, _, _ in group], [p for _, p, _ in group], T,

@@ -141,8 +141,9 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
         static_mode: the decode runner of the static and one-at-a-time modes (`generate_static`'s mode: "static"
             eager, "graphs" CUDA graphs on an `LLM`'s runners, with its Triton kernels where switched on).
         **engine_args: `BatchEngine`'s num_blocks, block_size, token_budget, chunk, max_seq_len, overlap,
-            admit_delay (continuous only; max_seq_len defaults to the trace's longest request, so the default pool
-            holds max_batch of them; overlap defaults to None: on where the decode step is graph-captured).
+            admit_delay, prefill_graphs (continuous only; max_seq_len defaults to the trace's longest request, so
+            the default pool holds max_batch of them; overlap defaults to None: on where the decode step is
+            graph-captured).
 
     Returns:
         A `TraceRun`.
@@ -379,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admit-delay", type=float, default=0.0,
                     help="the continuous server's admission delay, as a multiple of the last prefill step's time "
                          "(BatchEngine's admit_delay; default %(default)s: admit at once)")
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="the continuous server's prefill passes at fixed shapes, replayed from CUDA graphs "
+                         "(BatchEngine's prefill_graphs; default: eager passes of any shape)")
     ap.add_argument("--out", type=Path, default=curve_file.DEFAULT_DIR)
     args = ap.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -404,11 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
                 "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
-                **GPU_ENGINE_ARGS, "admit_delay": args.admit_delay,
+                **GPU_ENGINE_ARGS, "admit_delay": args.admit_delay, "prefill_graphs": args.prefill_graphs,
                 "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
                                     modes=modes, log=print, static_mode="graphs",
-                                    admit_delay=args.admit_delay, **GPU_ENGINE_ARGS)
+                                    admit_delay=args.admit_delay, prefill_graphs=args.prefill_graphs,
+                                    **GPU_ENGINE_ARGS)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},
                       settings=settings, device=device, extra={"batch_sweep": sweep})
