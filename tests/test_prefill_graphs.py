@@ -105,7 +105,7 @@ def test_padding_rows_and_tokens_write_only_the_spare_block(model):
 
 def test_bad_passes_are_refused_by_name(model):
     pool = PagedKVCache(model.config, 2, 64, torch.float32, "cpu", block_size=16, spare_blocks=1)
-    batch = PagedPrefillBatch(pool, max_rows=2, max_T=16, width=4)
+    batch = PagedPrefillBatch(pool, max_rows=2, max_tokens=32, width=4)
     with pytest.raises(ValueError, match="3 rows in a bucket of 2"):
         batch.fill([([1], 0, [0])] * 3, 2, 16)
     with pytest.raises(ValueError, match="17 new tokens in a bucket of 16"):
@@ -123,6 +123,41 @@ def test_bad_passes_are_refused_by_name(model):
         PagedPrefillGraphs(model, pool, chunk=16, token_budget=32, max_rows=2, width=4, cuda_graphs=True)
 
 
+def test_one_token_chunks_do_not_take_a_fixed_shape_pass(model, monkeypatch):
+    """Without the paged decode step (PyTorch modules) the decode rows are one-token chunks: they run in one
+    (k, 1) pass, not padded to a 16-token bucket."""
+    engine = BatchEngine(model, **SETTINGS, prefill_graphs=True)
+    planned = []
+    plan = engine.prefill.plan
+    monkeypatch.setattr(engine.prefill, "plan", lambda lengths: planned.append(list(lengths)) or plan(lengths))
+    for p, n in requests(model, n=4, seed=6):
+        engine.add_request(p, n, stop_at_eos=False)
+    engine.run_until_done()
+    assert planned and all(n > 1 for lengths in planned for n in lengths)
+    assert engine.counters["decode_tokens"] > 0
+
+
+def test_buckets_stop_at_the_largest_chunk_the_scheduler_can_plan(model):
+    engine = BatchEngine(model, max_batch=16, token_budget=256, chunk=2_000_000, max_seq_len=100, prefill_graphs=True)
+    assert max(engine.prefill.buckets) == 100  # min(chunk, token_budget, max_seq_len)
+    assert engine.prefill.batch.max_tokens == max(rows[-1] * T for T, rows in engine.prefill.buckets.items())
+    assert engine.prefill.batch.max_tokens <= 256
+
+
+def test_a_poisoned_spare_block_does_not_reach_real_rows(model):
+    """Padding tokens write the spare block; the masked columns of a row's table point at its own first block, so
+    whatever the spare block holds (here NaN) never enters a real row's attention."""
+    reqs = requests(model, n=3, seed=7)
+    want, _ = serve(model, reqs)
+    engine = BatchEngine(model, **SETTINGS, prefill_graphs=True)
+    spare = engine.pool.spare[0]
+    for pool in engine.pool.k + engine.pool.v:
+        pool[spare] = float("nan")
+    seqs = [engine.add_request(p, n, stop_at_eos=False) for p, n in reqs]
+    engine.run_until_done()
+    assert [s.output for s in seqs] == want
+
+
 @pytest.mark.gpu
 def test_captured_prefill_passes_give_the_eager_tokens_on_a_gpu(model):
     gpu_model = tiny_model(seed=5).cuda()
@@ -132,6 +167,8 @@ def test_captured_prefill_passes_give_the_eager_tokens_on_a_gpu(model):
     assert len(engine.prefill.graphs) == sum(len(rows) for rows in engine.prefill.buckets.values())
     assert got == want
     assert engine.pool.blocks.num_free == engine.pool.num_blocks
+    _, eager = serve(gpu_model, reqs[:2], prefill_graphs=True, cuda_graphs=False)
+    assert eager.prefill is not None and not eager.prefill.graphs  # cuda_graphs=False: nothing captured
 
 
 def test_a_trace_served_with_fixed_shape_prefill_gives_the_same_outputs(model):

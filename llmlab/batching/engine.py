@@ -119,9 +119,10 @@ class BatchEngine:
             tokens. None: on where the decode step is graph-captured. True needs the paged decode step.
         admit_delay: `Scheduler`'s: while sequences decode, admit waiting requests only once the oldest has waited
             this many times the last prefill step's time, so that they share one prefill pass (0: at once).
-        prefill_graphs: run the prefill chunks as fixed-shape passes (`llmlab.batching.prefill_graphs`): on a CUDA
-            device each (rows, tokens) bucket is captured as a CUDA graph when the engine is built, elsewhere the
-            same passes run eagerly. False (the default): `pack_chunks` passes of any shape, run eagerly.
+        prefill_graphs: run the prefill chunks of two or more tokens as fixed-shape passes
+            (`llmlab.batching.prefill_graphs`): on a CUDA device each (rows, tokens) bucket is captured as a CUDA
+            graph when the engine is built (unless cuda_graphs=False), elsewhere the same passes run eagerly. False
+            (the default): `pack_chunks` passes of any shape, run eagerly.
 
     Raises:
         TypeError / ValueError: a size that is not a whole number >= 1, max_seq_len beyond the model's context,
@@ -167,8 +168,10 @@ class BatchEngine:
         self.decode_step = None if why_not else PagedDecodeGraphs(
             model, self.pool, max_batch, -(-max_seq_len // block_size),
             cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
-        self.prefill = PagedPrefillGraphs(model, self.pool, chunk, token_budget, max_batch,
-                                          -(-max_seq_len // block_size)) if prefill_graphs else None
+        # the prefill buckets: the largest chunk the scheduler can plan sets the largest; cuda_graphs=False: eager
+        self.prefill = None if not prefill_graphs else PagedPrefillGraphs(
+            model, self.pool, min(chunk, token_budget, max_seq_len), token_budget, max_batch,
+            -(-max_seq_len // block_size), cuda_graphs=False if cuda_graphs is False else None)
         self.scheduler = Scheduler(self.pool.blocks, max_batch=max_batch, token_budget=token_budget, chunk=chunk,
                                    clock=clock, admit_delay=admit_delay)
         if overlap is None:
@@ -353,15 +356,16 @@ class BatchEngine:
                 for i, (s, p, _) in enumerate(ones):
                     if p + 1 == s.num_tokens:
                         logits[s.seq_id], greedy[s.seq_id] = out[i], picked[i]
-        if self.prefill is not None and chunks:  # fixed-shape passes, replayed from CUDA graphs on a GPU
-            for idx, B, T in self.prefill.plan([n for _, _, n in chunks]):
-                group = [chunks[i] for i in idx]
+        if self.prefill is not None:  # fixed-shape passes, replayed from CUDA graphs on a GPU; one-token chunks
+            fixed = [c for c in chunks if c[2] > 1]  # (decode rows without the paged step) run in one (k, 1) pass
+            chunks = [c for c in chunks if c[2] == 1]
+            for idx, B, T in self.prefill.plan([n for _, _, n in fixed]):
+                group = [fixed[i] for i in idx]
                 out = self.prefill.run([([token_at(s, q) for q in range(p, p + n)], p,
                                          self.pool.blocks.block_table(s.seq_id)) for s, p, n in group], B, T)
                 for i, (s, p, n) in enumerate(group):
                     if p + n == s.num_tokens:
                         logits[s.seq_id] = out[i]
-            chunks = []
         for group in pack_chunks(chunks):  # chunks of near-equal length run as one left-padded (k, T) pass
             T = group[0][2]
             view = PagedBatchView(self.pool, [s.seq_id for s, _, _ in group], [p for _, p, _ in group], T,

@@ -8,8 +8,10 @@ its steps. This module gives each pass a fixed shape so that it can be captured 
 * each chunk goes to the smallest bucket of T tokens that holds it (powers of two from 16 up to the engine's chunk),
   and a bucket's chunks run in passes of B rows (powers of two, `batch_buckets`), at most `token_budget` tokens a
   pass; padding rows and padding tokens write their K/V to the pool's spare block, and their outputs are dropped;
-* every row's block table is padded to the width of the longest request, so each layer gathers a fixed S = width x
-  block_size slots and the mask (built from the positions, inside the graph) hides what a row may not see.
+* every row's block table is padded to the width of the longest request (with the row's own first block, which
+  holds finite values: a masked slot still enters the attention as 0 x value), so each layer gathers a fixed
+  S = width x block_size slots and the mask (built from the positions, inside the graph) hides what a row may not
+  see.
 
 `PagedPrefillBatch` holds the inputs (token ids, positions, the slot of each new token, the block tables) in
 buffers that every bucket's graph reads; `fill` copies a pass into them before a replay. Without CUDA graphs (on a
@@ -45,44 +47,43 @@ def token_buckets(chunk: int) -> tuple[int, ...]:
 
 
 class PagedPrefillBatch(PagedBatchView):
-    """A `PagedBatchView` whose tensors live in fixed buffers: one pass of up to max_rows x max_T tokens at a time.
+    """A `PagedBatchView` whose tensors live in fixed buffers: one pass of up to max_rows rows and max_tokens tokens.
 
     `use(B, T)` points the view at the first B x T entries (the shape a bucket's graph was captured with); `fill`
     loads a pass into them. `update` and `attention_mask` are `PagedBatchView`'s, over length S = width x
     block_size.
 
     Args:
-        pool: the engine's `PagedKVCache`, with a spare block (the padding's slot).
-        max_rows, max_T: the largest bucket's rows and tokens per row.
+        pool: the engine's `PagedKVCache`, with a spare block (the padding tokens' slot).
+        max_rows, max_tokens: the most rows, and rows x tokens, of a bucket.
         width: block-table columns (blocks of the longest request).
     """
 
-    def __init__(self, pool: PagedKVCache, max_rows: int, max_T: int, width: int):  # noqa: D107 (no super init)
+    def __init__(self, pool: PagedKVCache, max_rows: int, max_tokens: int, width: int):  # noqa: D107 (no super)
         if not pool.spare:
             raise ValueError("fixed-shape prefill pads with a spare block: build the pool with "
                              "PagedKVCache(..., spare_blocks=1)")
         dev = pool.k[0].device
         self.pool, self.pad_block, self.width = pool, pool.spare[0], width
         self.length = width * pool.block_size
-        n = max_rows * max_T
-        self._ids_buf = torch.zeros(n, dtype=torch.int64, device=dev)
-        self._pos_buf = torch.zeros(n, dtype=torch.int64, device=dev)
-        self._blk_buf = torch.full((n,), self.pad_block, dtype=torch.int64, device=dev)
-        self._off_buf = torch.zeros(n, dtype=torch.int64, device=dev)
+        # token ids, positions, block and offset of each new token: one buffer, one host-to-device copy a pass
+        self._inputs = torch.zeros(4, max_tokens, dtype=torch.int64, device=dev)
+        self._inputs[2] = self.pad_block
         self._tables_buf = torch.full((max_rows, width), self.pad_block, dtype=torch.int64, device=dev)
-        self.max_rows, self.max_T = max_rows, max_T
+        self.max_rows, self.max_tokens = max_rows, max_tokens
         self.padding = 0
         self.use(1, 1)
 
     def use(self, B: int, T: int) -> None:
         """Shape the view as B rows of T tokens (views of the buffers' first entries)."""
-        if not (1 <= B <= self.max_rows and 1 <= T <= self.max_T):
-            raise ValueError(f"a pass of {B} x {T} tokens does not fit the buffers' {self.max_rows} x {self.max_T}")
+        if not (1 <= B <= self.max_rows and 1 <= T and B * T <= self.max_tokens):
+            raise ValueError(f"a pass of {B} x {T} tokens does not fit the buffers' {self.max_rows} rows and "
+                             f"{self.max_tokens} tokens")
         n = B * T
         self.B, self.T = B, T
-        self.input_ids = self._ids_buf[:n].view(B, T)
-        self.positions = self._pos_buf[:n].view(B, T)
-        self._blk, self._off = self._blk_buf[:n], self._off_buf[:n]
+        self.input_ids = self._inputs[0, :n].view(B, T)
+        self.positions = self._inputs[1, :n].view(B, T)
+        self._blk, self._off = self._inputs[2, :n], self._inputs[3, :n]
         self.block_tables = self._tables_buf[:B]
 
     def fill(self, rows: list[tuple[list[int], int, list[int]]], B: int, T: int) -> None:
@@ -108,7 +109,7 @@ class PagedPrefillBatch(PagedBatchView):
             pos += [start] * (T - n) + list(range(start, start + n))
             blk += [pad] * (T - n) + [table[p // bs] for p in range(start, start + n)]
             off += [0] * (T - n) + [p % bs for p in range(start, start + n)]
-            tables += table + [pad] * (self.width - len(table))
+            tables += table + [table[0]] * (self.width - len(table))  # masked slots of a block with finite values
         empty = B - len(rows)
         ids += [0] * (empty * T)
         pos += [0] * (empty * T)
@@ -116,9 +117,8 @@ class PagedPrefillBatch(PagedBatchView):
         off += [0] * (empty * T)
         tables += [pad] * (empty * self.width)
         self.use(B, T)
-        for buf, values in ((self._ids_buf, ids), (self._pos_buf, pos), (self._blk_buf, blk), (self._off_buf, off)):
-            buf[:B * T].copy_(torch.tensor(values, dtype=torch.int64), non_blocking=True)
-        self._tables_buf[:B].copy_(torch.tensor(tables, dtype=torch.int64).view(B, self.width), non_blocking=True)
+        self._inputs[:, :B * T].copy_(torch.tensor(ids + pos + blk + off, dtype=torch.int64).view(4, B * T))
+        self._tables_buf[:B].copy_(torch.tensor(tables, dtype=torch.int64).view(B, self.width))
 
 
 class PagedPrefillGraphs:
@@ -127,7 +127,8 @@ class PagedPrefillGraphs:
     Args:
         model: a `llmlab.model.Transformer` (PyTorch or Triton kernel modules).
         pool: the engine's `PagedKVCache`, with one spare block.
-        chunk: the most tokens a row prefills in one pass (the engine's chunk).
+        chunk: the most tokens a row prefills in one pass: the engine's chunk, capped at its token budget and
+            max_seq_len (the largest chunk its scheduler can plan).
         token_budget: the most tokens of one step: no bucket holds more rows x tokens than this (at least 1 row).
         max_rows: the most rows of a pass (the engine's max_batch).
         width: block-table columns (blocks of the longest request).
@@ -146,7 +147,8 @@ class PagedPrefillGraphs:
             raise ValueError(f"CUDA graphs need a model on a CUDA GPU; this one is on {device}")
         self.model = model
         self.buckets = {T: batch_buckets(max(1, min(max_rows, token_budget // T))) for T in token_buckets(chunk)}
-        self.batch = PagedPrefillBatch(pool, max(b[-1] for b in self.buckets.values()), max(self.buckets), width)
+        self.batch = PagedPrefillBatch(pool, max(rows[-1] for rows in self.buckets.values()),
+                                       max(rows[-1] * T for T, rows in self.buckets.items()), width)
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # (B, T) -> last-token logits (B, V)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         if cuda_graphs:

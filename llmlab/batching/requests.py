@@ -189,7 +189,7 @@ class Server:
     Args:
         llm_or_engine: an `llmlab.LLM` (text prompts need its tokenizer), a `Transformer`, or a `BatchEngine`.
         **engine_args: `BatchEngine`'s (num_blocks, block_size, max_batch, token_budget, chunk, max_seq_len,
-            admit_delay) when the engine is built here.
+            cuda_graphs, overlap, admit_delay, prefill_graphs) when the engine is built here.
 
     Raises:
         TypeError: engine_args given with a ready BatchEngine. And what `BatchEngine` raises.
