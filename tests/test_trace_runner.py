@@ -258,10 +258,12 @@ def test_the_newest_gpu_curve_is_found(tmp_path, monkeypatch):
         doc["date"] = f"2026-12-0{day}T00:00:00Z"
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
     assert [d["device"] for d in list_curves(tmp_path)] == ["NVIDIA H200", "NVIDIA H100", "CPU: some cpu (1 threads)"]
-    assert latest_curve(tmp_path)["path"].endswith("old.json")
-    assert latest_curve(tmp_path, device_contains=None)["path"].endswith("h100.json")  # CPUs never count
+    assert latest_curve(tmp_path)["path"].endswith("old.json")  # an H200 first, though older
+    assert latest_curve(tmp_path, prefer=None)["path"].endswith("h100.json")  # CPUs never count
     monkeypatch.setattr(curve_file, "DEFAULT_DIR", tmp_path)
     assert latest_curve()["path"].endswith("old.json")
+    (tmp_path / "old.json").unlink()
+    assert latest_curve()["path"].endswith("h100.json")  # no H200 curve: the newest from another GPU
 
 
 def test_the_recording_script_refuses_a_machine_without_a_gpu(monkeypatch):

@@ -110,8 +110,10 @@ def list_curves(directory: str | os.PathLike | None = None, device_contains: str
     return sorted(docs, key=lambda d: str(d.get("date") or ""))
 
 
-def latest_curve(directory: str | os.PathLike | None = None, device_contains: str | None = "H200") -> dict | None:
-    """The newest curve file recorded on a device whose name contains `device_contains` (None: any device but a
-    CPU); None when there is none."""
-    docs = [d for d in list_curves(directory, device_contains) if "cpu" not in str(d["device"]).lower()]
-    return docs[-1] if docs else None
+def latest_curve(directory: str | os.PathLike | None = None, prefer: str | None = "H200") -> dict | None:
+    """The newest curve file recorded on a GPU: the newest from a device whose name contains `prefer` (the course's
+    reference GPU), else the newest from any other GPU (None: the newest from any GPU). CPU curves never count;
+    None when there is none."""
+    docs = [d for d in list_curves(directory) if "cpu" not in str(d["device"]).lower()]
+    preferred = [d for d in docs if prefer is not None and prefer.lower() in str(d["device"]).lower()]
+    return (preferred or docs or [None])[-1]
