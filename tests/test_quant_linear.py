@@ -130,3 +130,25 @@ def test_kernel_path_matches_the_pytorch_path(scheme, M, monkeypatch):
     q.use_kernel = True
     monkeypatch.setattr(qlinear.QuantizedLinear, "_kernel_ok", lambda self, x2d: True)
     torch.testing.assert_close(q(x), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scheme,K", [("int8", 64), ("int4", 64), ("int4", 80)])
+def test_prefill_path_dequantizes_in_one_pass_and_matches_the_pytorch_path(scheme, K, monkeypatch):
+    """Rows beyond the decode kernel's 16 on CUDA: the one-pass Triton dequantize + F.linear (forced onto the CPU
+    here, in Triton's interpreter), equal to the PyTorch dequantize + F.linear; K = 80 at group 32 is padded to 96."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA GPU and TRITON_INTERPRET is not set")
+    lin = _linear(48, K, bias=True)
+    q = Int8Linear.from_linear(lin) if scheme == "int8" else Int4Linear.from_linear(lin, group_size=32)
+    x = torch.randn(2, 20, K)
+    q.use_kernel = False
+    ref = q(x)
+    q.use_kernel = True
+    calls = []
+    kernel = type(q)._dequantize_kernel
+    monkeypatch.setattr(qlinear.QuantizedLinear, "_on_gpu", lambda self, x2d: True)
+    monkeypatch.setattr(type(q), "_dequantize_kernel", lambda self, dtype: calls.append(dtype) or kernel(self, dtype))
+    monkeypatch.setattr(qlinear.QuantizedLinear, "dequantize", lambda self, dtype: pytest.fail("PyTorch path taken"))
+    torch.testing.assert_close(q(x), ref, atol=1e-5, rtol=1e-5)
+    assert calls == [torch.float32], "the prefill path did not run the one-pass dequantize"

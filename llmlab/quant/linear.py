@@ -45,8 +45,12 @@ Forward, y = x @ dequant(W)^T + bias, x (..., K) -> y (..., N) in x's dtype:
   * on a CUDA device, with 1..16 rows (M = the product of x's leading dimensions) and a Triton install: the fused
     kernel `llmlab.kernels.int8_matmul.int8_matmul` / `llmlab.kernels.int4_matmul.int4_matmul`, which reads the
     packed weights and converts them in registers (the decode case);
-  * otherwise (a CPU, more than 16 rows i.e. prefill, no Triton): plain PyTorch, dequantize to x's dtype and call
-    F.linear. This materialises an (N, K) copy of the weight per call, so it saves memory at rest, not bandwidth.
+  * on a CUDA device with more rows (a prefill): the weight is dequantized to x's dtype by one Triton pass
+    (`llmlab.kernels.dequantize`: packed bytes and scales read once, the (N, K) weight written once) and F.linear
+    runs the compute-bound GEMM on it (cuBLAS);
+  * otherwise (a CPU, no Triton, use_kernel=False): plain PyTorch, `dequantize` (fp32 temporaries) then F.linear.
+  Both dense paths materialise an (N, K) copy of the weight per call: a quantized prefill saves memory at rest,
+  not bandwidth.
 Triton is imported lazily, at the first call that takes the kernel path: `import llmlab.quant` does not import it.
 """
 
@@ -105,8 +109,9 @@ class QuantizedLinear(nn.Module):
             does not divide K, K rounded up to a multiple of it (see the module docstring, "Padding").
         bias: (N,) buffer in the original layer's dtype, or None. Not quantized.
         orig_dtype: the dtype of the original weight (what `dequantize_model` restores).
-        use_kernel: True (default) lets the forward use the Triton kernel on CUDA for M <= 16; False forces the
-            PyTorch path everywhere (a switch for comparing the two).
+        use_kernel: True (default) lets the forward use the Triton kernels on CUDA (the decode kernel for
+            M <= 16, the one-pass dequantize for more rows); False forces the PyTorch path everywhere (a switch for
+            comparing the two).
     """
 
     scheme = ""
@@ -129,6 +134,12 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
+        """x2d (M, K) -> (M, N) from the packed weights (the decode kernel; CUDA, M = 1..16)."""
+        raise NotImplementedError
+
+    def _dequantize_kernel(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (N, Kp) weight in `dtype`, padded columns included, by one Triton pass (`llmlab.kernels.dequantize`;
+        CUDA). Equals `dequantize(dtype)` on the real columns."""
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------------------------------
@@ -138,33 +149,47 @@ class QuantizedLinear(nn.Module):
         `llmlab.quant.weight_bytes(model)` counts it with the other tensors)."""
         return sum(t.numel() * t.element_size() for t in self.packed_tensors())
 
+    def _on_gpu(self, x2d: torch.Tensor) -> bool:
+        """The Triton paths may run: switched on, x on a CUDA device with the packed weights, a float dtype."""
+        return (self.use_kernel and x2d.is_cuda and x2d.dtype in ACT_DTYPES
+                and self.packed_tensors()[0].device == x2d.device)
+
     def _kernel_ok(self, x2d: torch.Tensor) -> bool:
-        return (self.use_kernel and x2d.is_cuda and 1 <= x2d.shape[0] <= KERNEL_MAX_M
-                and x2d.dtype in ACT_DTYPES and self.packed_tensors()[0].device == x2d.device)
+        return self._on_gpu(x2d) and 1 <= x2d.shape[0] <= KERNEL_MAX_M
+
+    def _triton(self, fn, *args):
+        """fn(*args), or None after a warning (once per process) when Triton cannot be imported; the layer then
+        stays on the PyTorch path, which gives the same answer."""
+        global _warned_no_triton
+        try:
+            return fn(*args)
+        except ImportError as e:  # no triton on this machine
+            if not _warned_no_triton:
+                _warned_no_triton = True
+                warnings.warn(f"{type(self).__name__}: the Triton kernel cannot be imported ({e}); using "
+                              f"dequantize + F.linear instead", stacklevel=3)
+            self.use_kernel = False
+            return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) float -> (..., N) in x's dtype: x @ dequant(W)^T + bias (see the module docstring for which
         path runs). Raises ValueError when x's last dimension is not K."""
-        global _warned_no_triton
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{type(self).__name__}: x has last dimension {x.shape[-1]}, the layer expects "
                              f"in_features = {self.in_features}")
         x2d = x.reshape(-1, self.in_features)
-        if self._kernel_ok(x2d):
-            try:
-                y = self._kernel(x2d)
-            except ImportError as e:  # no triton on this machine: the PyTorch path gives the same answer
-                if not _warned_no_triton:
-                    _warned_no_triton = True
-                    warnings.warn(f"{type(self).__name__}: the Triton kernel cannot be imported ({e}); using "
-                                  f"dequantize + F.linear instead", stacklevel=2)
-                self.use_kernel = False
-            else:
-                if self.bias is not None:
-                    y = y + self.bias.to(y.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self._kernel_ok(x2d):  # decode: the packed weights are read once, converted in registers
+            y = self._triton(self._kernel, x2d)
+            if y is not None:
+                y = y if bias is None else y + bias
                 return y.reshape(*x.shape[:-1], self.out_features)
-        w = self.dequantize(x.dtype)
-        return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+        if self._on_gpu(x2d) and x2d.shape[0]:  # prefill: one-pass dequantize, then a dense GEMM
+            w = self._triton(self._dequantize_kernel, x.dtype)  # (N, Kp)
+            if w is not None:
+                pad = self.padded_in_features - self.in_features
+                return F.linear(F.pad(x, (0, pad)) if pad else x, w, bias)
+        return F.linear(x, self.dequantize(x.dtype), bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -210,6 +235,10 @@ class Int8Linear(QuantizedLinear):
     def _kernel(self, x2d: torch.Tensor) -> torch.Tensor:
         from llmlab.kernels.int8_matmul import int8_matmul  # lazy: imports triton
         return int8_matmul(x2d, self.w_q, self.scales)
+
+    def _dequantize_kernel(self, dtype: torch.dtype) -> torch.Tensor:
+        from llmlab.kernels.dequantize import int8_dequantize  # lazy: imports triton
+        return int8_dequantize(self.w_q, self.scales, dtype)
 
 
 class Int4Linear(QuantizedLinear):
@@ -288,6 +317,10 @@ class Int4Linear(QuantizedLinear):
         pad = self.padded_in_features - self.in_features
         x2d = F.pad(x2d, (0, pad)) if pad else x2d  # (M, Kp): zero inputs meet the zero columns
         return int4_matmul(x2d, self.packed, self.scales)
+
+    def _dequantize_kernel(self, dtype: torch.dtype) -> torch.Tensor:
+        from llmlab.kernels.dequantize import int4_dequantize  # lazy: imports triton
+        return int4_dequantize(self.packed, self.scales, dtype)
 
     def extra_repr(self) -> str:
         padded = (f", padded_in_features={self.padded_in_features}"
