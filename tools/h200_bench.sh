@@ -13,8 +13,8 @@
 # rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
 # serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
 # continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/)
-# and with its prefill passes replayed from CUDA graphs (into $OUT/prefill_graphs/), then both servers' curve at a
-# larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
+# and with eager prefill passes instead of graph-replayed ones (into $OUT/eager_prefill/), then both servers' curve
+# at a larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:
@@ -66,10 +66,10 @@ elif [[ $MODE == batching ]]; then
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192 --batches 1,8,32,64,128}
   step serving_admit_delay 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/admit_delay" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" --admit-delay "${ADMIT_DELAY:-1}"
-  # the continuous server again with its prefill passes replayed from CUDA graphs (BatchEngine's prefill_graphs)
-  step serving_prefill_graphs 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" \
-    --out "$OUT/prefill_graphs" ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" \
-    --prefill-graphs
+  # the continuous server again with eager prefill passes of any shape (the curve above replays them from graphs)
+  step serving_eager_prefill 40 python3 -m llmlab.batching.trace_runner --preset "$BIG" \
+    --out "$OUT/eager_prefill" ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --modes continuous --batches "" \
+    --no-prefill-graphs
   # both servers again with room for twice the batch (BIG_BATCH, default 64): how the curve depends on that limit
   step serving_big_batch 90 python3 -m llmlab.batching.trace_runner --preset "$BIG" --out "$OUT/max_batch" \
     ${CURVE_ARGS:---rates 16,32,64,128 -n 192} --batches "" --max-batch "${BIG_BATCH:-64}"

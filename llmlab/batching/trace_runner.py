@@ -55,10 +55,12 @@ __all__ = ["MODES", "TraceRun", "serve_trace", "curve_row", "throughput_latency_
            "list_curves", "latest_curve", "CURVE_FORMAT", "CURVE_KEYS", "GPU_ENGINE_ARGS"]
 
 MODES = ("continuous", "static", "one_at_a_time")
-# the continuous engine on a GPU: its prefill runs eagerly, paced by the host launching its kernels whatever the
-# pass's length, so it takes whole chat prompts (chunks of up to 512 tokens, 4096 tokens a step) in one pass rather
-# than BatchEngine's CPU-sized defaults (64-token chunks, 256 tokens a step), which spread a prompt over several passes
-GPU_ENGINE_ARGS = {"token_budget": 4096, "chunk": 512}
+# the continuous engine on a GPU: whole chat prompts (chunks of up to 512 tokens, 4096 tokens a step) in one pass
+# rather than BatchEngine's CPU-sized defaults (64-token chunks, 256 tokens a step), which spread a prompt over
+# several passes; and its prefill passes at fixed shapes replayed from CUDA graphs (prefill_graphs). An eager pass
+# is paced by the host launching its kernels, whatever its length: at 128 requests/s on Llama-3.2-1B's shape the
+# eager passes took about half of the wall time (docs/results.md)
+GPU_ENGINE_ARGS = {"token_budget": 4096, "chunk": 512, "prefill_graphs": True}
 
 
 @dataclass
@@ -380,9 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admit-delay", type=float, default=0.0,
                     help="the continuous server's admission delay, as a multiple of the last prefill step's time "
                          "(BatchEngine's admit_delay; default %(default)s: admit at once)")
-    ap.add_argument("--prefill-graphs", action="store_true",
+    ap.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="the continuous server's prefill passes at fixed shapes, replayed from CUDA graphs "
-                         "(BatchEngine's prefill_graphs; default: eager passes of any shape)")
+                         "(BatchEngine's prefill_graphs; default: on; --no-prefill-graphs: eager passes of any "
+                         "shape)")
     ap.add_argument("--out", type=Path, default=curve_file.DEFAULT_DIR)
     args = ap.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -402,18 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b]
     sweep = batch_sweep(llm, batches, prompt_len=128, new_tokens=64, settings=fast) if batches else []
     # both servers on the fast path: static batches on CUDA graphs + the Triton kernels, the continuous engine's
-    # decode rows on its graph-captured paged step; prefill chunks of up to 512 tokens, 4096 tokens a step
+    # decode rows on its graph-captured paged step and its prefill passes replayed from graphs too (GPU_ENGINE_ARGS)
     llm, _ = apply_switches(llm, fast)
     rates = [float(r) for r in args.rates.split(",")]
+    engine = {**GPU_ENGINE_ARGS, "admit_delay": args.admit_delay, "prefill_graphs": args.prefill_graphs}
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
                 "runtime": "CUDA graphs + Triton kernels (static: graphs per batch size; continuous: paged step)",
-                **GPU_ENGINE_ARGS, "admit_delay": args.admit_delay, "prefill_graphs": args.prefill_graphs,
-                "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
+                **engine, "batch_sweep_runtime": "CUDA graphs + Triton kernels"}
     rows = throughput_latency_curve(llm, rates, n=args.n, max_context=args.max_context, max_batch=args.max_batch,
-                                    modes=modes, log=print, static_mode="graphs",
-                                    admit_delay=args.admit_delay, prefill_graphs=args.prefill_graphs,
-                                    **GPU_ENGINE_ARGS)
+                                    modes=modes, log=print, static_mode="graphs", **engine)
     device = device_name(llm.device)
     path = save_curve(rows, args.out / bench_filename(device, "serving", args.preset), model={"id": args.preset},
                       settings=settings, device=device, extra={"batch_sweep": sweep})
