@@ -17,6 +17,7 @@ table reads as a ladder, each rung keeping what the rungs below it bought:
     +prefill_graphs  the prefill replayed from CUDA graphs too (prompt padded to a length bucket): a shorter TTFT
     +int8            (side rung) weight-only int8 linear layers (llmlab.quant): half the bytes per decode step
     +int4            (side rung) weight-only int4, one scale per 128 inputs: about a quarter of the bytes
+    +int8_lm_head, +int4_lm_head  (side rungs) the same with the output layer (lm_head) quantized too
                      Both run on top of every rung below them; rungs added above keep the loaded weights
     +one_at_a_time       (side rung) every request alone (batch 1), one after the other: no batching, the baseline
     +static_batching     (side rung) the workload's requests as one left-padded batch (llmlab.batching.static)
@@ -278,6 +279,16 @@ register_step(LadderStep("+int4", {"weights": "int4"},
                          "weight-only int4 in groups of 128 inputs per scale (llmlab.quant): a quarter of bf16's bytes "
                          "plus the scales; lm_head stays bf16",
                          label="int4 weights (g128)", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
+                         cumulative=False))
+register_step(LadderStep("+int8_lm_head", {"weights": "int8+lm_head"},
+                         "+int8 with lm_head in int8 too: once the other layers are int8, the bf16 output layer is a "
+                         "large share of a step's bytes (Llama-3.1-8B: 1.05 of 8.0 GB); its rounding moves the logits "
+                         "directly (data/quant/perplexity_default.json has the perplexity of both)",
+                         label="int8 weights + lm_head", weights="int8", cumulative=False))
+register_step(LadderStep("+int4_lm_head", {"weights": "int4+lm_head"},
+                         "+int4 with lm_head in int4 (g128) too: on Llama-3.1-8B the bf16 output layer is 1.05 of the "
+                         "4.8 GB an int4 step reads",
+                         label="int4 weights (g128) + lm_head", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
                          cumulative=False))
 register_step(LadderStep("+one_at_a_time", {"batching": "one_at_a_time"},
                          "no batching: every request of the workload alone (batch 1) on the rungs below, one after "

@@ -142,24 +142,28 @@ register(Switch("dtype", "dtype", None, "weights and activations in fp32, bf16 o
 # kernel switches: the "Triton kernels" switch, applied after it, swaps its modules into the quantized copy (their
 # q/k/v and gate/up GEMVs then run on the packed weights: llmlab.quant.fused).
 
-WEIGHT_FORMATS = {"int8": ("int8", None), "int4": ("int4", 128), "int4-g64": ("int4", 64), "int4-g32": ("int4", 32)}
+# value -> (scheme, group size, lm_head quantized too)
+WEIGHT_FORMATS = {"int8": ("int8", None, False), "int4": ("int4", 128, False), "int4-g64": ("int4", 64, False),
+                  "int4-g32": ("int4", 32, False), "int8+lm_head": ("int8", None, True),
+                  "int4+lm_head": ("int4", 128, True)}
 
 
 def _weights(llm: LLM, value: str | None, kwargs: dict) -> LLM:
     if value is None:
         return llm
-    scheme, group_size = WEIGHT_FORMATS[value]
+    scheme, group_size, lm_head = WEIGHT_FORMATS[value]
     if llm.kernels is not None:  # the loaded model may hold the kernel modules from an earlier row: put the
         from llmlab.kernels import modules  # PyTorch ones back before copying (the copy gets its own later)
 
         modules.swap_out(llm.model)
         llm.kernels = None
-    return llm.quantize(scheme, group_size=group_size or 128)
+    return llm.quantize(scheme, group_size=group_size or 128, include_lm_head=lm_head)
 
 
 register(Switch("weights", "weights", None,
                 "store the linear layers' weights in int8 (one scale per output channel) or int4 (one scale per "
-                "group of 128, 64 or 32 inputs) and dequantize them in the matmul: fewer bytes per decode step",
+                "group of 128, 64 or 32 inputs) and dequantize them in the matmul: fewer bytes per decode step; "
+                "'+lm_head' quantizes the output layer too",
                 _weights, choices=(None, *WEIGHT_FORMATS)))
 
 

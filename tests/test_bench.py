@@ -55,7 +55,8 @@ def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     steps = [r["step"] for r in doc["results"]]
     torchao = [s for s in steps if s.startswith("torchao_")]  # the quantized peers, where torchao is installed
     assert not torchao or importlib.util.find_spec("torchao") is not None
-    assert [s for s in steps if s not in torchao] == ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time",
+    assert [s for s in steps if s not in torchao] == ["no_kv_cache", "eager", "+int8", "+int4", "+int8_lm_head",
+                                                      "+int4_lm_head", "+one_at_a_time",
                                                       "+static_batching", "+continuous_batching", "hf_eager",
                                                       "hf_static", "roofline"]
     skipped = {s["step"] for s in doc["skipped"]}
@@ -63,8 +64,8 @@ def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     for r in doc["results"]:
         assert list(r)[:len(ROW_KEYS)] == list(ROW_KEYS)
         assert r["workload"] == "chat" and r["model"] == "pydoc-llama" and r["batch_size"] == 1
-        assert r["weights"] == {"+int8": "int8", "+int4": "int4", "torchao_int8": "int8",
-                                "torchao_int4": "int4"}.get(r["step"], "fp32")
+        assert r["weights"] == {"+int8": "int8", "+int4": "int4", "+int8_lm_head": "int8", "+int4_lm_head": "int4",
+                                "torchao_int8": "int8", "torchao_int4": "int4"}.get(r["step"], "fp32")
         assert r["tokens_per_s"] > 0
         assert r["gpu_util"] is None and r["sm_active"] is None and r["peak_mem_GB"] is None  # not a GPU run
     rows = {r["step"]: r for r in doc["results"]}
@@ -509,7 +510,9 @@ def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
     assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
-    assert "a CUDA GPU" in err and "choose steps that run here (no_kv_cache, eager, +int8, +int4, +one_at_a_time, +static_batching, +continuous_batching;" in err and "--peers" in err
+    runnable = ("no_kv_cache, eager, +int8, +int4, +int8_lm_head, +int4_lm_head, +one_at_a_time, +static_batching, "
+                "+continuous_batching;")
+    assert "a CUDA GPU" in err and f"choose steps that run here ({runnable}" in err and "--peers" in err
     assert not list(tmp_path.iterdir())
     llm = LLM(tiny_model(seed=0), name="tiny")
     with pytest.raises(bench.NothingToRun, match="nothing to measure"):

@@ -71,7 +71,8 @@ def test_fusing_layers_of_different_formats_is_refused():
 
 
 def test_the_weights_switch_runs_a_quantized_copy_and_leaves_the_loaded_model_alone():
-    assert SWITCHES["weights"].choices == (None, "int8", "int4", "int4-g64", "int4-g32")
+    assert SWITCHES["weights"].choices == (None, "int8", "int4", "int4-g64", "int4-g32", "int8+lm_head",
+                                           "int4+lm_head")
     llm = LLM(tiny_model())
     before = {k: v.clone() for k, v in llm.model.state_dict().items()}
     q, kwargs = apply_switches(llm, {"weights": "int4-g64"})
@@ -94,6 +95,20 @@ def test_the_quantized_rungs_sit_on_top_of_the_ladder_and_run_on_a_cpu():
     assert set(by_name) == {"eager", "+int8", "+int4"}, skipped
     assert by_name["+int8"].settings == {"kv_cache": True, "weights": "int8"}
     assert by_name["+int4"].settings["weights"] == "int4"
+
+
+def test_the_lm_head_rungs_quantize_the_output_layer_too_and_the_others_leave_it():
+    llm = LLM(tiny_model())  # tied embeddings: a quantized lm_head gets its own copy, the embedding stays float
+    runnable, skipped = available_steps(llm, ["+int4", "+int4_lm_head", "+int8_lm_head"])
+    assert [r.name for r in runnable] == ["+int4", "+int8_lm_head", "+int4_lm_head"], skipped  # ladder order
+    heads = {}
+    for r in runnable:
+        q, _ = apply_switches(llm, r.settings)
+        heads[r.name] = type(q.model.lm_head).__name__
+        assert isinstance(q.model.embed_tokens, torch.nn.Embedding)
+        assert q.generate([1, 2, 3], max_new_tokens=3).token_ids
+    assert heads == {"+int4": "Linear", "+int4_lm_head": "Int4Linear", "+int8_lm_head": "Int8Linear"}
+    assert type(llm.model.lm_head) is torch.nn.Linear  # the loaded model keeps its float layers
 
 
 def test_bytes_read_per_step_and_allocated_follow_the_format():

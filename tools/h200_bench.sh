@@ -8,8 +8,8 @@
 # the batch workload's batching rungs, and the serving curve (llmlab.batching.trace_runner: arrival rates x static /
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
-# weight-only +int8 and +int4 rungs (the 8B one with the peers, torchao's quantized ones included where it is
-# installed; the GPU tests of the quantized paths first); "batching" (~9 min) runs the batch workload's batching
+# weight-only +int8 and +int4 rungs and both with lm_head quantized too (the 8B one with the peers, torchao's
+# quantized ones included where it is installed; the GPU tests of the quantized paths first); "batching" (~9 min) runs the batch workload's batching
 # rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
 # serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
 # continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/)
@@ -35,6 +35,7 @@ BENCH="python3 -m llmlab.cli bench --out $OUT ${BENCH_ARGS:-}"
 # every rung from eager up (the no-KV-cache rung would recompute 8K-token contexts)
 LADDER="eager,+gpu_sampling,+pinned_memory,+cuda_graphs,+torch_compile,+triton_kernels,+step_tuning,+prefill_graphs"
 BATCHING="+one_at_a_time,+static_batching,+continuous_batching"
+QUANT="+int8,+int4,+int8_lm_head,+int4_lm_head"
 
 if [[ $MODE == main ]]; then
   step chat_1b 90 $BENCH --workload chat --model "$BIG" --steps all --peers --repeats 2 --time-budget 240
@@ -51,9 +52,9 @@ elif [[ $MODE == quant ]]; then
   # its peers: Hugging Face, and torchao's int8 / int4 where torchao is importable (a carried wheel, see
   # tools/README.md); QPEERS="--peers torchao_int8,torchao_int4" runs only torchao's, QPEERS="" none
   step chat_8b_quant 200 $BENCH --workload chat --model "$QBIG" ${QPEERS---peers} \
-    --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,+int8,+int4}" --repeats 1 \
+    --steps "${QSTEPS:-eager,+cuda_graphs,+triton_kernels,+step_tuning,+prefill_graphs,$QUANT}" --repeats 1 \
     --time-budget "$(budget ${QRESERVE:-120})"
-  step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,+int8,+int4" --repeats 1 \
+  step chat_1b_quant 60 $BENCH --workload chat --model "$BIG" --steps "$LADDER,$QUANT" --repeats 1 \
     --time-budget "$(budget 20)"
 elif [[ $MODE == batching ]]; then
   step gpu_tests 40 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST tests/test_batching_gpu.py tests/test_prefill_graphs.py \

@@ -1,6 +1,7 @@
 """The weight-quantization quality table of the default model, written as JSON: perplexity on held-out tokens and
 greedy agreement with the unquantized model, for fp32 and bf16, int8 and int4 at group sizes 128 / 64 / 32, each
-rounded to nearest (RTN) and with activation-aware scaling (AWQ, `llmlab.quant.awq`).
+rounded to nearest (RTN) and with activation-aware scaling (AWQ, `llmlab.quant.awq`), with lm_head kept in the model's
+dtype; and int8 / int4 g128 RTN with lm_head quantized too (the ladder's `+int8_lm_head` / `+int4_lm_head`).
 
     python tools/quant_quality.py                                   # writes data/quant/perplexity_default.json
     python tools/quant_quality.py --quick --out /tmp/q.json         # a quick CPU check of the script itself
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
     floats = {"fp32": base.model, "bf16": copy.deepcopy(base.model).to(torch.bfloat16)}
     rows = []
     for act in ("fp32", "bf16"):
-        row = {"name": act, "weights": act, "group_size": None, "method": None, "activations": act,
+        row = {"name": act, "weights": act, "group_size": None, "method": None, "lm_head": None, "activations": act,
                "agreement_ref": "fp32", "quantize_s": None, "calibration_s": None}
         row.update(measure(act, floats[act], floats["fp32"], ev, prompts, args, weight_bytes(floats[act])))
         rows.append(row)
@@ -126,11 +127,27 @@ def main(argv=None) -> None:
                 quantize_model(model, scheme, group_size=g or 128)
                 quant_s = time.perf_counter() - t0
                 name = f"{fmt} {method}" + ("" if act == "fp32" else f" ({act})")
-                row = {"name": name, "weights": scheme, "group_size": g, "method": method, "activations": act,
+                row = {"name": name, "weights": scheme, "group_size": g, "method": method, "lm_head": False,
+                       "activations": act,
                        "agreement_ref": act, "quantize_s": round(quant_s + (search_s if method == "awq" else 0), 2),
                        "calibration_s": round(search_s, 2) if method == "awq" else None}
                 row.update(measure(name, model, floats[act], ev, prompts, args, nbytes))
                 rows.append(row)
+    # the ladder's +int8_lm_head / +int4_lm_head rungs: round-to-nearest with the output layer quantized too
+    for scheme, g in (("int8", None), ("int4", 128)):
+        fmt = scheme + (f" g{g}" if g else "")
+        nbytes = weight_bytes(quantize_model(copy.deepcopy(floats["bf16"]), scheme, group_size=g or 128,
+                                             include_lm_head=True))
+        for act in acts:
+            model = copy.deepcopy(floats[act])
+            t0 = time.perf_counter()
+            quantize_model(model, scheme, group_size=g or 128, include_lm_head=True)
+            name = f"{fmt} rtn +lm_head" + ("" if act == "fp32" else f" ({act})")
+            row = {"name": name, "weights": scheme, "group_size": g, "method": "rtn", "lm_head": True,
+                   "activations": act, "agreement_ref": act, "quantize_s": round(time.perf_counter() - t0, 2),
+                   "calibration_s": None}
+            row.update(measure(name, model, floats[act], ev, prompts, args, nbytes))
+            rows.append(row)
     ppl = {r["name"]: r["perplexity"] for r in rows}
     for r in rows:
         r["ppl_change_vs_fp32"] = round(r["perplexity"] / ppl["fp32"] - 1, 5)
