@@ -280,16 +280,20 @@ register_step(LadderStep("+int4", {"weights": "int4"},
                          "plus the scales; lm_head stays bf16",
                          label="int4 weights (g128)", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
                          cumulative=False))
+# on a CPU a quantized layer dequantizes its weight in PyTorch at every step, and lm_head is the largest layer: the
+# rung would show that cost (slower than bf16), not the bytes it saves
+_LM_HEAD_CPU = ("on a CPU the quantized lm_head is dequantized in PyTorch at every step (the largest layer), which "
+                "costs more than the bytes it saves; the GPU reads it packed")
 register_step(LadderStep("+int8_lm_head", {"weights": "int8+lm_head"},
                          "+int8 with lm_head in int8 too: once the other layers are int8, the bf16 output layer is a "
                          "large share of a step's bytes (Llama-3.1-8B: 1.05 of 8.0 GB); its rounding moves the logits "
                          "directly (data/quant/perplexity_default.json has the perplexity of both)",
-                         label="int8 weights + lm_head", weights="int8", cumulative=False))
+                         label="int8 weights + lm_head", weights="int8", cumulative=False, gpu_only=_LM_HEAD_CPU))
 register_step(LadderStep("+int4_lm_head", {"weights": "int4+lm_head"},
                          "+int4 with lm_head in int4 (g128) too: on Llama-3.1-8B the bf16 output layer is 1.05 of the "
                          "4.8 GB an int4 step reads",
                          label="int4 weights (g128) + lm_head", weights="int4", weight_bytes_per_param=0.5 + 4 / 128,
-                         cumulative=False))
+                         cumulative=False, gpu_only=_LM_HEAD_CPU))
 register_step(LadderStep("+one_at_a_time", {"batching": "one_at_a_time"},
                          "no batching: every request of the workload alone (batch 1) on the rungs below, one after "
                          "the other, as a server without a batcher would serve requests that arrived together; the "

@@ -55,8 +55,7 @@ def test_results_hold_the_ladder_peers_and_roofline(chat_doc):
     steps = [r["step"] for r in doc["results"]]
     torchao = [s for s in steps if s.startswith("torchao_")]  # the quantized peers, where torchao is installed
     assert not torchao or importlib.util.find_spec("torchao") is not None
-    assert [s for s in steps if s not in torchao] == ["no_kv_cache", "eager", "+int8", "+int4", "+int8_lm_head",
-                                                      "+int4_lm_head", "+one_at_a_time",
+    assert [s for s in steps if s not in torchao] == ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time",
                                                       "+static_batching", "+continuous_batching", "hf_eager",
                                                       "hf_static", "roofline"]
     skipped = {s["step"] for s in doc["skipped"]}
@@ -510,8 +509,7 @@ def test_cli_refuses_a_run_where_none_of_the_steps_can_run(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert err.startswith("llmlab bench: none of the requested ladder steps can run here")
     assert "+prefill_graphs: prefill CUDA graphs: needs a CUDA GPU" in err
-    runnable = ("no_kv_cache, eager, +int8, +int4, +int8_lm_head, +int4_lm_head, +one_at_a_time, +static_batching, "
-                "+continuous_batching;")
+    runnable = "no_kv_cache, eager, +int8, +int4, +one_at_a_time, +static_batching, +continuous_batching;"
     assert "a CUDA GPU" in err and f"choose steps that run here ({runnable}" in err and "--peers" in err
     assert not list(tmp_path.iterdir())
     llm = LLM(tiny_model(seed=0), name="tiny")

@@ -54,6 +54,18 @@ def test_row_blocks_of_a_fused_weight_read_their_own_rows():
     assert torch.equal(int8_dequantize(w_q[8:], s8[8:], torch.float32), dequantize_int8(w_q, s8)[8:])
 
 
+@pytest.mark.parametrize("layout", ["column-major", "every other column", "one scale broadcast"])
+def test_int4_reads_scales_of_any_layout(layout):
+    """Scales whose columns are not adjacent in memory (stride(1) != 1) give the reference's weights too."""
+    torch.manual_seed(0)
+    packed, scales = quantize_int4(torch.randn(8, 128, device=DEV), 32)  # 4 groups a row
+    s = {"column-major": scales.t().contiguous().t(),
+         "every other column": torch.stack([scales, torch.zeros_like(scales)], dim=-1)[..., 0],
+         "one scale broadcast": scales[:, :1].expand(8, 4)}[layout]
+    assert s.stride(1) != 1
+    assert torch.equal(int4_dequantize(packed, s, torch.float32), dequantize_int4(packed, s))
+
+
 def test_all_zero_rows_give_zeros_not_nan():
     packed, scales = quantize_int4(torch.zeros(3, 64, device=DEV), 32)
     assert torch.equal(int4_dequantize(packed, scales, torch.float32), torch.zeros(3, 64, device=DEV))

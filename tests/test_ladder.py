@@ -14,8 +14,7 @@ from llmlab.tour import run_tour, tour_settings
 from tiny_models import tiny_model
 
 # the rungs a CPU runs: the GPU-only ones (CUDA graphs, kernels, ...) are skipped with their reason
-CPU_RUNGS = ["no_kv_cache", "eager", "+int8", "+int4", "+int8_lm_head", "+int4_lm_head", "+one_at_a_time",
-             "+static_batching", "+continuous_batching"]
+CPU_RUNGS = ["no_kv_cache", "eager", "+int8", "+int4", "+one_at_a_time", "+static_batching", "+continuous_batching"]
 
 
 @pytest.fixture
@@ -72,8 +71,7 @@ def test_cpu_runs_the_bottom_rungs_and_says_why_it_skips_the_rest(llm):
     assert [r.name for r in runnable] == CPU_RUNGS
     assert runnable[1].settings == {"kv_cache": True}
     assert runnable[3].settings == {"kv_cache": True, "weights": "int4"}
-    assert runnable[5].settings == {"kv_cache": True, "weights": "int4+lm_head"}
-    assert runnable[8].settings["batching"] == "continuous" and not runnable[8].settings.get("cuda_graphs")
+    assert runnable[6].settings["batching"] == "continuous" and not runnable[6].settings.get("cuda_graphs")
     assert {s.name for s, _ in skipped} == set(step_names()) - set(CPU_RUNGS)
     for step, why in skipped:
         assert why, f"{step.name} is skipped without a reason"
@@ -155,8 +153,8 @@ def test_weights_label_and_bytes():
 def test_tour_climbs_the_ladder(llm, tmp_path):
     from tiny_models import model_folder
 
-    cpu_rungs = ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)", "int8 weights + lm_head",
-                 "int4 weights (g128) + lm_head", "one at a time (bs=1)", "static batching", "continuous batching"]  # the GPU-only rungs are skipped
+    cpu_rungs = ["no KV cache", "KV cache", "int8 weights", "int4 weights (g128)", "one at a time (bs=1)", "static batching",
+                 "continuous batching"]  # the GPU-only rungs are skipped
     assert [t.name for t in tour_settings(llm)] == cpu_rungs
     folder = model_folder(tmp_path, seed=0)[0]
     lines = []

@@ -147,6 +147,7 @@ def int4_dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     if G % 32:
         raise ValueError(f"int4_dequantize: {scales.shape[1]} scales per row over K = {K} make groups of {G}; the "
                          f"group size must be a multiple of 32 (quantize with group_size 32, 64 or 128)")
+    scales = scales.contiguous()  # the kernel reads group g of a row at offset g: adjacent columns
     out = torch.empty((N, K), dtype=dtype, device=packed.device)
     if out.numel():
         block_k = _block_k(G)

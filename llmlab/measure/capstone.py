@@ -33,7 +33,7 @@ from llmlab.measure.bench import run_bench
 from llmlab.measure.bench_file import list_bench
 from llmlab.measure.timing import cpu_threads_for, intra_op_threads
 from llmlab.measure.workloads import WORKLOADS, Workload
-from llmlab.switches import SWITCHES, defaults, describe
+from llmlab.switches import SWITCHES, WEIGHT_FORMATS, defaults, describe
 
 PEERS = ("hf_eager", "hf_static")
 ROOFLINE = "roofline"
@@ -132,7 +132,7 @@ def measure_config(llm: LLM, settings: dict[str, Any], workload: str | Workload 
         raise ValueError(f"the ladder already has a rung named {YOURS!r}; measure_config needs that name")
     fmt = full.get("weights")  # the row's weight format, as the quantized rungs label theirs ('int4-g64' -> 'int4')
     step = register_step(LadderStep(YOURS, full, "your combination of switches", label=describe(settings),
-                                    weights=fmt.split("-")[0] if fmt else None, cumulative=False))
+                                    weights=WEIGHT_FORMATS[fmt][0] if fmt else None, cumulative=False))
     try:  # every switch is given, so nothing from the rungs below leaks into this row
         doc = run_ladder(llm, workload, quick=quick, steps=[YOURS], peers=False, **bench_kwargs)
     finally:
