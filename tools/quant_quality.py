@@ -14,7 +14,9 @@ activations of `--act` (default fp32, which isolates the rounding of the weights
 in bf16); its agreement is measured against the unquantized model in the same activation dtype. The AWQ scales are
 searched once per scheme (in fp32) and folded into each activation dtype's copy. `weight_bytes` of a quantized row
 is what a bf16 model quantized that way stores (embedding and norms in bf16, int8/int4 values with fp32 scales),
-whatever its activations. Runs on a CPU: ~50 minutes per activation dtype on a shared 2-core machine.
+whatever its activations; `step_weight_bytes` is what one decode step of that model reads (with the default model's
+tied embeddings, a quantized lm_head is a copy stored beside the bf16 embedding: more bytes stored, fewer read).
+Runs on a CPU: 10-50 minutes per activation dtype on a 2-core machine, depending on its load.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))  # run as `python3 tools/...` from a plain checkou
 import llmlab  # noqa: E402
 from llmlab.quant import (apply_awq, awq_scales, calibration_ids, evaluation_ids, greedy_agreement,  # noqa: E402
                           heldout_text, perplexity, quantize_model, weight_bytes)
+from llmlab.measure.model_bytes import step_weight_bytes  # noqa: E402
 from llmlab.quant.calibration import heldout_ids  # noqa: E402
 from llmlab.train.corpus import EOT  # noqa: E402
 
@@ -59,11 +62,16 @@ def prompts_from(ids: torch.Tensor, n: int, length: int) -> list[list[int]]:
     return [ids[i * step:i * step + length].tolist() for i in range(n)]
 
 
-def measure(name: str, model, ref_model, ev: torch.Tensor, prompts, args, nbytes: int) -> dict:
+def measure(name: str, model, ref_model, ev: torch.Tensor, prompts, args, stored) -> dict:
+    """Perplexity and greedy agreement of `model`; the bytes of `stored` (the same weights as a bf16 model stores
+    them): weight_bytes (every weight once) and step_weight_bytes (what a decode step reads: with tied embeddings a
+    quantized lm_head is a copy, stored beside the float embedding, and the step reads the copy)."""
     t0 = time.perf_counter()
     ppl = perplexity(model, ev, context=args.context, stride=args.context // 2)
     agree = greedy_agreement(ref_model, model, prompts, n_tokens=args.new_tokens)
-    row = {"perplexity": round(ppl, 4), "agreement": round(agree, 4), "weight_bytes": nbytes}
+    nbytes = weight_bytes(stored)
+    row = {"perplexity": round(ppl, 4), "agreement": round(agree, 4), "weight_bytes": nbytes,
+           "step_weight_bytes": step_weight_bytes(stored)}
     print(f"  {name:<22} perplexity {ppl:9.4f}  agreement {agree:6.1%}  weight bytes {row['weight_bytes']:>10,}  "
           f"[{time.perf_counter() - t0:.0f} s]", flush=True)
     return row
@@ -107,7 +115,7 @@ def main(argv=None) -> None:
     for act in ("fp32", "bf16"):
         row = {"name": act, "weights": act, "group_size": None, "method": None, "lm_head": None, "activations": act,
                "agreement_ref": "fp32", "quantize_s": None, "calibration_s": None}
-        row.update(measure(act, floats[act], floats["fp32"], ev, prompts, args, weight_bytes(floats[act])))
+        row.update(measure(act, floats[act], floats["fp32"], ev, prompts, args, floats[act]))
         rows.append(row)
     search = {}
     for scheme, g in FORMATS:
@@ -117,7 +125,7 @@ def main(argv=None) -> None:
         search_s = time.perf_counter() - t0
         search[fmt] = {r["key"]: r["alpha"] for r in scales.search}
         # bytes as a bf16 model stores them (the unquantized embedding and norms in bf16), whatever the activations
-        nbytes = weight_bytes(quantize_model(copy.deepcopy(floats["bf16"]), scheme, group_size=g or 128))
+        stored = quantize_model(copy.deepcopy(floats["bf16"]), scheme, group_size=g or 128)
         for act in acts:
             for method in ("rtn", "awq"):
                 model = copy.deepcopy(floats[act])
@@ -131,13 +139,12 @@ def main(argv=None) -> None:
                        "activations": act,
                        "agreement_ref": act, "quantize_s": round(quant_s + (search_s if method == "awq" else 0), 2),
                        "calibration_s": round(search_s, 2) if method == "awq" else None}
-                row.update(measure(name, model, floats[act], ev, prompts, args, nbytes))
+                row.update(measure(name, model, floats[act], ev, prompts, args, stored))
                 rows.append(row)
     # the ladder's +int8_lm_head / +int4_lm_head rungs: round-to-nearest with the output layer quantized too
     for scheme, g in (("int8", None), ("int4", 128)):
         fmt = scheme + (f" g{g}" if g else "")
-        nbytes = weight_bytes(quantize_model(copy.deepcopy(floats["bf16"]), scheme, group_size=g or 128,
-                                             include_lm_head=True))
+        stored = quantize_model(copy.deepcopy(floats["bf16"]), scheme, group_size=g or 128, include_lm_head=True)
         for act in acts:
             model = copy.deepcopy(floats[act])
             t0 = time.perf_counter()
@@ -146,7 +153,7 @@ def main(argv=None) -> None:
             row = {"name": name, "weights": scheme, "group_size": g, "method": "rtn", "lm_head": True,
                    "activations": act, "agreement_ref": act, "quantize_s": round(time.perf_counter() - t0, 2),
                    "calibration_s": None}
-            row.update(measure(name, model, floats[act], ev, prompts, args, nbytes))
+            row.update(measure(name, model, floats[act], ev, prompts, args, stored))
             rows.append(row)
     ppl = {r["name"]: r["perplexity"] for r in rows}
     for r in rows:
