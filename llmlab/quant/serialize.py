@@ -8,11 +8,13 @@ The folder:
 
     config.json        the model's Hugging Face config (written by `llmlab.checkpoint.save_model`)
     model.safetensors  every tensor of the model's state_dict, named as `save_model` names them ("model." + the
-                       llmlab name; lm_head bare): a quantized layer stores <layer>.w_q int8 (N, K) and
-                       <layer>.scales fp32 (N,) (int8), or <layer>.packed uint8 (N, Kp/2) and <layer>.scales fp32
-                       (N, Kp/G) (int4, Kp = K padded to a multiple of the group size G: llmlab/quant/linear.py,
-                       "Padding"), and its bias if it has one; the other tensors (embedding, norms) keep their
-                       dtype; a tied lm_head that is not quantized is stored once, as the embedding
+                       llmlab name; a float lm_head.weight bare, as Hugging Face names it; a quantized lm_head's
+                       tensors take the prefix like every other layer's): a quantized layer stores <layer>.w_q int8
+                       (N, K) and <layer>.scales fp32 (N,) (int8), or <layer>.packed uint8 (N, Kp/2) and
+                       <layer>.scales fp32 (N, Kp/G) (int4, Kp = K padded to a multiple of the group size G:
+                       llmlab/quant/linear.py, "Padding"), and its bias if it has one; the other tensors
+                       (embedding, norms) keep their dtype; a tied lm_head that is not quantized is stored once, as
+                       the embedding
     quant_config.json  {"quant_format": "llmlab-weight-only", "format_version": 1, "scheme": "int4",
                         "group_size": 128 (null for int8), "symmetric": true, "include_lm_head": false,
                         "method": "rtn", "dtype": "float32" (the unquantized tensors'), "llmlab_version": "0.1.0",
