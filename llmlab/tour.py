@@ -102,7 +102,7 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     with intra_op_threads(threads):
         rows, skipped = _time_settings(llm, prompt, max_new_tokens, repeats)
     base = rows[0]["tokens_per_s"]
-    w = max(16, 2 + max(len(r["setting"]) for r in rows))
+    w = max(16, 2 + max(len(name) for name in [*(r["setting"] for r in rows), *(s.label for s, _ in skipped)]))
     print_fn(f"{'setting':<{w}}{'TTFT ms':>10}{'TPOT ms':>10}{'tokens/s':>11}{'speed-up':>10}  same tokens")
     for r in rows:
         print_fn(f"{r['setting']:<{w}}{r['ttft_ms']:>10.2f}{format_ms(r['tpot_ms']):>10}{r['tokens_per_s']:>11.1f}"
