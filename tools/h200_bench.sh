@@ -9,12 +9,12 @@
 # continuous batching, written as nvidia-h200_serving_*.json beside the bench files);
 # "quant" (~8 min) runs the chat workload on the Llama-3.1-8B shape (QBIG) and the 1B shape from eager up to the
 # weight-only +int8 and +int4 rungs and both with lm_head quantized too (the 8B one with the peers, torchao's
-# quantized ones included where it is installed; the GPU tests of the quantized paths first); "batching" (~9 min) runs the batch workload's batching
-# rungs (one at a time, static, continuous) with Hugging Face's static-cache and continuous-batching peers, then the
-# serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16 to 128 per second), and the
-# continuous server's curve again with an admission delay (ADMIT_DELAY, default 1; written into $OUT/admit_delay/)
-# and with eager prefill passes instead of graph-replayed ones (into $OUT/eager_prefill/), then both servers' curve
-# at a larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
+# quantized ones included where it is installed; the GPU tests of the quantized paths first); "batching" (~9 min)
+# runs the batch workload's batching rungs (one at a time, static, continuous) with Hugging Face's static-cache and
+# continuous-batching peers, then the serving curve (CURVE_ARGS: trace_runner's arguments, default 192 requests at 16
+# to 128 per second), and the continuous server's curve again with an admission delay (ADMIT_DELAY, default 1;
+# written into $OUT/admit_delay/) and with eager prefill passes instead of graph-replayed ones (into
+# $OUT/eager_prefill/), then both servers' curve at a larger max batch (BIG_BATCH, default 64; into $OUT/max_batch/).
 # It writes into $OUT: device.txt, bench.log (everything printed), one bench JSON per run (copy them into
 # data/bench/ and commit them: `llmlab.measure.bench.latest_ladder` replays the newest of each workload) and, in main
 # mode, profile_*.json.gz Chrome traces (https://ui.perfetto.dev). DEADLINE_S (default 540) bounds the whole run:

@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python3 tools/...` from a plain checkout
 
 import llmlab  # noqa: E402
+from llmlab.measure.model_bytes import step_weight_bytes  # noqa: E402
 from llmlab.quant import (apply_awq, awq_scales, calibration_ids, evaluation_ids, greedy_agreement,  # noqa: E402
                           heldout_text, perplexity, quantize_model, weight_bytes)
-from llmlab.measure.model_bytes import step_weight_bytes  # noqa: E402
 from llmlab.quant.calibration import heldout_ids  # noqa: E402
 from llmlab.train.corpus import EOT  # noqa: E402
 

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ._util import check_tensors
+from .weight_quant import check_group
 
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_N = 32
@@ -127,8 +128,8 @@ def int4_dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     """packed (N, K // 2) uint8 (low nibble = even k, codes stored as value + 8) and scales (N, K // G) float ->
     W (N, K) in `dtype`: (code - 8) * scales[n, k // G], in one pass.
 
-    Equals `weight_quant.dequantize_int4(packed, scales).to(dtype)` exactly. G must be a multiple of 32 (the
-    quantized layers' rule, `llmlab.quant.linear.check_group_size`).
+    Equals `weight_quant.dequantize_int4(packed, scales).to(dtype)` exactly. G must be a multiple of 32 (the int4
+    kernels' rule, `weight_quant.check_group`).
 
     Raises:
         TypeError: packed not uint8, scales not floating point, dtype not fp32 / fp16 / bf16.
@@ -143,10 +144,8 @@ def int4_dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     if scales.dim() != 2 or scales.shape[0] != N or not scales.shape[1] or K % scales.shape[1]:
         raise ValueError(f"int4_dequantize: scales must be (N, K // G) = ({N}, {K} // G), one per group of G "
                          f"weights of a row, got {tuple(scales.shape)}")
+    check_group(K, K // scales.shape[1])  # the kernels' rule: a multiple of 32 that divides K
     G = K // scales.shape[1]
-    if G % 32:
-        raise ValueError(f"int4_dequantize: {scales.shape[1]} scales per row over K = {K} make groups of {G}; the "
-                         f"group size must be a multiple of 32 (quantize with group_size 32, 64 or 128)")
     scales = scales.contiguous()  # the kernel reads group g of a row at offset g: adjacent columns
     out = torch.empty((N, K), dtype=dtype, device=packed.device)
     if out.numel():
