@@ -207,6 +207,12 @@ def load_model(
                         continue  # some tied checkpoints store the shared matrix twice
                     if name.endswith("rotary_emb.inv_freq"):
                         continue  # old checkpoints stored RoPE buffers; llmlab recomputes them
+                    layer, _, buffer = name.rpartition(".")
+                    if buffer in ("packed", "w_q", "scales") and f"{layer}.weight" in expected:
+                        raise ValueError(f"{key!r} in {file.name} is a quantized layer's tensor (int8 w_q / int4 "
+                                         f"packed, with scales), but {folder} has no quant_config.json, which says "
+                                         f"how to read them; restore that file, or save the model again with "
+                                         f"llmlab.quant.save_quantized(llm, folder)")
                     raise KeyError(f"unexpected tensor {key!r} in {file.name}: the model built from config.json has "
                                    f"no such parameter (is config.json from another model?)")
                 if name in read_from:

@@ -239,13 +239,13 @@ class LLM:
         llm.kernels = None if self.kernels is None else self.kernels.for_model(model)
         return llm
 
-    def quantize(self, scheme: str, group_size: int = 128, include_lm_head: bool = False,
+    def quantize(self, scheme: str, group_size: int | None = None, include_lm_head: bool = False,
                  inplace: bool = False, method: str = "rtn", calibration: str | torch.Tensor | None = None,
                  progress: bool = True) -> "LLM":
         """This LLM with weight-only quantized linear layers.
 
-        scheme: "int8" (per output channel) or "int4" (group-wise, `group_size` inputs per scale). The embedding
-        stays as it is; lm_head only with include_lm_head. method: "rtn" rounds the weights to nearest
+        scheme: "int8" (per output channel: one scale per row, so no group_size) or "int4" (group-wise,
+        `group_size` inputs per scale; None: 128). The embedding stays as it is; lm_head only with include_lm_head. method: "rtn" rounds the weights to nearest
         (`llmlab.quant.quantize_model`); "awq" first searches activation-aware scales on calibration tokens and folds
         them into the weights (`llmlab.quant.quantize_awq`, Lin et al. 2023, https://arxiv.org/abs/2306.00978), with
         a progress bar over the layers unless progress=False. calibration (awq only): text (cut into 16 windows of
@@ -255,7 +255,7 @@ class LLM:
         self when inplace=True (no second copy in memory); its name gains the scheme, " g<group_size>" for int4 and
         " awq" for awq.
         Raises, before changing anything: ValueError for an unknown method, a scheme or group size the layers cannot
-        take, a model already quantized, the "Triton kernels" switch on (its fused decode step reads unquantized
+        take, a group_size given with int8, a model already quantized, the "Triton kernels" switch on (its fused decode step reads unquantized
         weights), calibration given with method="rtn", or calibration text too short (`calibration_ids`); TypeError
         for calibration that is neither text nor a tensor of ids, or text without a tokenizer.
         """
@@ -265,6 +265,11 @@ class LLM:
         if method not in ("rtn", "awq"):
             raise ValueError(f"quantize: unknown method {method!r}; use 'rtn' (round to nearest) or 'awq' "
                              f"(activation-aware scaling, calibrated)")
+        if scheme == "int8" and group_size is not None:
+            raise ValueError(f"quantize: int8 keeps one scale per output channel (row), so group_size={group_size!r} "
+                             f"has no meaning there; drop group_size, or use scheme='int4' for groups")
+        if group_size is None:
+            group_size = 128
         if self.kernels is not None:
             raise ValueError("quantize: the Triton kernels switch is on, and its fused decode step reads the "
                              "unquantized weights; quantize the LLM without it (apply the switch afterwards)")
@@ -293,7 +298,7 @@ class LLM:
             quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
         llm.runners = RunnerCache()  # graphs captured before hold the old layers
         llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "") \
-            + (" awq" if method == "awq" else "")
+            + (" awq" if method == "awq" else "") + (" +lm_head" if include_lm_head else "")
         llm.quant_method = method  # what `llmlab.quant.serialize.save_quantized` records
         return llm
 
@@ -429,9 +434,12 @@ class LLM:
                                          ("cache_factory", cache_factory is not None),
                                          ("on_token", on_token is not None)) if on]
             if off:
+                # a left-padded static batch refuses the same cache options (below); one at a time takes them all
+                static_too = not (set(off) & {"use_cache=False", "prefill_graphs", "cache_factory"})
                 raise ValueError(f"batching='continuous' runs its own engine on a paged KV pool "
                                  f"(llmlab.batching.engine), which cannot take {', '.join(off)}: turn "
-                                 f"{'it' if len(off) == 1 else 'them'} off, or use batching='static'")
+                                 f"{'it' if len(off) == 1 else 'them'} off, or use batching='one_at_a_time'"
+                                 + (" or batching='static'" if static_too else ""))
             # with the Triton kernels switch the decode rows run the paged kernel, graph-captured with cuda_graphs
             g = generate_continuous(self.model, ids, cuda_graphs=cuda_graphs or None, **common)
         elif is_ragged(ids):  # prompts of different lengths: one left-padded static batch

@@ -48,6 +48,7 @@ class Generation:
     def n_generated(self) -> int:
         return max(len(t) for t in self.token_ids)
 
+    @property
     def metrics(self) -> RunMetrics:
         """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.measure.roofline.RunMetrics`. Its tokens_per_s
         counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
@@ -57,14 +58,14 @@ class Generation:
     @property
     def ttft_ms(self) -> float:
         """Time to first token (ms): the prefill forward pass plus sampling the first token."""
-        return self.metrics().ttft_ms
+        return self.metrics.ttft_ms
 
     @property
     def tpot_ms(self) -> float:
         """Time per output token after the first (ms), the mean decode-step latency. NaN when one token was
         generated (max_new_tokens=1, or EOS first): there is no decode step to time. Print it with `format_ms`,
         which shows "-" for NaN."""
-        return self.metrics().tpot_ms
+        return self.metrics.tpot_ms
 
     @property
     def total_ms(self) -> float:
@@ -73,7 +74,7 @@ class Generation:
     @property
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the whole call (prefill included), summed over the batch: the tokens
-        kept, so a row that stopped at EOS counts only up to it (`metrics().tokens_per_s` counts every step of every
+        kept, so a row that stopped at EOS counts only up to it (`metrics.tokens_per_s` counts every step of every
         row, as the decode ran them)."""
         n = sum(len(t) for t in self.token_ids)
         return n / (self.total_ms / 1e3) if self.total_ms > 0 else float("nan")

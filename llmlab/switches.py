@@ -157,14 +157,25 @@ def _weights(llm: LLM, value: str | None, kwargs: dict) -> LLM:
 
         modules.swap_out(llm.model)
         llm.kernels = None
-    return llm.quantize(scheme, group_size=group_size or 128, include_lm_head=lm_head)
+    return llm.quantize(scheme, group_size=group_size, include_lm_head=lm_head)
+
+
+def _weights_available(llm: LLM) -> tuple[bool, str]:
+    from llmlab.quant import is_quantized, quantized_layers
+
+    if is_quantized(llm.model):  # e.g. a folder `save_quantized` wrote: rounding the rounded weights again
+        layer = next(iter(quantized_layers(llm.model).values()))
+        return False, (f"the loaded model's layers are already quantized ({type(layer).__name__}, e.g. from a folder "
+                       f"save_quantized wrote); this switch quantizes a float model: load the float checkpoint to "
+                       f"compare formats")
+    return True, ""
 
 
 register(Switch("weights", "weights", None,
                 "store the linear layers' weights in int8 (one scale per output channel) or int4 (one scale per "
                 "group of 128, 64 or 32 inputs) and dequantize them in the matmul: fewer bytes per decode step; "
                 "'+lm_head' quantizes the output layer too",
-                _weights, choices=(None, *WEIGHT_FORMATS)))
+                _weights, choices=(None, *WEIGHT_FORMATS), available=_weights_available))
 
 
 # -- system-overhead fixes (llmlab.runtime.cuda_graphs, llmlab.runtime.fast_generate) ------------------------------------------

@@ -67,6 +67,11 @@ def test_the_engine_picks_the_paged_step_only_with_the_kernel_modules(models):
     assert "triton_kernels" in paged_step_reason(ref, None)
     with pytest.raises(ValueError, match="cuda_graphs=True"):
         BatchEngine(ref, max_batch=4, max_seq_len=64, cuda_graphs=True)
+    if DEV != "cuda":  # on a CPU the reason is the device, not a switch that cannot help there
+        for model in (ref, fast):
+            with pytest.raises(ValueError, match="CUDA graphs need a CUDA GPU") as e:
+                paged_step_reason(model, True)
+            assert "triton_kernels" not in str(e.value)
     assert BatchEngine(ref, max_batch=4, max_seq_len=64).decode_step is None  # a refused engine left nothing
 
 

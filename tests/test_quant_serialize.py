@@ -28,7 +28,7 @@ def saved(llm, tmp_path_factory):
     """{(scheme, group size): (quantized LLM, folder it was saved to)}, made once for the module."""
     out = {}
     for scheme, G in (("int8", None), ("int4", 64), ("int4", 128)):
-        q = llm.quantize(scheme, group_size=G or 128)
+        q = llm.quantize(scheme, group_size=G)
         out[scheme, G] = q, save_quantized(q, tmp_path_factory.mktemp(f"{scheme}-g{G}"))
     return out
 

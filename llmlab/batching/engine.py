@@ -434,12 +434,12 @@ def paged_step_reason(model, cuda_graphs: bool | None) -> str:
 
     device = next(model.parameters()).device
     why = ""
-    if not is_swapped(model):
+    if cuda_graphs and device.type != "cuda":  # first: on a CPU no other fix helps
+        why = f"the model is on {device}, and CUDA graphs need a CUDA GPU (load the model with device='cuda')"
+    elif not is_swapped(model):
         why = "the model runs the PyTorch modules (turn the triton_kernels switch on for the paged kernel)"
     elif model.config.sliding_window is not None:
         why = "a sliding window: the paged kernel attends over every cached token"
-    elif cuda_graphs and device.type != "cuda":
-        why = f"the model is on {device}, and CUDA graphs need a CUDA GPU"
     if why and cuda_graphs:
         raise ValueError(f"cuda_graphs=True: the continuous-batching decode step cannot be captured: {why}; "
                          f"or leave cuda_graphs out")

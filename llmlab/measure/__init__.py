@@ -14,7 +14,8 @@
     profiling.py      torch.profiler over decode steps: kernels, launches and idle gaps per token
     host_costs.py     what the host spends per token outside the GPU (tokenizer, sampling, Python)
     kv_costs.py       a KV cache's memory and decode time, measured with real caches
-    model_bytes.py    the bytes of weights a decode step reads (computed) and the bytes they occupy (allocated)
+    model_bytes.py    the bytes of weights a decode step reads (computed), the bytes they occupy (allocated), and
+                      the format they were loaded in (int8 / int4 from a quantized folder, else the dtype)
     diagnosis.py      which bottleneck is yours: the four classes, their rules, the controlled-experiment sweeps
     capstone.py       lab 09: the whole ladder on a loaded model, your switches measured as a rung, the recorded runs
     serving.py        serving metrics from request timestamps: queueing, TTFT, TPOT at p50/p90/p99, tokens/s

@@ -7,10 +7,9 @@ import statistics
 import torch
 
 from llmlab.engine import LLM
-from llmlab.ladder import weight_bytes_per_param
 from llmlab.measure import roofline
 from llmlab.measure.bench_file import peaks_dict
-from llmlab.measure.bench_metrics import AS_LOADED
+from llmlab.measure.model_bytes import bytes_per_param_read
 from llmlab.switches import apply_switches
 
 
@@ -31,7 +30,7 @@ def batch_sweep(llm: LLM, batch_sizes=(1, 2, 4, 8, 16, 32, 64), prompt_len: int 
     peaks = peaks or peaks_dict(llm.device)
     run_llm, kwargs = apply_switches(llm, settings)
     cfg = llm.config
-    wbpp = weight_bytes_per_param(AS_LOADED, run_llm.dtype)
+    wbpp = bytes_per_param_read(run_llm.model, cfg, run_llm.dtype)  # a quantized model's: its packed tensors
     kv = torch.empty((), dtype=run_llm.dtype).element_size()
     ctx = roofline.decode_mean_context_len(prompt_len, new_tokens)
     gen = torch.Generator().manual_seed(0)

@@ -34,13 +34,13 @@ from llmlab.config import PRESETS
 from llmlab.engine import LLM
 from llmlab.envinfo import device_name
 from llmlab.kernels import step_tuning
-from llmlab.ladder import (LadderStep, ResolvedStep, available_steps, get_step, weight_bytes_per_param,
-                           weights_label)
+from llmlab.ladder import LadderStep, ResolvedStep, available_steps, get_step, weight_bytes_per_param
 from llmlab.measure import roofline
 from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filename, peaks_record, result_row, save_bench
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
 from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
-from llmlab.measure.model_bytes import allocated_weight_bytes, step_weight_bytes
+from llmlab.measure.model_bytes import (allocated_weight_bytes, bytes_per_param_read, describe_weights, loaded_weights,
+                                       step_weight_bytes)
 from llmlab.measure.peers import (TORCHAO_PEERS, close_hf_continuous, hf_peer_model, peers_that_run, run_hf,
                                   run_hf_continuous, select_peers, torchao_peer_model, torchao_version,
                                   transformers_version, why_not_run)
@@ -88,10 +88,17 @@ def run_llmlab(llm: LLM, kwargs: dict, prompts: list[list[int]], new_tokens: int
 
 def _weight_bpp(step: LadderStep, llm: LLM, cfg) -> float:
     """Bytes per weight a row's decode step reads, for its MBU: a quantized model's from its tensors (packed values
-    + scales + the float layers it keeps, e.g. lm_head: `step_weight_bytes`), else the rung's weight format."""
+    + scales + the float layers it keeps, e.g. lm_head: `bytes_per_param_read`), whether the rung quantized it or
+    it was loaded quantized, else the rung's weight format."""
     if is_quantized(llm.model):
-        return step_weight_bytes(llm.model) / roofline.weight_params_read(cfg)
+        return bytes_per_param_read(llm.model, cfg, llm.dtype)
     return weight_bytes_per_param(step, llm.dtype)
+
+
+def _weights(step: LadderStep, llm: LLM) -> str:
+    """A row's `weights` field: the rung's own format ("int8", "int4"), else the weights as loaded: a quantized
+    folder's scheme, or the float dtype (`loaded_weights`)."""
+    return step.weights or loaded_weights(llm.model, llm.dtype)
 
 
 def _weight_sizes(llm: LLM) -> dict:
@@ -295,7 +302,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                                 "params": cfg.num_params(), "params_read_per_token": roofline.weight_params_read(cfg),
                                 "layers": cfg.n_layers, "dim": cfg.dim, "heads": cfg.n_heads,
                                 "kv_heads": cfg.n_kv_heads, "vocab": cfg.vocab_size, "context": cfg.max_seq_len,
-                                "dtype": str(llm.dtype).removeprefix("torch.")},
+                                "dtype": str(llm.dtype).removeprefix("torch."),
+                                "weights": describe_weights(llm.model, llm.dtype)},
                          workload={"name": wl.name, "description": wl.description, "requests": wl.n_requests,
                                    "prompt_lens": sorted(set(wl.prompt_lens)), "new_tokens": new_tokens,
                                    "quick": quick},
@@ -318,8 +326,9 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         return False
 
     quick_note = f"; --quick: {new_tokens} new tokens" if quick else ""
+    loaded = (f", {describe_weights(llm.model, llm.dtype)} weights" if is_quantized(llm.model) else "")
     print_fn(f"llmlab bench — {wl.name} ({wl.description}{quick_note}) on {model_id} "
-             f"[{cfg.num_params() / 1e6:.1f}M params, {str(llm.dtype).removeprefix('torch.')}] | {dev_name}")
+             f"[{cfg.num_params() / 1e6:.1f}M params, {str(llm.dtype).removeprefix('torch.')}{loaded}] | {dev_name}")
     print_fn(peaks_line(measured_peaks))
     for s, why in skipped:
         print_fn(f"  {s.name}: skipped — {why}")
@@ -356,7 +365,7 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                 report = step_tuning.tuning_report(run_llm) or {}
                 tuned = {"step_tiles": {role: str(c) for role, c in tiles.items()},
                          "step_tuning_s": report.get("seconds")}  # the tuning's own time (before warm-up)
-            add_row(r.name, r.step.label, weights_label(r.step, run_llm.dtype),
+            add_row(r.name, r.step.label, _weights(r.step, run_llm),
                     _weight_bpp(r.step, run_llm, cfg), runs, hw, warm, settings=r.settings,
                     setting_label=describe(r.settings), note=r.step.note, **_weight_sizes(run_llm), **tuned)
         except Exception as e:  # one broken rung must not lose the others
@@ -404,8 +413,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                     continue
                 if name == "hf_continuous":
                     runs, hw, warm = timed(lambda: run_hf_continuous(hf, prompts, new_tokens), dev, repeats, sample)
-                    add_row(name, "HF continuous batching", weights_label(AS_LOADED, llm.dtype),
-                            weight_bytes_per_param(AS_LOADED, llm.dtype), runs, hw, warm,
+                    add_row(name, "HF continuous batching", _weights(AS_LOADED, llm),
+                            _weight_bpp(AS_LOADED, llm, cfg), runs, hw, warm,
                             note=f"transformers {transformers_version()} generate_batch (its continuous batching), "
                                  f"greedy, same weights; one timed call, no per-token times")
                     continue
@@ -415,8 +424,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
                     how = ", cache_implementation='static'" + (" (compiled by transformers)" if dev.type == "cuda"
                                                                else " (not compiled on a CPU)")
                 add_row(name, "HF generate" + (" (static cache)" if static else ""),
-                        weights_label(AS_LOADED, llm.dtype), weight_bytes_per_param(AS_LOADED, llm.dtype), runs,
-                        hw, warm, note=f"transformers {transformers_version()} generate, greedy, same weights{how}")
+                        _weights(AS_LOADED, llm), _weight_bpp(AS_LOADED, llm, cfg), runs, hw, warm,
+                        note=f"transformers {transformers_version()} generate, greedy, same weights{how}")
             except Exception as e:
                 failed(name, e)
             finally:
@@ -431,8 +440,9 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         if reference is not None:
             row["tokens_match_eager"] = tokens_of[row["step"]] == reference
 
-    # the bandwidth ceiling of this workload, as the llmlab engine runs it (groups one after another)
-    wbpp = weight_bytes_per_param(AS_LOADED, llm.dtype)
+    # the bandwidth ceiling of this workload, as the llmlab engine runs it (groups one after another), with the
+    # weights as loaded: a quantized folder's packed values + scales, not its float dtype
+    wbpp = _weight_bpp(AS_LOADED, llm, cfg)
     ceil_s = flops_total = 0.0
     for idx in groups:
         b, f = decode_work(cfg, [len(prompts[i]) for i in idx], new_tokens, wbpp, kv_bytes, first_step=0)
@@ -442,9 +452,10 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
     mfu_at_ceiling = flops_total / ceil_s / 1e12 / peaks["bf16_TFLOPs"]
     compute_s = flops_total / (peaks["bf16_TFLOPs"] * 1e12)
     doc["results"].append(result_row(
-        **base_row, step="roofline", weights=weights_label(AS_LOADED, llm.dtype),
+        **base_row, step="roofline", weights=_weights(AS_LOADED, llm),
         tokens_per_s=wl.n_requests * new_tokens / ceil_s, tpot_ms_p50=step_ms, tpot_ms_p90=step_ms, mbu=1.0,
         mfu=mfu_at_ceiling, label="bandwidth roofline", weight_bytes_per_param=wbpp,
+        weights_read_GB=wbpp * roofline.weight_params_read(cfg) / 1e9,
         compute_ceiling_tokens_per_s=wl.n_requests * new_tokens / compute_s,
         note="decode only (prefill not counted): every step reads the weights once and each sequence's KV cache "
              "at the measured copy bandwidth"

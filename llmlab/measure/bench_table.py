@@ -13,13 +13,14 @@ def format_table(results: list[dict]) -> str:
     """Plain-text table of result rows (speed-up relative to the 'eager' row where there is one)."""
     base = next((r["tokens_per_s"] for r in results if r["step"] == "eager"), None)
     w = max([16] + [len(r["step"]) + 2 for r in results])  # the step column fits the longest name
-    head = (f"{'step':<{w}}{'batch':>6}{'weights':>8}{'tokens/s':>11}{'vs eager':>9}{'TTFT ms':>10}{'TPOT p50':>10}"
+    ww = max([8] + [len(r["weights"] or "-") + 1 for r in results])  # and the weights column its longest format
+    head = (f"{'step':<{w}}{'batch':>6}{'weights':>{ww}}{'tokens/s':>11}{'vs eager':>9}{'TTFT ms':>10}{'TPOT p50':>10}"
             f"{'TPOT p90':>10}{'MBU':>8}{'MFU':>8}{'GPU-Util':>9}{'SM act.':>8}{'mem GB':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         tps = r.get("tokens_per_s")
         speed = f"{tps / base:.2f}x" if base and tps else "-"
-        lines.append(f"{r['step']:<{w}}{_fmt(r['batch_size'], 'd'):>6}{r['weights'] or '-':>8}{_fmt(tps, '.1f'):>11}"
+        lines.append(f"{r['step']:<{w}}{_fmt(r['batch_size'], 'd'):>6}{r['weights'] or '-':>{ww}}{_fmt(tps, '.1f'):>11}"
                      f"{speed:>9}{_fmt(r['ttft_ms'], '.2f'):>10}{_fmt(r['tpot_ms_p50'], '.3f'):>10}"
                      f"{_fmt(r['tpot_ms_p90'], '.3f'):>10}{_fmt(r['mbu'], '.1f', True):>8}"
                      f"{_fmt(r['mfu'], '.2f', True):>8}{_fmt(r['gpu_util'], '.0f', True):>9}"

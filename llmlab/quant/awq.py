@@ -52,8 +52,7 @@ from tqdm.auto import tqdm
 
 from llmlab.kernels.weight_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
-from .linear import Int4Linear
-from .quantize import SCHEMES, check_not_swapped, is_quantized, quantize_model, quantized_layers
+from .quantize import SCHEMES, check_int4_group, check_not_swapped, is_quantized, quantize_model, quantized_layers
 
 __all__ = ["AWQScales", "awq_scales", "apply_awq", "quantize_awq", "fake_quantize", "check_quantizable"]
 
@@ -93,21 +92,12 @@ def _check_model(op: str, model) -> None:
 
 
 def _check_scheme(op: str, model: nn.Module, scheme: str, group_size, include_lm_head: bool = False) -> None:
-    """The scheme is known and (int4) every layer `quantize_model` would swap takes group_size: probed on a 1-row
-    layer of each input size, so the rule is exactly the quantizer's."""
+    """The scheme is known and (int4) every layer `quantize_model` would swap takes group_size (its own rule)."""
     if scheme not in SCHEMES:
         raise ValueError(f"{op}: unknown scheme {scheme!r}; use one of {SCHEMES}")
     if scheme != "int4":
         return
-    sizes = {}
-    for name, m in model.named_modules():
-        if type(m) is nn.Linear and (include_lm_head or name != "lm_head"):
-            sizes.setdefault(m.in_features, name)
-    for k, name in sizes.items():
-        try:
-            Int4Linear.from_linear(nn.Linear(k, 1, bias=False), group_size, name=f"{name}.weight")
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{op}: group_size={group_size!r} cannot quantize {name} (in_features {k}): {e}") from None
+    check_int4_group(op, model, group_size, include_lm_head)  # quantize_model's own rule
 
 
 def _check_ids(op: str, model: nn.Module, ids) -> torch.Tensor:

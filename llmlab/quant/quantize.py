@@ -22,7 +22,7 @@ import torch.nn as nn
 from .linear import Int4Linear, Int8Linear, QuantizedLinear
 
 __all__ = ["SCHEMES", "GROUP_SIZES", "quantize_model", "dequantize_model", "is_quantized", "quantized_layers",
-           "weight_bytes"]
+           "check_int4_group", "weight_bytes"]
 
 SCHEMES = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)  # the int4 group sizes this course uses (the kernels accept any multiple of 32)
@@ -56,20 +56,34 @@ def is_quantized(model: nn.Module) -> bool:
     return bool(quantized_layers(model))
 
 
-def _check_group_size(group_size, targets) -> None:
-    """An int4 group size the kernels can read: a positive int multiple of 32. Checked before any layer is swapped,
-    so a refused call leaves the model as it was. A layer whose K it does not divide is stored padded to the next
-    multiple of it (`Int4Linear`, "Padding"), so any K is accepted."""
+def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: bool = False) -> None:
+    """Refuse an int4 group size that `quantize_model` cannot use on `model`, before any layer is swapped (so a
+    refused call leaves the model as it was): it must be a positive int multiple of 32 (the kernels' smallest K
+    tile), and no larger than the smallest input dimension K among the layers to quantize (a larger group would
+    pad each row of such a layer to one group of mostly zeros: more bytes than its float weights). A layer whose K
+    it does not divide is stored padded to the next multiple of it (`Int4Linear`, "Padding").
+
+    Raises:
+        TypeError: group_size is not an int (bool and float included).
+        ValueError: not a positive multiple of 32, or larger than a layer's K; the message names group_size, the
+            usual choices and those that need no padding for this model.
+    """
+    ks = sorted({lin.in_features for _, _, _, lin in _targets(model, include_lm_head)})
     if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"quantize_model: group_size must be an int, one of {GROUP_SIZES} (or another positive "
-                        f"multiple of 32); got {group_size!r}")
+        raise TypeError(f"{op}: group_size must be an int, one of {GROUP_SIZES} (or another positive multiple of "
+                        f"32); got {group_size!r}")
+    fit = tuple(g for g in GROUP_SIZES if not ks or g <= ks[0])
+    exact = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
+    unpadded = (f"of those, {', '.join(map(str, exact))} divide every layer's K {ks} (no padding)" if exact else
+                f"none of them divides every layer's K {ks}, so some layers are stored padded")
     if group_size <= 0 or group_size % 32:
-        ks = sorted({lin.in_features for _, _, _, lin in targets})
-        exact = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
-        unpadded = (f"of those, {', '.join(map(str, exact))} divide every layer's K {ks} (no padding)" if exact else
-                    f"none of them divides every layer's K {ks}, so some layers are stored padded")
-        raise ValueError(f"quantize_model: group_size={group_size} is not a positive multiple of 32 (the int4 "
-                         f"kernels' smallest K tile); use one of {GROUP_SIZES} (128 is the usual choice; {unpadded})")
+        raise ValueError(f"{op}: group_size={group_size} is not a positive multiple of 32 (the int4 kernels' "
+                         f"smallest K tile); use one of {fit} (128 is the usual choice; {unpadded})")
+    if ks and group_size > ks[0]:
+        raise ValueError(f"{op}: group_size={group_size} is larger than the input dimension K={ks[0]} of some of "
+                         f"the layers to quantize: each of their rows would be padded with zeros to one group, "
+                         f"more bytes than the weights it replaces; use a group size of at most {ks[0]}, e.g. one "
+                         f"of {fit}")
 
 
 def check_not_swapped(op: str, model: nn.Module) -> None:
@@ -117,7 +131,7 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     if not targets:
         raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
     if scheme == "int4":
-        _check_group_size(group_size, targets)
+        check_int4_group("quantize_model", model, group_size, include_lm_head)
     for name, parent, attr, linear in targets:
         if scheme == "int8":
             q = Int8Linear.from_linear(linear, name=name + ".weight")

@@ -186,7 +186,7 @@ def sampler_cost(llm: LLM, prompt_ids: list[int], kwargs: dict, new_tokens: int 
 
     def tpot_p50() -> float:
         g = llm.generate(prompt_ids, max_new_tokens=new_tokens, **kwargs)
-        return g.metrics().tpot_p50_ms
+        return g.metrics.tpot_p50_ms
 
     out = {"none": tpot_p50()}
     for label, gpm in (("nvml", False), ("nvml+gpm", True)):

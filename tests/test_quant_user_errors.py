@@ -1,0 +1,88 @@
+"""What a user meets around a quantized model: the ladder and the tour on a model loaded from a quantized folder,
+group sizes and int8 arguments `LLM.quantize` refuses, a quantized folder without its quant_config.json, and the
+run metrics of a `Generation` (read like a request's), and the batching mode a refused option points to. CPU, the
+shipped default model."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import llmlab
+from llmlab.ladder import available_steps
+from llmlab.quant import is_quantized
+from llmlab.quant.serialize import QUANT_CONFIG, save_quantized
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return llmlab.load(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def int4_folder(llm, tmp_path_factory):
+    return save_quantized(llm.quantize("int4"), tmp_path_factory.mktemp("int4"))
+
+
+def test_the_weights_rungs_are_skipped_with_a_reason_on_an_already_quantized_model(llm, int4_folder):
+    loaded = llmlab.load(int4_folder, device="cpu")
+    runnable, skipped = available_steps(loaded, ["eager", "+int8", "+int4"])
+    assert [r.step.name for r in runnable] == ["eager"]
+    reasons = {step.name: why for step, why in skipped}
+    assert set(reasons) == {"+int8", "+int4"}
+    assert all("already quantized" in why and "float checkpoint" in why for why in reasons.values())
+    # on the float model the same rungs run
+    assert [r.step.name for r in available_steps(llm, ["+int8", "+int4"])[0]] == ["+int8", "+int4"]
+
+
+def test_the_tour_runs_on_a_quantized_folder(int4_folder, capsys):
+    from llmlab.cli import main
+
+    assert main(["tour", "--model", str(int4_folder), "--max-new-tokens", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "already quantized" in out  # the int8 / int4 rows are listed as skipped, with the reason
+
+
+def test_a_group_larger_than_a_layers_input_is_refused_before_any_change(llm):
+    smallest_k = min(lin.in_features for name, lin in llm.model.named_modules()
+                     if type(lin).__name__ == "Linear" and name != "lm_head")
+    too_big = (smallest_k // 32 + 1) * 32
+    with pytest.raises(ValueError, match=rf"group_size={too_big} is larger than the input dimension "
+                                         rf"K={smallest_k}.*at most {smallest_k}"):
+        llm.quantize("int4", group_size=too_big)
+    with pytest.raises(ValueError, match=rf"group_size={too_big} is larger"):  # AWQ checks the same rule first
+        llm.quantize("int4", group_size=too_big, method="awq", progress=False)
+    assert not is_quantized(llm.model)
+    assert llm.quantize("int4", group_size=smallest_k // 32 * 32).model is not llm.model  # the largest that fits
+
+
+def test_int8_takes_no_group_size_and_the_name_says_lm_head(llm):
+    with pytest.raises(ValueError, match=r"int8 keeps one scale per output channel.*group_size=64.*drop group_size"):
+        llm.quantize("int8", group_size=64)
+    assert llm.quantize("int4").model.layers[0].mlp.up_proj.group_size == 128  # None: the usual 128
+    plain, with_head = llm.quantize("int8"), llm.quantize("int8", include_lm_head=True)
+    assert plain.name != with_head.name and with_head.name.endswith("+lm_head")
+
+
+def test_a_quantized_folder_without_its_config_names_the_missing_file(int4_folder, tmp_path):
+    broken = shutil.copytree(int4_folder, tmp_path / "no-config")
+    (broken / QUANT_CONFIG).unlink()
+    with pytest.raises(ValueError, match=r"quantized layer's tensor.*no quant_config\.json.*save_quantized"):
+        llmlab.load(broken, device="cpu")
+
+
+def test_generation_metrics_is_read_like_a_requests(llm):
+    g = llm.generate("The list", max_new_tokens=4, stop_at_eos=False)
+    assert g.metrics.ttft_ms == g.ttft_ms > 0
+    assert g.metrics.tpot_ms == g.tpot_ms > 0
+
+
+def test_continuous_batching_names_a_batching_mode_that_takes_the_refused_option(llm):
+    prompts = [[1, 2, 3], [4, 5]]
+    with pytest.raises(ValueError, match=r"use_cache=False.*batching='one_at_a_time'$"):
+        llm.generate(prompts, batching="continuous", use_cache=False, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"torch_compile.*batching='one_at_a_time' or batching='static'$"):
+        llm.generate(prompts, batching="continuous", torch_compile=True, max_new_tokens=2)
+    out = llm.generate(prompts, batching="one_at_a_time", use_cache=False, max_new_tokens=2)  # the advice works
+    assert [len(t) for t in out.token_ids] == [2, 2]
