@@ -389,6 +389,10 @@ class LLM:
         the other, as a server without batching would serve requests that all arrived at once: `.step_ms` is
         every call's steps in order and `.extra["requests"]` gives each request's TTFT counted from the start, the
         time it waited for the requests before it included.
+        Sampling (temperature > 0) with a seed is reproducible within one batching mode, not across modes: a
+        static batch draws every row from one generator, continuous batching gives request i the seed seed + i,
+        and one_at_a_time seeds each call with the same seed. Greedy output is the same in every mode at fp32; in
+        bf16 / fp16 a batch's other matmul shapes can flip a near-tie.
         """
         if batching not in BATCHING:
             raise ValueError(f"batching={batching!r}: give one of {', '.join(map(repr, BATCHING))}")
