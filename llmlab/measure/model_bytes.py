@@ -82,10 +82,8 @@ def loaded_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
         TypeError: `model` is not an nn.Module.
     """
     _check_module("loaded_weights", model)
-    layers = quantized_layers(model)
-    if not layers:
-        return weights_label(AS_LOADED, dtype)
-    return "+".join(sorted({layer.scheme for layer in layers.values()}))
+    schemes = sorted({layer.scheme for layer in quantized_layers(model).values()})
+    return "+".join(schemes) if schemes else weights_label(AS_LOADED, dtype)
 
 
 def describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
@@ -99,7 +97,7 @@ def describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
     _check_module("describe_weights", model)
     layers = quantized_layers(model)
     if not layers:
-        return weights_label(AS_LOADED, dtype)
+        return loaded_weights(model, dtype)  # a float model: its dtype's label
     parts = []
     for scheme in sorted({layer.scheme for layer in layers.values()}):
         groups = sorted({g for layer in layers.values() if layer.scheme == scheme
