@@ -103,6 +103,15 @@ def test_batch_workload_is_grouped_and_says_so():
     # TTFT counts the wait for earlier groups: larger than the first group's own time to first token
     assert rows["eager"]["ttft_ms"] > rows["eager"]["tpot_ms_p50"]
     assert rows["hf_eager"]["tokens_match_eager"] is True  # the attention mask makes padding harmless
+    # the roofline bounds every schedule: all 64 requests in ONE batch (weights read once per step), not the
+    # grouped schedule's four reads per step, which the batching rungs can beat
+    cfg, roof = llm.config, rows["roofline"]
+    prompts, n_new, wbpp = make_prompts(WORKLOADS["batch"], cfg.vocab_size), roof["new_tokens"], 4  # fp32 weights, KV
+    one, _ = decode_work(cfg, [len(p) for p in prompts], n_new, wbpp, wbpp, first_step=0)
+    grouped = sum(decode_work(cfg, [len(prompts[i]) for i in g], n_new, wbpp, wbpp, first_step=0)[0]
+                  for g in group_by_length(prompts))
+    assert grouped > one  # four weight reads per step against one
+    assert roof["tpot_ms_p50"] == pytest.approx(1e3 * one / (doc["peaks"]["copy_GBps"] * 1e9) / n_new)
 
 
 def test_every_row_warms_up_on_the_whole_workload(monkeypatch):

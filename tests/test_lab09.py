@@ -295,6 +295,26 @@ def test_run_ladder_takes_a_workload_object(tiny):
         WORKLOADS.pop("tiny-batch-test", None)
 
 
+def test_the_gpu_plan_keeps_the_quantized_and_batching_rungs_and_leaves_the_cpu_ladder_whole(tiny, monkeypatch):
+    """On a GPU the lab times GPU_PLAN's rungs (a whole ladder took the lab's three minutes before the quantized and
+    batching rungs); on a CPU every rung runs. The plan names real rungs and peers, and reaches both top ends."""
+    from llmlab.measure.peers import PEER_NAMES
+
+    assert capstone.plan(tiny, "chat") == {} and capstone.plan(tiny, capstone.SMALL_BATCH) == {}
+    monkeypatch.setattr(type(tiny), "device", property(lambda self: torch.device("cuda")), raising=False)
+    chat, batch = capstone.plan(tiny, "chat"), capstone.plan(tiny, WORKLOADS["batch"])
+    assert capstone.plan(tiny, "long") == {}  # a workload the plan does not name: every rung
+    for got in (chat, batch):
+        assert set(got["steps"]) <= set(step_names()) and set(got["peers"]) <= set(PEER_NAMES)
+        assert got["steps"][0] == "eager" and "no_kv_cache" not in got["steps"]
+        order = [step_names().index(s) for s in got["steps"]]
+        assert order == sorted(order)  # the ladder's order: the cumulative rungs build up as they do there
+    assert {"+int8", "+int4", "+prefill_graphs"} <= set(chat["steps"]) and "hf_static" in chat["peers"]
+    assert {"+static_batching", "+continuous_batching", "+one_at_a_time"} <= set(batch["steps"])
+    chat["steps"].append("x")  # a copy: the plan itself is not changed
+    assert "x" not in capstone.plan(tiny, "chat")["steps"]
+
+
 # -- the lab's replay cells, on a folder of synthetic recorded runs -------------------------------------------------
 
 def _replay(monkeypatch, bench_dir: Path) -> dict:

@@ -4,6 +4,8 @@ GPU runs, and whether a "utilization" number ranks the rows the way tokens/s doe
     row_kind(row)            'rung' (the ladder's), 'peer' (Hugging Face generate) or 'roofline' (the limit)
     headline(doc)            the fastest rung and its ratio to eager, to each peer and to the roofline
     SMALL_BATCH              a batch workload small enough for a CPU: 8 requests of two prompt lengths
+    plan(llm, workload)      which rungs and peers the lab times here: all on a CPU; on a GPU the rungs that change
+                             what the step waits for (`GPU_PLAN`), so that the quantized and batching rungs fit
     run_ladder(llm, ...)     `llmlab.measure.bench.run_bench` on a loaded model: no file, the CPU thread count the
                              tour uses, a Workload object accepted as well as a name
     check_settings(llm, settings)        every switch's value for a partial dict, checked before anything runs
@@ -38,6 +40,19 @@ from llmlab.switches import SWITCHES, WEIGHT_FORMATS, defaults, describe
 PEERS = ("hf_eager", "hf_static")
 ROOFLINE = "roofline"
 YOURS = "yours"  # the step name of `measure_config`'s row
+
+# On a GPU, the rungs and peers the lab times for each workload. The host-paced eager variants (no_kv_cache, +paged_kv,
+# +gpu_sampling, +pinned_memory; labs 03 and 05 time them) each take as long as the whole top of the ladder there,
+# so they are left out and the quantized and batching rungs fit the lab's minutes. Every rung still runs with the
+# switches of the rungs below it (`llmlab.ladder.available_steps`), listed or not. The batch workload leaves out the
+# batch-1 choices (torch.compile's graphs, step tuning's tiles) and the quantized rungs, which labs 04 and 05 time,
+# and Hugging Face's eager peer, whose 64 requests would take longer than the rest together.
+GPU_PLAN = {
+    "chat": (("eager", "+cuda_graphs", "+torch_compile", "+triton_kernels", "+step_tuning", "+prefill_graphs",
+              "+int8", "+int4", "+int8_lm_head", "+int4_lm_head"), ("hf_eager", "hf_static")),
+    "batch": (("eager", "+cuda_graphs", "+triton_kernels", "+prefill_graphs", "+one_at_a_time",
+               "+static_batching", "+continuous_batching"), ("hf_static", "hf_continuous")),
+}
 
 SMALL_BATCH = Workload("batch-small", "8 requests at once: 4 each of 32- and 64-token prompts, 16 new tokens each",
                        (32,) * 4 + (64,) * 4, 16, 16)
@@ -87,6 +102,17 @@ def run_ladder(llm: LLM, workload: str | Workload = "chat", *, quick: bool = Fal
     with intra_op_threads(cpu_threads_for(llm.device, llm.config.num_params())):
         return run_bench(name, model_id, steps=steps, peers=peers, out=None, quick=quick, llm=llm,
                          print_fn=print_fn or (lambda *a, **k: None), **bench_kwargs)
+
+
+def plan(llm: LLM, workload: str | Workload) -> dict[str, Any]:
+    """The `steps` and `peers` arguments of `run_ladder` for the lab on `llm`'s device: {} on a CPU (every rung that
+    can run, the default peers); on a CUDA GPU `GPU_PLAN`'s rungs and peers for the workload ({} for a workload it
+    does not name). Pass it on: `run_ladder(llm, "chat", **plan(llm, "chat"))`."""
+    name = workload.name if isinstance(workload, Workload) else workload
+    if llm.device.type != "cuda" or name not in GPU_PLAN:
+        return {}
+    steps, peers = GPU_PLAN[name]
+    return {"steps": list(steps), "peers": list(peers)}
 
 
 def check_settings(llm: LLM, settings: dict[str, Any]) -> dict[str, Any]:
