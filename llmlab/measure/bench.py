@@ -458,7 +458,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
         weights_read_GB=wbpp * roofline.weight_params_read(cfg) / 1e9,
         compute_ceiling_tokens_per_s=wl.n_requests * new_tokens / compute_s,
         note="decode only (prefill not counted): all requests in one batch, every step reading the weights once "
-             "and each sequence's KV cache at the measured copy bandwidth"
+             "and each sequence's KV cache at the measured copy bandwidth; it bounds tokens/s, not TPOT (a step of "
+             "fewer sequences reads less KV cache and can be shorter)"
              + ("; mfu > 1: the arithmetic, not the bandwidth, is the tighter limit here (see "
                 "compute_ceiling_tokens_per_s)" if mfu_at_ceiling > 1 else "")))
     table_notes = [n for n in (mbu_above_roofline_note(doc["results"]), roofline_mfu_note(doc["results"])) if n]

@@ -44,9 +44,10 @@ YOURS = "yours"  # the step name of `measure_config`'s row
 # On a GPU, the rungs and peers the lab times for each workload. The host-paced eager variants (no_kv_cache, +paged_kv,
 # +gpu_sampling, +pinned_memory; labs 03 and 05 time them) are left out: on an H100 the batch workload's no_kv_cache
 # and +paged_kv rows alone ran past a 3-minute budget, before CUDA graphs. Every rung still runs with the switches
-# of the rungs below it (`llmlab.ladder.available_steps`), listed or not. The batch workload also leaves out the
-# batch-1 choices (torch.compile's graphs, step tuning's tiles) and the quantized rungs, which labs 04 and 05 time;
-# its peers are the two the batching figures compare with: one padded static-cache batch and HF's continuous batching.
+# of the rungs below it (`llmlab.ladder.available_steps`), listed or not. The batch workload also leaves out the rows
+# of the batch-1 rungs (+torch_compile, +step_tuning: their switches still carry into the rows above) and the
+# quantized rungs, which labs 04 and 05 time; its peers are the two the batching figures compare with: one padded
+# static-cache batch and HF's continuous batching.
 GPU_PLAN = {
     "chat": (("eager", "+cuda_graphs", "+torch_compile", "+triton_kernels", "+step_tuning", "+prefill_graphs",
               "+int8", "+int4", "+int8_lm_head", "+int4_lm_head"), ("hf_eager", "hf_static")),
@@ -107,8 +108,20 @@ def run_ladder(llm: LLM, workload: str | Workload = "chat", *, quick: bool = Fal
 def plan(llm: LLM, workload: str | Workload) -> dict[str, Any]:
     """The `steps` and `peers` arguments of `run_ladder` for the lab on `llm`'s device: {} on a CPU (every rung that
     can run, the default peers); on a CUDA GPU `GPU_PLAN`'s rungs and peers for the workload ({} for a workload it
-    does not name). Pass it on: `run_ladder(llm, "chat", **plan(llm, "chat"))`."""
-    name = workload.name if isinstance(workload, Workload) else workload
+    does not name). Pass it on: `run_ladder(llm, "chat", **plan(llm, "chat"))`.
+
+    Raises:
+        ValueError: a workload name that `llmlab.measure.workloads.WORKLOADS` does not have (the message lists them).
+        TypeError: a workload that is neither a name nor a Workload.
+    """
+    if isinstance(workload, Workload):
+        name = workload.name
+    elif isinstance(workload, str):
+        if workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+        name = workload
+    else:
+        raise TypeError(f"workload must be a workload name or a Workload, got {type(workload).__name__}")
     if llm.device.type != "cuda" or name not in GPU_PLAN:
         return {}
     steps, peers = GPU_PLAN[name]
