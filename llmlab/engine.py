@@ -244,20 +244,21 @@ class LLM:
                  progress: bool = True) -> "LLM":
         """This LLM with weight-only quantized linear layers.
 
-        scheme: "int8" (per output channel: one scale per row, so no group_size) or "int4" (group-wise,
-        `group_size` inputs per scale; None: 128). The embedding stays as it is; lm_head only with
-        include_lm_head. method: "rtn" rounds the weights to nearest (`llmlab.quant.quantize_model`); "awq" first searches activation-aware scales on calibration tokens and folds
-        them into the weights (`llmlab.quant.quantize_awq`, Lin et al. 2023, https://arxiv.org/abs/2306.00978), with
-        a progress bar over the layers unless progress=False. calibration (awq only): text (cut into 16 windows of
-        256 tokens by `llmlab.quant.calibration_ids`), token ids (n_samples, seq_len), or None for the default
-        model's held-out text (`llmlab.quant.heldout_text`).
+        scheme: "int8" (per output channel: one scale per row, so no group_size) or "int4" (group-wise, `group_size`
+        inputs per scale; None: 128). The embedding stays as it is; lm_head only with include_lm_head. method: "rtn"
+        rounds the weights to nearest (`llmlab.quant.quantize_model`); "awq" first searches activation-aware scales
+        on calibration tokens and folds them into the weights (`llmlab.quant.quantize_awq`, Lin et al. 2023,
+        https://arxiv.org/abs/2306.00978), with a progress bar over the layers unless progress=False. calibration
+        (awq only): text (cut into 16 windows of 256 tokens by `llmlab.quant.calibration_ids`), token ids
+        (n_samples, seq_len), or None for the default model's held-out text (`llmlab.quant.heldout_text`).
         Returns a new LLM on a copy of the model (the original keeps its weights, for side-by-side comparisons), or
-        self when inplace=True (no second copy in memory); its name gains the scheme, " g<group_size>" for int4 and
-        " awq" for awq.
+        self when inplace=True (no second copy in memory); its name gains the scheme, " g<group_size>" for int4,
+        " awq" for awq and " +lm_head" with include_lm_head.
         Raises, before changing anything: ValueError for an unknown method, a scheme or group size the layers cannot
         take, a group_size given with int8, a model already quantized, the "Triton kernels" switch on (its fused
-        decode step reads unquantized weights), calibration given with method="rtn", or calibration text too short (`calibration_ids`); TypeError
-        for calibration that is neither text nor a tensor of ids, or text without a tokenizer.
+        decode step reads unquantized weights), calibration given with method="rtn", or calibration text too short
+        (`calibration_ids`); TypeError for calibration that is neither text nor a tensor of ids, or text without a
+        tokenizer.
         """
         from llmlab.quant import calibration_ids, quantize_awq, quantize_model
         from llmlab.quant.awq import check_quantizable

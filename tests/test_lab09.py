@@ -313,7 +313,7 @@ def test_the_gpu_plan_keeps_the_quantized_and_batching_rungs_and_leaves_the_cpu_
     assert {"+static_batching", "+continuous_batching", "+one_at_a_time"} <= set(batch["steps"])
     chat["steps"].append("x")  # a copy: the plan itself is not changed
     assert "x" not in capstone.plan(tiny, "chat")["steps"]
-    with pytest.raises(ValueError, match="unknown workload 'CHAT'; known: chat"):
+    with pytest.raises(ValueError, match="unknown workload 'CHAT'; known workloads: chat"):
         capstone.plan(tiny, "CHAT")
     with pytest.raises(TypeError, match="workload name or a Workload"):
         capstone.plan(tiny, None)

@@ -34,7 +34,7 @@ from llmlab.ladder import LADDER, LadderStep, register_step, step_names
 from llmlab.measure.bench import run_bench
 from llmlab.measure.bench_file import list_bench
 from llmlab.measure.timing import cpu_threads_for, intra_op_threads
-from llmlab.measure.workloads import WORKLOADS, Workload
+from llmlab.measure.workloads import WORKLOADS, Workload, get_workload
 from llmlab.switches import SWITCHES, WEIGHT_FORMATS, defaults, describe
 
 PEERS = ("hf_eager", "hf_static")
@@ -117,9 +117,7 @@ def plan(llm: LLM, workload: str | Workload) -> dict[str, Any]:
     if isinstance(workload, Workload):
         name = workload.name
     elif isinstance(workload, str):
-        if workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
-        name = workload
+        name = get_workload(workload).name
     else:
         raise TypeError(f"workload must be a workload name or a Workload, got {type(workload).__name__}")
     if llm.device.type != "cuda" or name not in GPU_PLAN:
