@@ -255,8 +255,8 @@ class LLM:
         self when inplace=True (no second copy in memory); its name gains the scheme, " g<group_size>" for int4,
         " awq" for awq and " +lm_head" with include_lm_head.
         Raises, before changing anything: ValueError for an unknown method, a scheme or group size the layers cannot
-        take, a group_size given with int8, a model already quantized, the "Triton kernels" switch on (its fused
-        decode step reads unquantized weights), calibration given with method="rtn", or calibration text too short
+        take, a group_size given with int8, a model already quantized, the "Triton kernels" switch on (its decode
+        step was built for the float model), calibration given with method="rtn", or calibration text too short
         (`calibration_ids`); TypeError for calibration that is neither text nor a tensor of ids, or text without a
         tokenizer.
         """
@@ -272,8 +272,8 @@ class LLM:
         if group_size is None:
             group_size = 128
         if self.kernels is not None:
-            raise ValueError("quantize: the Triton kernels switch is on, and its fused decode step reads the "
-                             "unquantized weights; quantize the LLM without it (apply the switch afterwards)")
+            raise ValueError("quantize: the Triton kernels switch is on, and its decode step was built for the "
+                             "float model; quantize the LLM without it (apply the switch afterwards)")
         ids = None
         if method == "rtn" and calibration is not None:
             raise ValueError("quantize: calibration is used by method='awq' only; drop it, or pass method='awq'")

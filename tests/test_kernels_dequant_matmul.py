@@ -222,8 +222,8 @@ def _gemv_raw(kernel, N, K, x, w, s, **meta):
         kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, s.stride(0), s.stride(1),
                         y.stride(1), ws.stride(0), GROUP=K // s.shape[1], **meta)
     else:
-        kernel.fn[grid](x, w, s, y, ws, cnt, N, K, x.stride(1), w.stride(0) // 4, y.stride(1), ws.stride(0),
-                        **meta)
+        kernel.fn[grid](x, w, s, y, ws, cnt, x, x, N, K, 1e-5, x.stride(1), w.stride(0) // 4, y.stride(1),
+                        ws.stride(0), **meta)
     assert int(cnt.abs().sum()) == 0, "the last split of each row block must zero its counter"
     return y
 
@@ -276,7 +276,7 @@ def test_split_k_only_the_last_split_stores():
         cnt.fill_(preset)
         try:
             int8_module._int8_gemv_kernel.fn[(triton.cdiv(N, 16), splits_in_grid)](
-                x, w8, s8, y, ws, cnt, N, K, x.stride(1), w8.stride(0) // 4, y.stride(1), ws.stride(0),
+                x, w8, s8, y, ws, cnt, x, x, N, K, 1e-5, x.stride(1), w8.stride(0) // 4, y.stride(1), ws.stride(0),
                 BLOCK_N=16, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=1)
         finally:
             cnt.zero_()

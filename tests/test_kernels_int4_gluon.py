@@ -61,6 +61,26 @@ def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
         assert int(v4) >= 2 * int(R)  # each row's weights in one 16-byte load per thread (first chunk + loop)
 
 
+def test_the_kernel_builds_with_the_small_ops_inside():
+    """The fused variants `fused_quant_gemv` launches compile for Hopper: the RMSNorm prologue (a square root for
+    rstd), the SwiGLU prologue (an exponential for the sigmoid) and the residual epilogue (a second bf16 load
+    stream). In a fresh process, as above."""
+    if gg.GLUON_ERROR:
+        pytest.skip(f"this Triton has no Gluon: {gg.GLUON_ERROR}")
+    code = (
+        "from llmlab.kernels import int4_gemv_gluon as gg\n"
+        "for K, pro, res in ((4096, 1, False), (4096, 0, True), (14336, 2, True), (4096, 0, False)):\n"
+        "    ptx = gg.build_offline(K, group=128, prologue=pro, residual=res).asm['ptx']\n"
+        "    print(pro, int(res), int('sqrt' in ptx), int('ex2' in ptx), ptx.count('ld.global'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [[int(v) for v in ln.split()] for ln in out.stdout.splitlines() if ln.strip()]
+    (_, _, norm_sqrt, norm_exp, _), (_, _, res_sqrt, res_exp, res_loads), (_, _, _, glu_exp, _), plain = rows
+    assert norm_sqrt and not norm_exp and glu_exp and not res_sqrt and not res_exp
+    assert not plain[2] and not plain[3] and res_loads > plain[4]
+
+
 gpu = pytest.mark.gpu
 
 

@@ -168,7 +168,8 @@ def test_kernel_modules_on_a_quantized_model_give_its_logits(scheme, group):
     want = [q(ids, kv_cache=ref_cache)]
     want.append(q(want[0][:, -1:].argmax(-1), positions=torch.tensor([9]), kv_cache=ref_cache))
     swap_in(q)
-    assert not fusable_shape(q, torch.float32) and "quantized" in fusable(q)[1]
+    # its batch-1 step fuses the small ops into the quantized GEMVs, but step tuning has no float tiles to choose
+    assert fusable_shape(q, torch.float32) and "quantized" in fusable(q)[1]
     step = KernelDecodeStep(q)
     logs = []
     tune_once(step, log=logs.append)  # nothing to tune on a quantized model: said, and the tiles stay empty

@@ -8,7 +8,10 @@
 A variant is NAME=ENV,ENV,...: environment variables set while its CUDA-graph runner is captured — settings the
 kernels read when the step is captured, such as LLMLAB_PDL, or a temporary switch added to the code under test.
 STEP_TUNING=1 (not an environment setting) captures that variant with the tiles `llmlab.kernels.step_tuning`
-chooses (tuned once, before its capture; the time taken and the report go into the JSON).
+chooses (tuned once, before its capture; the time taken and the report go into the JSON). FUSED_STEP=0 (not one
+either) captures the batch-1 step module by module (`KernelDecodeStep(fuse_step=False)`: RMSNorm and SwiGLU in
+launches of their own). --weights VALUE quantizes the model first, as the `weights` switch does (int8, int4,
+int4-g64, ...): e.g. `... llama-3.1-8b /tmp/q.json --weights int4 fused= modules=FUSED_STEP=0`.
 
 Separate `llmlab bench` runs of one code differ by 1-3% (each process autotunes its kernels anew, clocks drift),
 which hides a change of a few microseconds per token. Here ONE model with ONE set of autotuned kernels gets a
@@ -42,11 +45,13 @@ def _tuned_configs() -> dict:
 
 def _parse(argv: list[str]) -> tuple[str, str, dict, dict]:
     """(model, out, {variant: {env: value}}, options) from the command line; prints the usage and exits if wrong."""
-    opts = {"--rounds": 4, "--prompt-len": 128, "--new-tokens": 256}
+    opts = {"--rounds": 4, "--prompt-len": 128, "--new-tokens": 256, "--weights": None}
     args = []
     it = iter(argv)
     for a in it:
-        if a in opts:
+        if a == "--weights":
+            opts[a] = next(it, "")
+        elif a in opts:
             opts[a] = int(next(it, "0"))
         else:
             args.append(a)
@@ -73,6 +78,13 @@ def main(argv: list[str]) -> None:
 
     model_name, out, variants, opts = _parse(argv)
     llm, _, _ = load_bench_model(model_name)
+    if opts["--weights"]:
+        from llmlab.switches import WEIGHT_FORMATS
+
+        if opts["--weights"] not in WEIGHT_FORMATS:
+            raise SystemExit(f"--weights {opts['--weights']!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+        scheme, group_size, lm_head = WEIGHT_FORMATS[opts["--weights"]]
+        llm = llm.quantize(scheme, group_size=group_size, include_lm_head=lm_head, inplace=True)
     model = swap_in(llm.model)  # the Triton kernels' modules, for every variant
     n_prompt, n_new = opts["--prompt-len"], opts["--new-tokens"]
     prompt = torch.randint(0, llm.config.vocab_size, (n_prompt,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -95,7 +107,8 @@ def main(argv: list[str]) -> None:
                     print(f"step tuning took {tuning['seconds']:.1f} s", flush=True)
                 tiles = tuning["tiles"]
             # captured with the variant's environment set: the tiles and switches are baked into the graph
-            runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq, kernels=KernelDecodeStep(model, tiles))
+            step = KernelDecodeStep(model, tiles, fuse_step=env.get("FUSED_STEP") != "0")
+            runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq, kernels=step)
             generate_fast(model, prompt, max_new_tokens=8, runner=runners[name])  # warm-up
         finally:
             for k, v in saved.items():
@@ -124,7 +137,8 @@ def main(argv: list[str]) -> None:
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                    "commit": git_commit(), "versions": {"torch": torch.__version__, "triton": triton.__version__},
-                   "model": model_name, "prompt_len": n_prompt, "new_tokens": n_new, "rounds": opts["--rounds"],
+                   "model": model_name, "weights": opts["--weights"], "prompt_len": n_prompt, "new_tokens": n_new,
+                   "rounds": opts["--rounds"],
                    "results": rows, "tuned_configs": tuned,
                    "step_tuning": {"seconds": tuning.get("seconds"), "report": tuning.get("report")}}, f,
                   indent=1)

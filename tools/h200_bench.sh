@@ -47,7 +47,7 @@ if [[ $MODE == main ]]; then
 elif [[ $MODE == quant ]]; then
   QBIG=${QBIG:-llama-3.1-8b}
   step gpu_tests 60 env LLMLAB_TRITON_AUTOTUNE=0 $PYTEST -m gpu tests/test_quant_runtime.py tests/test_quant_linear.py \
-    tests/test_kernels_dequantize.py
+    tests/test_kernels_dequantize.py tests/test_kernels_fused_quant_gemv.py
   # the 8B shape skips the host-paced eager variants and torch.compile's minute of warm-up
   # its peers: Hugging Face, and torchao's int8 / int4 where torchao is importable (a carried wheel, see
   # tools/README.md); QPEERS="--peers torchao_int8,torchao_int4" runs only torchao's, QPEERS="" none

@@ -8,8 +8,8 @@ boundaries lives here:
   the block hands both on: the next block's first RMSNorm adds and normalizes in one kernel, and the last block's
   pair goes into the final norm the same way. One kernel per layer fewer;
 * `one_token`: a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) with the RMSNorms, SwiGLU
-  and residual adds inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`): seven launches per
-  layer instead of ten;
+  and residual adds inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`; for a weight-only
+  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten;
 * `greedy`: the decode step's greedy token in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels;
 * `tiles`: the kernel configs `llmlab.kernels.step_tuning` chose by timing the whole captured step, by role.
 
@@ -50,14 +50,27 @@ def float_projections(model) -> bool:
                if hasattr(m, "in_features"))
 
 
+def quantized_projections(model) -> bool:
+    """Are all the layers' projections weight-only quantized layers (`llmlab.quant`) of one scheme and group size,
+    with no bias and no padded rows — what `fused_quant_gemv` takes?"""
+    from llmlab.quant.linear import QuantizedLinear
+
+    linears = [m for layer in model.layers for m in layer.modules() if hasattr(m, "in_features")]
+    if not linears or not all(isinstance(m, QuantizedLinear) for m in linears):
+        return False
+    formats = {(type(m), getattr(m, "group_size", None)) for m in linears}
+    return len(formats) == 1 and all(m.bias is None and m.padded_in_features == m.in_features for m in linears)
+
+
 def fusable_shape(model, dtype: torch.dtype) -> bool:
     """Can `one_token` run this model's batch-1 step, once the kernel modules are in? Llama-shaped layers only (no
-    biases, no sliding window), float projections (`fused_gemv` reads float weights; a quantized model's step runs
-    its quantized layers through `forward`), every layer parameter and the final norm in `dtype`."""
+    biases, no sliding window), float projections (`fused_gemv`) or weight-only quantized ones of one format
+    (`quantized_projections`, `fused_quant_gemv`), every layer parameter and the final norm in `dtype`."""
     cfg = model.config
     if cfg.attention_bias or cfg.o_proj_bias or cfg.sliding_window is not None or model.norm.weight.dtype != dtype:
         return False
-    return float_projections(model) and all(p.dtype == dtype for p in model.layers.parameters())
+    projections = float_projections(model) or quantized_projections(model)
+    return projections and all(p.dtype == dtype for p in model.layers.parameters())
 
 
 def runs_fused(model, dtype: torch.dtype) -> bool:
@@ -74,25 +87,29 @@ class KernelDecodeStep:
         model: a Transformer with the kernel modules swapped in (`llmlab.kernels.modules.swap_in`).
         tiles: {role: triton.Config} for the batch-1 step's GEMVs (`GEMV_ROLES`) and its attention
             (`attention_role`), as `llmlab.kernels.step_tuning` chooses them; missing roles use the autotuner's.
+        fuse_step: False runs the batch-1 step module by module (RMSNorm, SwiGLU in launches of their own), as a
+            model `one_token` cannot take does: the baseline the fused step is measured against.
 
     Raises:
         ValueError: a model without the kernel modules.
     """
 
-    def __init__(self, model, tiles: dict | None = None):
+    def __init__(self, model, tiles: dict | None = None, fuse_step: bool = True):
         if not is_swapped(model):
             raise ValueError("KernelDecodeStep: swap the kernel modules in first (llmlab.kernels.swap_in(model), "
                              "or the triton_kernels switch)")
         self.model = model
         self.tiles = dict(tiles or {})
+        self.fuse_step = bool(fuse_step)
 
     def for_model(self, model) -> "KernelDecodeStep":
         """The same step (a copy of the tiles) for another model, e.g. a copy of this one (`LLM.to`)."""
-        return type(self)(model, self.tiles)
+        return type(self)(model, self.tiles, self.fuse_step)
 
     def fingerprint(self) -> tuple:
         """What a captured step depends on besides the weights: the kind of step and the chosen tiles."""
-        return (type(self).__qualname__, tuple(sorted((role, str(c)) for role, c in self.tiles.items())))
+        return (type(self).__qualname__, self.fuse_step,
+                tuple(sorted((role, str(c)) for role, c in self.tiles.items())))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, kv_cache=None,
                 last_only: bool = False) -> torch.Tensor:
@@ -109,7 +126,8 @@ class KernelDecodeStep:
         rms = ops().rmsnorm
         h = model.embed_tokens(input_ids)  # (B, T, D): the residual stream
         static = hasattr(kv_cache, "attention_mask")  # a static cache (`llmlab.cache.static_cache.StaticKVCache`)
-        if B * T == 1 and static and runs_fused(model, h.dtype):  # no mask, no cos/sin: its kernels need neither
+        # no mask, no cos/sin for one_token: its kernels need neither
+        if B * T == 1 and static and self.fuse_step and runs_fused(model, h.dtype):
             return self.one_token(h, positions, kv_cache)
         cos, sin = model.rope(positions, h.dtype)
         mask = None
@@ -144,9 +162,15 @@ class KernelDecodeStep:
         weights before they wait for the kernel before them (`fused_gemv`'s whole-row configs), the attention lets
         the o GEMV launch during its merge and loads its first K/V tile before it waits for the RoPE launch
         (`TritonAttention.static_decode`). RoPE and the K/V write keep a launch of their own: as the q/k/v GEMV's
-        epilogue instead, the step measured slower on the H200."""
+        epilogue instead, the step measured slower on the H200.
+
+        A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
+        `fused_quant_gemv`, SwiGLU as the down GEMV's prologue instead of the gate/up GEMV's epilogue (see there);
+        the step-tuned GEMV tiles are the float GEMVs' and are not used there."""
         K = ops()
         model, tiles = self.model, self.tiles
+        if not float_projections(model):
+            return self._quantized_token(h, positions, kv_cache)
         inv_freq = model.rope.inv_freq  # (hd/2,) fp32
         attention_tile = tiles.get(attention_role(kv_cache.k[0].shape[2]))
         for layer in model.layers:
@@ -161,6 +185,24 @@ class KernelDecodeStep:
             act = K.fused_gemv(h, mlp.gate_up_weight(), norm_weight=n2.weight, eps=n2.eps, swiglu_out=True,
                                config=tiles.get("gate_up"))  # (1, 1, I)
             h = K.fused_gemv(act, mlp.down_proj.weight, residual=h, config=tiles.get("down"))  # h + down(act)
+        return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
+
+    def _quantized_token(self, h: torch.Tensor, positions: torch.Tensor, kv_cache) -> torch.Tensor:
+        """`one_token` for a weight-only quantized model: the norms, SwiGLU and residual adds inside the quantized
+        GEMVs (`llmlab/kernels/fused_quant_gemv.py`). h: (1, 1, D) -> logits (1, 1, V)."""
+        K = ops()
+        gemv = K.fused_quant_gemv
+        model = self.model
+        attention_tile = self.tiles.get(attention_role(kv_cache.k[0].shape[2]))
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            qkv = gemv(h, attn.quantized_qkv(), norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+            y = attn.static_decode(qkv.view(1, -1, attn.head_dim), positions, kv_cache,
+                                   inv_freq=model.rope.inv_freq, config=attention_tile)  # (1, H, hd)
+            h = gemv(y.view(1, 1, -1), attn.o_proj, residual=h)  # h + o(y)
+            gate_up = gemv(h, mlp.quantized_gate_up(), norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I)
+            h = gemv(gate_up, mlp.down_proj, swiglu=True, residual=h)  # h + down(silu(gate) * up)
         return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:

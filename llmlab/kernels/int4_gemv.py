@@ -46,18 +46,21 @@ IS_MAX_K = 8192
 
 
 def launch_input_stationary(x, packed, scales, y, N: int, K: int, G: int, R: int = IS_R, programs: int | None = None,
-                             pdl: bool | None = None) -> None:
+                             pdl: bool | None = None, norm_weight=None, eps: float = 1e-5, swiglu: bool = False,
+                             residual=None) -> None:
     """Launch `_int4_gemv_is_kernel`: R rows per chunk on `programs` persistent programs (default IS_PPS per SM,
-    at most one per chunk), PDL as `pdl_kwargs` says unless `pdl` is given."""
+    at most one per chunk), PDL as `pdl_kwargs` says unless `pdl` is given; the RMSNorm (norm_weight) or SwiGLU
+    prologue and the residual add as `fused_quant_gemv` describes them."""
     Q = triton.next_power_of_2(K // 32)
     if programs is None:
         programs = min(triton.cdiv(N, R), IS_PPS * num_sms(x.device))
     launch = pdl_kwargs(x.device) if pdl is None else {"PDL": pdl, **({"launch_pdl": True} if pdl else {})}
     _int4_gemv_is_kernel[(programs,)](
-        x, packed, scales, y,
-        N, K,
-        x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(1),
-        GROUP=G, Q=Q, R=R, num_warps=max(1, min(16, Q // 32)), **launch,
+        x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
+        N, K, float(eps),
+        x.stride(-1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(-1),
+        GROUP=G, Q=Q, R=R, PROLOGUE=2 if swiglu else 1 if norm_weight is not None else 0,
+        HAS_RES=residual is not None, num_warps=max(1, min(16, Q // 32)), **launch,
     )
 
 
@@ -100,14 +103,16 @@ def _quad_words(w):
 
 @triton.jit
 def _int4_gemv_is_kernel(
-    # pointers
-    x_ptr, w_ptr, s_ptr, y_ptr,
-    # sizes
-    N, K,
+    # pointers (nw: the RMSNorm weight, res: the residual; read only with PROLOGUE == 1 / HAS_RES)
+    x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, res_ptr,
+    # sizes; RMSNorm's eps
+    N, K, eps,
     # strides (elements; stride_wn in 32-bit words)
     stride_xk, stride_wn, stride_sn, stride_sg, stride_yn,
     # meta-parameters: Q thread-slots (power of 2 >= K / 32), R rows per chunk
     GROUP: tl.constexpr, Q: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr,
+    # the small ops inside (`fused_quant_gemv`): prologue 0 none, 1 RMSNorm, 2 SwiGLU; the residual add
+    PROLOGUE: tl.constexpr = 0, HAS_RES: tl.constexpr = False,
 ):
     rq = tl.arange(0, Q)
     q_mask = rq < K // 32  # slots past the row (Q rounded up to a power of two) load nothing
@@ -135,8 +140,16 @@ def _int4_gemv_is_kernel(
     # x once per program: each slot's 32 values in one (Q, 32) load (32 two-byte loads per thread made a program's
     # start cost more than its rows at 4+ programs per SM), then split in registers into the 32 lifted
     # partners aJi of code i of word J: x[32q + 8J + i] * 2^(149 - shift_i - X_EXP) (see `field_f32`, `int4_codes`)
-    xt = tl.load(x_ptr + (32 * rq[:, None] + tl.arange(0, 32)[None, :]) * stride_xk, mask=q_mask[:, None],
-                 other=0.0).to(tl.float32)  # (Q, 32)
+    kk = 32 * rq[:, None] + tl.arange(0, 32)[None, :]
+    xt = tl.load(x_ptr + kk * stride_xk, mask=q_mask[:, None], other=0.0).to(tl.float32)  # (Q, 32)
+    rstd = 1.0
+    if PROLOGUE == 1:  # RMSNorm: W (x * nw), times rstd after the sums; this program holds the whole row
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(xt * xt, axis=1), axis=0) / K + eps)
+        xt = xt * tl.load(nw_ptr + kk, mask=q_mask[:, None], other=0.0).to(tl.float32)
+    if PROLOGUE == 2:  # SwiGLU: x is [gate | up]; rounded where the unfused ops round (F.silu, the product)
+        dt = x_ptr.dtype.element_ty
+        u = tl.load(x_ptr + (K + kk) * stride_xk, mask=q_mask[:, None], other=0.0).to(tl.float32)
+        xt = ((xt * tl.sigmoid(xt)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
     off = tl.sum(xt, axis=1) * (8.0 * 2.0 ** -X_EXP)  # (Q,): the codes' offset of 8, taken off once per row
     c0, c1, c2, c3, c4, c5, c6, c7 = split8(tl.reshape(xt, (Q * 4, 8)))  # c_i[4q + J] = x[32q + 8J + i]
     a00, a10, a20, a30 = split4(tl.reshape(lift(c0, 0), (Q, 4)))
@@ -158,10 +171,16 @@ def _int4_gemv_is_kernel(
         acc = _word_fma(w3, a30, a31, a32, a33, a34, a35, a36, a37, acc)
         # lifted by half of 2^X_EXP before the sum so that small parts times small scales do not underflow
         y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # (R,), in every thread
+        if PROLOGUE == 1:
+            y = y * rstd
         # stored by slot 0 from the flat layout: an (R,) store would first move the sums through shared memory
         y_flat = tl.reshape(tl.broadcast_to(y[:, None], (R, Q)), (R * Q,))
         rn = c * R + rf_row
-        tl.store(y_ptr + rn * stride_yn, y_flat.to(y_ptr.dtype.element_ty), mask=(rf_q == 0) & (rn < N))
+        out_mask = (rf_q == 0) & (rn < N)
+        if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
+            r = tl.load(res_ptr + rn, mask=out_mask, other=0.0).to(tl.float32)
+            y_flat = y_flat.to(y_ptr.dtype.element_ty).to(tl.float32) + r
+        tl.store(y_ptr + rn * stride_yn, y_flat.to(y_ptr.dtype.element_ty), mask=out_mask)
         w = w_next
         s = s_next
 

@@ -153,13 +153,21 @@ if GLUON_ERROR is None:
         return gl.sum(t3, axis=2)  # step 2: registers, then the butterfly over the lanes left
 
     @gluon.jit
-    def _store_rows(p, buf, y_ptr, c, N, stride_yn, LT: gl.constexpr, R: gl.constexpr):
-        """Step 3: the warps' partial row sums p through shared memory `buf`; y = their sum, for chunk c's rows."""
+    def _store_rows(p, buf, y_ptr, res_ptr, rstd, c, N, stride_yn, LT: gl.constexpr, R: gl.constexpr,
+                    NORM: gl.constexpr, HAS_RES: gl.constexpr):
+        """Step 3: the warps' partial row sums p through shared memory `buf`; y = their sum, for chunk c's rows,
+        times rstd (NORM: the RMSNorm prologue's scale) and plus the residual (HAS_RES: the output rounded to y's
+        dtype first, as the unfused add sees it)."""
         buf.store(p)
         _cta_barrier()
         v = buf.load(LT)
         y = gl.sum(v, axis=1) * 2.0 ** 32  # the other half of 2^X_EXP
+        if NORM:
+            y = y * rstd
         rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+        if HAS_RES:
+            r = gl.load(res_ptr + rn, mask=rn < N, other=0.0).to(gl.float32)
+            y = y.to(y_ptr.dtype.element_ty).to(gl.float32) + r
         gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @gluon.jit
@@ -183,29 +191,45 @@ if GLUON_ERROR is None:
                                       is_pure=False, pack=1)
 
     @gluon.jit
-    def _x_once(x_ptr, K, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr):
+    def _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr,
+                PROLOGUE: gl.constexpr):
         """x, once per program: each slot's 32 values loaded into its thread as one (Q, 32) tile (k = 32 q + 8 J +
-        i), then 8 x each slot's sum (the codes' offset of 8) and the lifted partners of words J = 0..3, each a
-        tuple of 8 (Q,) tensors in the slots' layout LQ. x past K reads as 0."""
+        i), after the prologue (PROLOGUE 1: times the RMSNorm weight, and rstd = 1 / sqrt(mean(x^2) + eps) over the
+        whole row, which this program holds; 2: x is [gate | up], 2K numbers, and the GEMV's input is
+        silu(gate) * up, rounded where the unfused ops round). Returns rstd (1.0 without the RMSNorm), 8 x each
+        slot's sum (the codes' offset of 8) and the lifted partners of words J = 0..3, each a tuple of 8 (Q,)
+        tensors in the slots' layout LQ. x past K reads as 0."""
         rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
         rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
-        xt = gl.load(x_ptr + (32 * rqx[:, None] + rk[None, :]) * stride_xk, mask=(rqx < K // 32)[:, None],
-                     other=0.0).to(gl.float32)
+        kk = 32 * rqx[:, None] + rk[None, :]
+        k_ok = (rqx < K // 32)[:, None]
+        xt = gl.load(x_ptr + kk * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
+        rstd = 1.0
+        if PROLOGUE == 1:
+            rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(xt * xt, axis=1), axis=0) / K + eps)
+            xt = xt * gl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(gl.float32)
+        if PROLOGUE == 2:
+            dt: gl.constexpr = x_ptr.dtype.element_ty
+            u = gl.load(x_ptr + (K + kk) * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
+            silu = (xt / (1.0 + gl.exp(-xt))).to(dt).to(gl.float32)
+            xt = (silu * u).to(dt).to(gl.float32)
         off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
         xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
         lo, hi = gl.split(xj)  # J1 = 0 / 1
         x0, x1 = gl.split(lo.permute(0, 2, 1))  # J = 0, 1: (q, i)
         x2, x3 = gl.split(hi.permute(0, 2, 1))  # J = 2, 3
-        return off, _partners(x0, LQ), _partners(x1, LQ), _partners(x2, LQ), _partners(x3, LQ)
+        return rstd, off, _partners(x0, LQ), _partners(x1, LQ), _partners(x2, LQ), _partners(x3, LQ)
 
     @gluon.jit
     def _int4_gemv_gluon_kernel(
-        x_ptr, w_ptr, s_ptr, y_ptr,
-        N, K,
+        x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, res_ptr,
+        N, K, eps,
         # strides in elements (stride_wn in 32-bit words); the row strides are constants: per-row offsets then
         # fold into the loads' addresses
         stride_xk, stride_wn: gl.constexpr, stride_sn: gl.constexpr, stride_sg, stride_yn,
         GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
+        # the small ops inside (`fused_quant_gemv`): 0 none, 1 RMSNorm, 2 SwiGLU; the residual add
+        PROLOGUE: gl.constexpr, HAS_RES: gl.constexpr,
         # register layouts, built by `_layouts` (a jit function cannot loop over layout bases)
         LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
         LT: gl.constexpr,
@@ -223,13 +247,14 @@ if GLUON_ERROR is None:
         w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
         if PDL:
             _pdl(True)
-        off, a0, a1, a2, a3 = _x_once(x_ptr, K, stride_xk, Q, LX, LQ)
+        rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q, LX, LQ, PROLOGUE)
         turn = 0
         for c in range(c, n_chunks, step):
             w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp,
                                     R, LW, LA)
             p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
-            _store_rows(p, buf.index(turn % 2), y_ptr, c, N, stride_yn, LT, R)
+            _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
+                        HAS_RES)
             w = w_next
             s = s_next
             turn += 1
@@ -273,31 +298,39 @@ def _programs_per_sm(n_regs: int, NW: int) -> int:
 _LAUNCH: dict = {}  # what a launch depends on -> (its meta-parameters, programs in one wave), built once per shape
 
 
-def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
-    """y = x @ dequant(packed, scales)^T for ONE row of x, on a CUDA GPU, with the Gluon kernel (writes y in place).
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict,
+              norm_weight: torch.Tensor | None = None, eps: float = 1e-5, swiglu: bool = False,
+              residual: torch.Tensor | None = None) -> None:
+    """y = [residual +] x' @ dequant(packed, scales)^T for ONE row of x, on a CUDA GPU, with the Gluon kernel
+    (writes y in place); x' = x, RMSNorm(x) with `norm_weight`, or silu(gate) * up with `swiglu`
+    (`fused_quant_gemv` says what each does and checks the arguments).
 
     Args:
-        x: (1, K) fp32 / fp16 / bf16, any stride along K (only row 0 is read).
+        x: (1, K) fp32 / fp16 / bf16, any stride along K (only row 0 is read); (1, 2K) contiguous [gate | up]
+            with swiglu.
         packed: (N, K // 2) uint8, two int4 codes per byte (weight_quant's layout), rows contiguous and 4-byte
             aligned; K <= MAX_K.
         scales: (N, K // G) float (fp32 from quantize_int4), any strides.
         y: (1, N) in x's dtype, any stride along N.
         pdl: `pdl_kwargs(device)` from _util.py.
+        norm_weight: (K,) contiguous, x's dtype, or None. residual: (1, N) contiguous, x's dtype, or None.
 
     int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
     built (int4_matmul then falls back to the Triton GEMV)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
-    args = (x, packed, scales, y, N, K, x.stride(1), packed.stride(0) // 4, scales.stride(0), scales.stride(1),
-            y.stride(1))
+    prologue = 2 if swiglu else 1 if norm_weight is not None else 0
+    args = (x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
+            N, K, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(-1))
     # what the meta-parameters and the compiled kernel's registers depend on (Triton also specializes on strides of
     # 1 and 16-byte alignment, which change no register count that matters here: the wave only sizes the grid)
     key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), scales.shape[1],
-           pdl.get("PDL"))
+           pdl.get("PDL"), prologue, residual is not None)
     launch = _LAUNCH.get(key)
     if launch is None:  # once per shape: the layouts (~0.1 ms of Python to build) and a compile
         R, NW, S = config(K)
-        meta = dict(GROUP=K // scales.shape[1], R=R, num_warps=NW, **_layouts(R, NW, S), **pdl)
+        meta = dict(GROUP=K // scales.shape[1], R=R, num_warps=NW, PROLOGUE=prologue, HAS_RES=residual is not None,
+                    **_layouts(R, NW, S), **pdl)
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -306,11 +339,12 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]), wave),)](*args, **meta)  # one wave (module notes)
 
 
-def build_offline(K: int, group: int = 128, arch: int = 90):
+def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False):
     """Compile the kernel for rows of K weights for a CUDA GPU of compute capability `arch` (90: Hopper) without one
-    (bf16 x and y): the CompiledKernel, whose .asm holds its "ttgir", "ptx" and "cubin". A layout conversion
-    asserted trivial that would move data fails here. Not under TRITON_INTERPRET=1, which swaps Triton's library
-    functions for interpreted ones."""
+    (bf16 x and y; `prologue` 0 / 1 RMSNorm / 2 SwiGLU and `residual` as `int4_gemv` sets them): the
+    CompiledKernel, whose .asm holds its "ttgir", "ptx" and "cubin". A layout conversion asserted trivial that
+    would move data fails here. Not under TRITON_INTERPRET=1, which swaps Triton's library functions for
+    interpreted ones."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -320,12 +354,14 @@ def build_offline(K: int, group: int = 128, arch: int = 90):
         raise ValueError(f"build_offline: K = {K} and group = {group} must be multiples of 32, the group dividing K")
     R, NW, S = config(K)
     fn = _int4_gemv_gluon_kernel
-    constexprs = {"GROUP": group, "R": R, "PDL": False, "stride_xk": 1, "stride_sg": 1, "stride_yn": 1,
-                  "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
-    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
+    constexprs = {"GROUP": group, "R": R, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual, "stride_xk": 1,
+                  "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "nw_ptr": "*bf16",
+             "res_ptr": "*bf16", "eps": "fp32"}
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
     # the pointers 16-byte aligned and K a multiple of 16, as a launch on torch's allocations specializes them (the
     # weight loads are then 16 bytes wide, as on the GPU)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in types or a == "K"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if a in types and a != "eps" or a == "K"}
     return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": NW})

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from . import split_k
-from ._util import check_tensors, demo_needs_cuda, tune_bench, zero_on_error
+from ._util import check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench, zero_on_error
 from .packed_fields import X_EXP, field_f32, lift, split4
 from .quant_tiles import GEMV1_CONFIGS, GEMV_CONFIGS, gemv1_prune
 from .split_k import split_k_range, split_k_store
@@ -56,48 +56,120 @@ def _int8_matmul_kernel(
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": gemv1_prune},
-                 do_bench=tune_bench)
+def _gemv1_fused_prune(configs, named_args, **kwargs):
+    """`gemv1_prune`, and with the RMSNorm prologue one split only: rstd needs the sum of x^2 over the whole row,
+    which a program has only when it walks all of K."""
+    configs = gemv1_prune(configs, named_args, **kwargs)
+    if kwargs.get("PROLOGUE", named_args.get("PROLOGUE", 0)) == 1:
+        configs = [c for c in configs if c.kwargs["SPLIT_K"] == 1] or [
+            triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})]
+    return configs
+
+
+@triton.jit
+def _int8_x_tile(x_ptr, nw_ptr, kk, K, stride_xk, PROLOGUE: tl.constexpr):
+    """x at positions kk (a (J, 4) tile; 0 past K) in fp32 after the prologue (1: times the RMSNorm weight; 2: x
+    is [gate | up] and the input is silu(gate) * up, rounded where the unfused ops round), and x^2 there (the
+    RMSNorm's sum, before the weight)."""
+    k_mask = kk < K
+    x = tl.load(x_ptr + kk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
+    sq = x * x
+    if PROLOGUE == 1:
+        x = x * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    if PROLOGUE == 2:
+        dt = x_ptr.dtype.element_ty
+        u = tl.load(x_ptr + (K + kk) * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
+        x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+    return x, sq
+
+
+@triton.jit
+def _int8_word_sums(w, x):
+    """(BLOCK_N, J) int32 words of int8 weights (byte i = weight 4j + i) and their x as a (J, 4) fp32 tile ->
+    sum_i w_i x_i * 2^-X_EXP per (row, word), one FMA chain per (row, word): XOR 0x80 turns each signed byte into
+    w + 128 in 0..255, read by `field_f32`, and 128 x the word's x sum comes off."""
+    u = w ^ -0x7F7F7F80  # = 0x80808080 as int32
+    top = u >> 16
+    x0, x1, x2, x3 = split4(x)
+    sx = (x0 + x1 + x2 + x3) * (128.0 * 2.0 ** -X_EXP)  # (J,): the bytes' offset of 128
+    part = field_f32(u, 0, 8) * lift(x0, 0)[None, :] - sx[None, :]
+    part += field_f32(u, 8, 8) * lift(x1, 8)[None, :]
+    part += field_f32(top, 0, 8) * lift(x2, 0)[None, :]
+    part += field_f32(top, 8, 8) * lift(x3, 8)[None, :]
+    return part
+
+
+@triton.autotune(configs=GEMV1_CONFIGS, key=["N", "K", "PROLOGUE", "HAS_RES", "PDL"],
+                 prune_configs_by={"early_config_prune": _gemv1_fused_prune}, do_bench=tune_bench)
 @triton.jit
 def _int8_gemv_kernel(
-    # pointers (ws, cnt: the split-K scratch, see `split_k_store`)
-    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr,
-    # sizes
-    N, K,
+    # pointers (ws, cnt: the split-K scratch, see `split_k_store`; nw: the RMSNorm weight, res: the residual)
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, nw_ptr, res_ptr,
+    # sizes; RMSNorm's eps
+    N, K, eps,
     # strides (elements; stride_wn in 32-bit words: the rows are read 4 weights at a time)
     stride_xk, stride_wn, stride_yn, stride_ws,
     # meta-parameters
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
+    # the small ops inside (`fused_quant_gemv`): prologue 0 none, 1 RMSNorm, 2 SwiGLU; the residual add; PDL
+    PROLOGUE: tl.constexpr = 0, HAS_RES: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """M = 1: the int4 GEMV's scheme for int8 weights: XOR 0x80 turns each signed byte w into w + 128 in 0..255,
-    read by `field_f32`; 128 times each word's x sum comes off; one scale per output row, applied to each split's
-    sums."""
+    """M = 1: the int4 GEMV's scheme for int8 weights (`_int8_word_sums`); one scale per output row, applied to
+    each split's sums. With PDL the first weight tile is requested before the wait for the kernel that writes x."""
     J: tl.constexpr = BLOCK_K // 4  # int32 words per row in a K tile (K is a multiple of 4)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, J)
     ri = tl.arange(0, 4)
     n_mask = rn < N
-    w_words = w_ptr.to(tl.pointer_type(tl.int32))
+    w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * stride_wn
     k_start, k_end = split_k_range(K, BLOCK_K, SPLIT_K)
-    acc = tl.zeros([BLOCK_N, J], tl.float32)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+    if PDL:  # let the next kernel's programs start arriving (see `pdl_enabled` in _util.py)
+        tl.extra.cuda.gdc_launch_dependents()
+    jw = k_start // 4 + rj
+    w = tl.load(w_rows + jw[None, :], mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J)
+    if PDL:  # the first tile depends on no earlier kernel: requested before waiting for the one that writes x
+        tl.extra.cuda.gdc_wait()
+    x, sq = _int8_x_tile(x_ptr, nw_ptr, k_start + 4 * rj[:, None] + ri[None, :], K, stride_xk, PROLOGUE)
+    acc = _int8_word_sums(w, x)
+    for k0 in tl.range(k_start + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         jw = k0 // 4 + rj
-        w = tl.load(w_words + rn[:, None] * stride_wn + jw[None, :],
-                    mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)  # (BLOCK_N, J): byte i = weight 4j + i
-        u = w ^ -0x7F7F7F80  # = 0x80808080 as int32: each byte w becomes w + 128 in 0..255
-        top = u >> 16
-        kk = k0 + 4 * rj[:, None] + ri[None, :]
-        x = tl.load(x_ptr + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)  # (J, 4); 0 past K
-        x0, x1, x2, x3 = split4(x)
-        sx = (x0 + x1 + x2 + x3) * (128.0 * 2.0 ** -X_EXP)  # (J,): the bytes' offset of 128
-        part = field_f32(u, 0, 8) * lift(x0, 0)[None, :] - sx[None, :]
-        part += field_f32(u, 8, 8) * lift(x1, 8)[None, :]
-        part += field_f32(top, 0, 8) * lift(x2, 0)[None, :]
-        part += field_f32(top, 8, 8) * lift(x3, 8)[None, :]
-        acc += part
+        w = tl.load(w_rows + jw[None, :], mask=n_mask[:, None] & (jw < K // 4)[None, :], other=0)
+        x, sq_k = _int8_x_tile(x_ptr, nw_ptr, k0 + 4 * rj[:, None] + ri[None, :], K, stride_xk, PROLOGUE)
+        sq += sq_k
+        acc += _int8_word_sums(w, x)
     s = tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=1) * 2.0 ** X_EXP * s  # back from the sums' scale first: s * 2^64 could overflow
-    split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K)
+    if PROLOGUE == 1:  # one split (`_gemv1_fused_prune`): this program summed x^2 over the whole row
+        y = y / tl.sqrt(tl.sum(tl.sum(sq, axis=1), axis=0) / K + eps)
+    split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K, res_ptr, HAS_RES)
+
+
+def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,
+                config: triton.Config | None = None) -> None:
+    """Launch `_int8_gemv_kernel` for one row of x: y = [residual +] x' @ (w_q * scales)^T with x' = x, its
+    RMSNorm (`norm_weight`) or silu(gate) * up (`swiglu`: x is [gate | up]), over cdiv(N, BLOCK_N) row blocks x
+    SPLIT_K splits (the autotuned config's, or `config`'s) with the split-K scratch of this N. The callers check
+    the arguments (`int8_matmul`, `fused_quant_gemv`)."""
+    N, K = w_q.shape
+    ws, cnt = split_k.scratch(x.device, N)
+    kernel, meta = _int8_gemv_kernel, {}
+    only = _int8_gemv_kernel.configs
+    if config is None and norm_weight is not None and len(only) == 1 and only[0].kwargs["SPLIT_K"] != 1:
+        # autotuning off (the interpreter): the one config, unsplit (the autotuner prunes only among several)
+        config = triton.Config({**only[0].kwargs, "SPLIT_K": 1}, num_warps=only[0].num_warps)
+    if config is not None:
+        if norm_weight is not None and config.kwargs.get("SPLIT_K") != 1:
+            raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
+                             f"which one program walks), got the config {config}")
+        kernel, meta = _int8_gemv_kernel.fn, config.all_kwargs()
+    with zero_on_error(cnt):
+        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
+            x, w_q, scales, y, ws, cnt, x if norm_weight is None else norm_weight, x if residual is None else residual,
+            N, K, float(eps),
+            x.stride(-1), w_q.stride(0) // 4, y.stride(-1), ws.stride(0),
+            PROLOGUE=2 if swiglu else 1 if norm_weight is not None else 0, HAS_RES=residual is not None,
+            **pdl_kwargs(x.device), **meta,
+        )
 
 
 def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -139,12 +211,7 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 1 and word_rows(w_q, K, 4):  # batch-1 decode: the CUDA-core GEMV
         ws, cnt = split_k.scratch(x.device, N)
-        with zero_on_error(cnt):
-            _int8_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](
-                x, w_q, scales, y, ws, cnt,
-                N, K,
-                x.stride(1), w_q.stride(0) // 4, y.stride(1), ws.stride(0),
-            )
+        launch_gemv(x, w_q, scales, y)
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
     _int8_matmul_kernel[grid](

@@ -71,14 +71,16 @@ def ops() -> types.SimpleNamespace:
     """The kernel wrappers the modules and the decode step call, imported on first use (importing this module needs
     no triton). Each is wrapped in `torch.compiler.disable`: the wrappers read shapes and device properties in
     Python, which torch.compile must not trace into."""
-    from . import argmax, decode_attention, fused_gemv, rmsnorm, rope, rope_cache, swiglu
+    from . import argmax, decode_attention, fused_gemv, fused_quant_gemv, rmsnorm, rope, rope_cache, swiglu
 
     disable = torch.compiler.disable
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
-                                 fused_gemv=disable(fused_gemv.fused_gemv), argmax=disable(argmax.argmax))
+                                 fused_gemv=disable(fused_gemv.fused_gemv),
+                                 fused_quant_gemv=disable(fused_quant_gemv.fused_quant_gemv),
+                                 argmax=disable(argmax.argmax))
 
 
 class FusedWeights(NamedTuple):
@@ -133,14 +135,19 @@ class TritonMLP(MLP):
         self.fused = fuse((self.gate_proj, self.up_proj), self.fused)
         return self.fused.weight
 
+    def quantized_gate_up(self):
+        """The gate and up projections of a weight-only quantized model as ONE quantized layer (N = 2 I;
+        `llmlab.quant.fused.fuse_quantized`)."""
+        layers = (self.gate_proj, self.up_proj)
+        self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
+        return self.fused.layer
+
     def gate_up(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, D) -> (B, T, 2 I) = [gate(x) | up(x)] in ONE matmul: over the fused float weight, or, for a
         weight-only quantized model, one quantized layer over the fused packed weights
         (`llmlab.quant.fused.fuse_quantized`)."""
-        layers = (self.gate_proj, self.up_proj)
-        if all_quantized(layers):
-            self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
-            return self.fused.layer(x)
+        if all_quantized((self.gate_proj, self.up_proj)):
+            return self.quantized_gate_up()(x)
         return F.linear(x, self.gate_up_weight())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,14 +170,19 @@ class TritonAttention(Attention):
         self.fused = fuse((self.q_proj, self.k_proj, self.v_proj), self.fused)
         return self.fused.weight, self.fused.bias
 
+    def quantized_qkv(self):
+        """The q, k and v projections of a weight-only quantized model as ONE quantized layer (N = (H + 2 Hkv) hd;
+        `llmlab.quant.fused.fuse_quantized`)."""
+        layers = (self.q_proj, self.k_proj, self.v_proj)
+        self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
+        return self.fused.layer
+
     def qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, D) -> (B, T, (H + 2 Hkv) hd) = [q | k | v] in ONE matmul: over the fused float weight, or, for
         a weight-only quantized model, one quantized layer over the fused packed weights
         (`llmlab.quant.fused.fuse_quantized`)."""
-        layers = (self.q_proj, self.k_proj, self.v_proj)
-        if all_quantized(layers):
-            self.fused = fuse_quantized(layers, self.fused if isinstance(self.fused, FusedQuantized) else None)
-            return self.fused.layer(x)
+        if all_quantized((self.q_proj, self.k_proj, self.v_proj)):
+            return self.quantized_qkv()(x)
         return F.linear(x, *self.qkv_weight())
 
     def forward(self, x, cos, sin, positions, kv_cache=None, mask=None) -> torch.Tensor:

@@ -29,15 +29,28 @@ def split_k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K: tl.constexpr):
+def _plus_residual(y, y_ptr, res_ptr, rn, n_mask, HAS_RES: tl.constexpr):
+    """y (fp32) plus the residual at rows rn, with y first rounded to the output's dtype as the unfused add sees
+    it; y itself without HAS_RES."""
+    if HAS_RES:
+        r = tl.load(res_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + r
+    return y
+
+
+@triton.jit
+def split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K: tl.constexpr,
+                  res_ptr=None, HAS_RES: tl.constexpr = False):
     """Write this program's (BLOCK_N,) fp32 sums y: straight to the output with one split; else as partial row
     `split` of the scratch, then count this split done, and if it was the last of its row block, add the SPLIT_K
-    partials in split order and write the output, then zero the counter for the next launch.
+    partials in split order and write the output, then zero the counter for the next launch. HAS_RES: the output
+    is residual + the sums (the residual at `res_ptr`, rows rn), added once, by whoever writes the output.
 
     Memory order: the barrier makes every thread's partial store come before the counter's update, which is an
     acq_rel atomic (release: the stores are visible to whoever reads the count after it; acquire: the last program
     sees the other splits' stores); the last program reads the partials with .cg loads (from L2, not a stale L1)."""
     if SPLIT_K == 1:
+        y = _plus_residual(y, y_ptr, res_ptr, rn, n_mask, HAS_RES)
         tl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
     else:
         pid_n = tl.program_id(0)
@@ -48,6 +61,7 @@ def split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, S
             total = tl.load(ws_ptr + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
                 total += tl.load(ws_ptr + s * stride_ws + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            total = _plus_residual(total, y_ptr, res_ptr, rn, n_mask, HAS_RES)
             tl.store(y_ptr + rn * stride_yn, total.to(y_ptr.dtype.element_ty), mask=n_mask)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 

@@ -1,0 +1,153 @@
+"""The batch-1 decode step's quantized GEMVs with the small ops inside: `fused_gemv` (llmlab/kernels/fused_gemv.py)
+for int8 and int4 weights.
+
+A weight-only quantized step reads fewer bytes per layer, so the launches between its GEMVs weigh more: each costs
+a fill and a drain of the GPU for almost no bytes. Run as modules, a quantized layer's step has ten launches (an
+RMSNorm before the q/k/v and gate/up GEMVs, SwiGLU before the down GEMV); the float step folds the small ops into
+its GEMVs and has seven. Here the quantized GEMV kernels do the same:
+
+* RMSNorm prologue: the GEMV reads x * nw and scales its row sums by rstd = 1/sqrt(mean(x^2) + eps). The int4
+  GEMVs are input-stationary (each program loads the whole x once, `int4_gemv.py`), so each program sums x^2 over
+  the row it already holds; the int8 GEMV walks K and sums x^2 on the way, so it runs with one split of K;
+* SwiGLU prologue: x is the gate/up GEMV's output [gate | up] and the input is silu(gate) * up, computed as x is
+  loaded (once per program in the int4 GEMVs; per K tile in the int8 one). A prologue, not the float step's
+  epilogue on the gate/up GEMV: an epilogue needs gate row n and up row n in one program, which the persistent
+  int4 programs, walking chunks of consecutive rows, do not have;
+* residual epilogue: y = residual + W x, the output rounded to the activation dtype first, as the unfused add.
+
+The step per layer: norm + q/k/v GEMV, RoPE + K/V write, attention, o GEMV + add, norm + gate/up GEMV, SwiGLU +
+down GEMV + add: six launches and the attention's merge. Every GEMV also loads its first weights before it waits
+for the kernel before it (PDL, `pdl_enabled` in _util.py).
+
+Numerics: as `fused_gemv`'s (the normalized x is not rounded to the activation dtype; SwiGLU and the residual add
+round where the unfused ops round), with the quantized GEMVs' own range (`int8_matmul`'s notes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._util import check_eps, check_flag, check_tensors, pdl_kwargs
+from .fused_gemv import DTYPES, fused_gemv_reference
+
+
+def _layer_check(layer) -> str:
+    """The layer's scheme ("int8" / "int4"), or ValueError naming why the fused GEMV cannot take it."""
+    from llmlab.quant.linear import Int4Linear, Int8Linear
+
+    if not isinstance(layer, (Int8Linear, Int4Linear)):
+        raise TypeError(f"fused_quant_gemv: layer must be an Int8Linear or Int4Linear (llmlab.quant), got "
+                        f"{type(layer).__name__}; a float weight takes llmlab.kernels.fused_gemv.fused_gemv")
+    if layer.bias is not None:
+        raise ValueError("fused_quant_gemv: the layer has a bias, which the fused GEMV does not add; run the layer "
+                         "itself (layer(x))")
+    if layer.padded_in_features != layer.in_features:
+        raise ValueError(f"fused_quant_gemv: the layer's rows are padded ({layer.in_features} -> "
+                         f"{layer.padded_in_features} inputs); run the layer itself (layer(x))")
+    return layer.scheme
+
+
+def fused_quant_gemv_reference(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
+                               swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The unfused ops in PyTorch: [RMSNorm or SwiGLU] -> x @ dequant(W)^T -> [+ residual] (`fused_gemv_reference`
+    on the layer's dequantized weight, in x's dtype)."""
+    return fused_gemv_reference(x, layer.dequantize(x.dtype), norm_weight=norm_weight, eps=eps, swiglu=swiglu,
+                                residual=residual)
+
+
+def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
+                     swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """y = [residual +] layer(prologue(x)) for ONE token with a weight-only quantized layer, in one launch.
+
+    Args:
+        x: (..., K_in) holding one row, fp32 / fp16 / bf16 (fp32 in the CPU interpreter), contiguous. K_in = K
+            (the layer's in_features), or 2K with `swiglu` ([gate | up]).
+        layer: an `llmlab.quant.Int8Linear` or `Int4Linear` without bias or padded rows, on x's device (a fused
+            q/k/v or gate/up layer: `llmlab.quant.fused`).
+        norm_weight: (K,) RMSNorm weight in x's dtype: x is normalized first (eps `eps`).
+        swiglu: x is [gate | up]: silu(gate) * up is the input. Not together with norm_weight.
+        residual: (..., N) one row in x's dtype, contiguous: added to the output.
+
+    Returns:
+        (..., N) in x's dtype.
+
+    Which kernel: int8, `int8_matmul._int8_gemv_kernel` (rows 4-byte aligned); int4, the Gluon GEMV on a CUDA GPU
+    (`int4_gemv_gluon`, K <= its MAX_K), else the Triton input-stationary GEMV (`int4_gemv`, K <= IS_MAX_K). Rows
+    no kernel takes run the unfused ops (the PyTorch prologue, the layer's own matmul kernel, the add).
+
+    Raises:
+        TypeError: a layer that is not Int8Linear / Int4Linear; dtypes that differ or are not supported; swiglu
+            not True/False.
+        ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
+            of the wrong shape; both prologues.
+    """
+    scheme = _layer_check(layer)
+    tensors = {"x": x, **({"norm_weight": norm_weight} if norm_weight is not None else {}),
+               **({"residual": residual} if residual is not None else {})}
+    check_tensors("fused_quant_gemv", DTYPES, **tensors)
+    if len({t.dtype for t in tensors.values()}) != 1:
+        raise TypeError("fused_quant_gemv: x, norm_weight and residual must share one dtype, got " +
+                        ", ".join(f"{n} {t.dtype}" for n, t in tensors.items()))
+    eps = check_eps("fused_quant_gemv", eps)
+    swiglu = check_flag("fused_quant_gemv", "swiglu", swiglu)
+    N, K = layer.out_features, layer.in_features
+    k_in = 2 * K if swiglu else K
+    if x.dim() == 0 or x.shape[-1] != k_in or x.numel() != k_in or not x.is_contiguous():
+        raise ValueError(f"fused_quant_gemv: x must be one contiguous row of {k_in} numbers "
+                         f"({'[gate | up], 2K' if swiglu else 'K'} for a {N} x {K} layer), got {tuple(x.shape)}")
+    if swiglu and norm_weight is not None:
+        raise ValueError("fused_quant_gemv: choose one prologue, RMSNorm (norm_weight) or swiglu")
+    if norm_weight is not None and norm_weight.shape != (K,):
+        raise ValueError(f"fused_quant_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
+    if residual is not None and (residual.shape[-1] != N or residual.numel() != N or not residual.is_contiguous()):
+        raise ValueError(f"fused_quant_gemv: residual must be one contiguous row of {N}, got {tuple(residual.shape)}")
+    packed = layer.packed_tensors()[0]
+    if packed.device != x.device:
+        raise ValueError(f"fused_quant_gemv: the layer is on {packed.device}, x on {x.device}; move one of them")
+    y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    x2, y2 = x.view(1, k_in), y.view(1, N)
+    res2 = None if residual is None else residual.view(1, N)
+    nw = None if norm_weight is None else norm_weight.contiguous()
+    fused = dict(norm_weight=nw, eps=eps, swiglu=swiglu, residual=res2)
+    if _launch(scheme, layer, x2, y2, fused):
+        return y
+    # no kernel takes these rows: the prologue in PyTorch (as `fused_gemv_reference`), the layer's own matmul, the add
+    xin = x2
+    if swiglu:
+        gate, up = x2.chunk(2, dim=-1)
+        xin = F.silu(gate) * up
+    elif nw is not None:
+        x32 = x2.float()
+        xin = nw * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out = layer(xin)
+    return (out if res2 is None else res2 + out).view_as(y)
+
+
+def _launch(scheme: str, layer, x, y, fused: dict) -> bool:
+    """Run the fused kernel for this layer into y, or return False when no kernel takes its rows."""
+    from .weight_quant import word_rows
+
+    if scheme == "int8":
+        from .int8_matmul import launch_gemv
+        if not word_rows(layer.w_q, layer.in_features, 4):
+            return False
+        launch_gemv(x, layer.w_q, layer.scales.contiguous(), y, **fused)
+        return True
+    from . import int4_gemv
+    from .int4_matmul import _gluon, _gluon_failed, _gluon_gemv
+
+    packed, scales = layer.packed, layer.scales
+    K, G = layer.in_features, layer.group_size
+    if not word_rows(packed, K // 2, 4):
+        return False
+    if _gluon_gemv(x.device) and K <= _gluon().MAX_K:
+        try:
+            _gluon().int4_gemv(x, packed, scales, y, pdl_kwargs(x.device), **fused)
+            return True
+        except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton GEMV below
+            _gluon_failed(x.device, (layer.out_features, K), e)
+    if K <= int4_gemv.IS_MAX_K:
+        int4_gemv.launch_input_stationary(x, packed, scales, y, layer.out_features, K, G, **fused)
+        return True
+    return False
