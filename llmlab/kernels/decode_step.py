@@ -165,8 +165,8 @@ class KernelDecodeStep:
         epilogue instead, the step measured slower on the H200.
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
-        `fused_quant_gemv`, SwiGLU as the down GEMV's prologue instead of the gate/up GEMV's epilogue (see there);
-        the step-tuned GEMV tiles are the float GEMVs' and are not used there."""
+        `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (see there). The
+        step-tuned GEMV tiles are the float GEMVs' and are not used there."""
         K = ops()
         model, tiles = self.model, self.tiles
         if not float_projections(model):
@@ -202,7 +202,11 @@ class KernelDecodeStep:
                                    inv_freq=model.rope.inv_freq, config=attention_tile)  # (1, H, hd)
             h = gemv(y.view(1, 1, -1), attn.o_proj, residual=h)  # h + o(y)
             gate_up = gemv(h, mlp.quantized_gate_up(), norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I)
-            h = gemv(gate_up, mlp.down_proj, swiglu=True, residual=h)  # h + down(silu(gate) * up)
+            if mlp.down_proj.scheme == "int4":
+                h = gemv(gate_up, mlp.down_proj, swiglu=True, residual=h)  # h + down(silu(gate) * up)
+            else:  # int8: SwiGLU in a launch of its own (`fused_quant_gemv`'s notes)
+                n_gate = gate_up.shape[-1] // 2
+                h = gemv(K.swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]), mlp.down_proj, residual=h)
         return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:
