@@ -36,6 +36,15 @@ def test_status_says_why_the_gluon_gemv_is_not_used_off_the_gpu():
         assert gg.available(torch.device("cuda")) == (False, "no CUDA GPU is available")
 
 
+def _printed_by_fresh_process(code: str) -> list[list[str]]:
+    """Run `code` in a fresh Python without Triton's interpreter (this process runs it, and an interpreted Triton
+    cannot compile); its printed lines, split on whitespace. Fails the test with its stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
+
+
 def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
     """Compiled (no GPU needed) at each config `config(K)` picks: one warp at K = 64 (Q = 32 slots, 30 masked), R = 8
     rows per chunk at K = 4096, R = 4 and 16 warps at K = 14336 (448 slots padded to 512). In a fresh process:
@@ -49,10 +58,7 @@ def test_the_kernel_builds_for_hopper_with_its_layouts_lined_up():
         "    ptx = gg.build_offline(K, group=32).asm['ptx']\n"
         "    print(K, R, NW, S, ptx.count('fma.rn.f32'), ptx.count('fma.rn.ftz'), ptx.count('bar.sync'),\n"
         "          ptx.count('ld.global.v4.b32'))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
+    lines = _printed_by_fresh_process(code)
     assert [ln[:4] for ln in lines] == [["64", "8", "1", "1"], ["4096", "8", "4", "1"], ["14336", "4", "16", "1"]]
     for K, R, NW, S, fma, ftz, bars, v4 in lines:
         assert int(fma) >= 8 * 4 * int(R)  # 8 codes x 4 words x R rows per chunk, at least
@@ -72,10 +78,7 @@ def test_the_kernel_builds_with_the_small_ops_inside():
         "for K, pro, res in ((4096, 1, False), (4096, 0, True), (14336, 2, True), (4096, 0, False)):\n"
         "    ptx = gg.build_offline(K, group=128, prologue=pro, residual=res).asm['ptx']\n"
         "    print(pro, int(res), int('sqrt' in ptx), int('ex2' in ptx), ptx.count('ld.global'))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [[int(v) for v in ln.split()] for ln in out.stdout.splitlines() if ln.strip()]
+    rows = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
     (_, _, norm_sqrt, norm_exp, _), (_, _, res_sqrt, res_exp, res_loads), (_, _, _, glu_exp, _), plain = rows
     assert norm_sqrt and not norm_exp and glu_exp and not res_sqrt and not res_exp
     assert not plain[2] and not plain[3] and res_loads > plain[4]

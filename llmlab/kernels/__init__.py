@@ -24,6 +24,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     split_k.py                 split-K for a GEMV, finished in the same launch (the M = 1 GEMVs)
     int4_mma_gemv.py           (experimental, slower) int4 GEMV on the tensor cores, weights in mma fragment order
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
+    fused_quant_gemv.py        the same for int8 / int4 weights (the quantized GEMVs with prologue and epilogue)
     argmax.py                  the greedy token over a 100K+ vocabulary in one launch
     modules.py                 the "Triton kernels" switch: kernel modules swapped into a Transformer (swap_in)
     decode_step.py             KernelDecodeStep: residual adds folded across layers, the fused batch-1 step, argmax
