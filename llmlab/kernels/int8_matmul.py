@@ -153,10 +153,10 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
     N, K = w_q.shape
     ws, cnt = split_k.scratch(x.device, N)
     kernel, meta = _int8_gemv_kernel, {}
-    only = _int8_gemv_kernel.configs
-    if config is None and norm_weight is not None and len(only) == 1 and only[0].kwargs["SPLIT_K"] != 1:
+    if config is None and norm_weight is not None and len(_int8_gemv_kernel.configs) == 1:
         # autotuning off (the interpreter): the one config, unsplit (the autotuner prunes only among several)
-        config = triton.Config({**only[0].kwargs, "SPLIT_K": 1}, num_warps=only[0].num_warps)
+        only = _int8_gemv_kernel.configs[0]
+        config = triton.Config({**only.kwargs, "SPLIT_K": 1}, num_warps=only.num_warps)
     if config is not None:
         if norm_weight is not None and config.kwargs.get("SPLIT_K") != 1:
             raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
