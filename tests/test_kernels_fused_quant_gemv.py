@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from llmlab.kernels.weight_quant import quantize_int4, quantize_int8
 from llmlab.quant import Int4Linear, Int8Linear, quantize_model
 from tiny_models import tiny_model
 
@@ -103,7 +104,7 @@ def test_bad_arguments_name_the_problem():
     x, nw, res = _inputs(16, 128, False)
     with pytest.raises(ValueError, match="one prologue"):
         fused_quant_gemv(torch.randn(1, 256, device=DEV), layer, norm_weight=nw, swiglu=True)
-    with pytest.raises(ValueError, match="one contiguous row of 128"):
+    with pytest.raises(ValueError, match="one row of 128"):
         fused_quant_gemv(torch.randn(2, 128, device=DEV), layer)
     with pytest.raises(ValueError, match="norm_weight must be"):
         fused_quant_gemv(x, layer, norm_weight=nw[:64])
@@ -115,6 +116,22 @@ def test_bad_arguments_name_the_problem():
         fused_quant_gemv(torch.randn(1, 96, device=DEV), _layer("int4", 16, 96, 64))
     with pytest.raises(TypeError, match="Int8Linear or Int4Linear"):
         fused_quant_gemv(x, torch.nn.Linear(128, 16))
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_quant_gemv(torch.randn(128, 2, device=DEV)[:, 0].view(1, 128), layer)
+    # hand-built layers whose buffers the kernels cannot read: refused, as int4_matmul / int8_matmul refuse them
+    packed, _ = quantize_int4(torch.randn(8, 64), 32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fused_quant_gemv(torch.randn(1, 64, device=DEV), Int4Linear(packed, torch.rand(8, 4) + 0.1).to(DEV))
+    w8, s8 = quantize_int8(torch.randn(8, 64))
+    with pytest.raises(ValueError, match="scales"):
+        fused_quant_gemv(torch.randn(1, 64, device=DEV), Int8Linear(w8, s8[:1].clone()).to(DEV))
+    with pytest.raises(TypeError, match="torch.int8"):
+        fused_quant_gemv(torch.randn(1, 64, device=DEV), Int8Linear(w8.view(torch.uint8), s8).to(DEV))
+    with pytest.raises(ValueError, match="bias"):  # the reference refuses it too (it would drop the bias)
+        fused_quant_gemv_reference(x, _layer("int8", 16, 128, bias=True))
+    # after the errors, a good call still answers
+    torch.testing.assert_close(fused_quant_gemv(x, layer, residual=res),
+                               fused_quant_gemv_reference(x, layer, residual=res), **TOL)
 
 
 @pytest.mark.gpu

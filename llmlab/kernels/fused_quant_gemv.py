@@ -24,7 +24,10 @@ the fused step took 8% less time than the module-by-module one in int4 and 1.6% 
 down GEMV's prologue made it 9% slower instead (`docs/results.md`).
 
 Numerics: as `fused_gemv`'s (the normalized x is not rounded to the activation dtype; SwiGLU and the residual add
-round where the unfused ops round), with the quantized GEMVs' own range (`int8_matmul`'s notes).
+round where the unfused ops round), with the quantized GEMVs' own range (`int8_matmul`'s notes: exact for
+2^-62 <= |x| < 2^43). With the RMSNorm prologue that range holds for the raw x, before the norm: rstd scales the
+row sums at the end, so an x of 2^43 (~9e12) or more gives inf / NaN where the unfused ops would first bring it
+down to ~1. (A residual stream that large is a broken model anyway.)
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def _layer_check(layer) -> str:
     """The layer's scheme ("int8" / "int4"), or ValueError naming why the fused GEMV cannot take it."""
     from llmlab.quant.linear import Int4Linear, Int8Linear
 
+    from .weight_quant import check_group
+
     if not isinstance(layer, (Int8Linear, Int4Linear)):
         raise TypeError(f"fused_quant_gemv: layer must be an Int8Linear or Int4Linear (llmlab.quant), got "
                         f"{type(layer).__name__}; a float weight takes llmlab.kernels.fused_gemv.fused_gemv")
@@ -49,13 +54,31 @@ def _layer_check(layer) -> str:
     if layer.padded_in_features != layer.in_features:
         raise ValueError(f"fused_quant_gemv: the layer's rows are padded ({layer.in_features} -> "
                          f"{layer.padded_in_features} inputs); run the layer itself (layer(x))")
+    N, K = layer.out_features, layer.in_features
+    if isinstance(layer, Int8Linear):
+        w, scales, want = layer.w_q, layer.scales, (N,)
+        if w.dtype != torch.int8:
+            raise TypeError(f"fused_quant_gemv: the int8 layer's w_q is {w.dtype}, not torch.int8; build it with "
+                            f"Int8Linear.from_linear or quantize_int8")
+    else:
+        w, scales = layer.packed, layer.scales
+        if w.dtype != torch.uint8:
+            raise TypeError(f"fused_quant_gemv: the int4 layer's packed weights are {w.dtype}, not torch.uint8 (two "
+                            f"4-bit codes a byte); build it with Int4Linear.from_linear or quantize_int4")
+        check_group(K, layer.group_size)  # K and the group size multiples of 32, the group dividing K
+        want = (N, K // layer.group_size)
+    if not scales.is_floating_point() or tuple(scales.shape) != want:
+        raise ValueError(f"fused_quant_gemv: the layer's scales are {scales.dtype} {tuple(scales.shape)}, expected "
+                         f"float {want} for its {N} x {K} weight; build it with from_linear or quantize_model")
     return layer.scheme
 
 
 def fused_quant_gemv_reference(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
                                swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """The unfused ops in PyTorch: [RMSNorm or SwiGLU] -> x @ dequant(W)^T -> [+ residual] (`fused_gemv_reference`
-    on the layer's dequantized weight, in x's dtype)."""
+    on the layer's dequantized weight, in x's dtype). Refuses what `fused_quant_gemv` refuses (a bias, padded rows,
+    malformed buffers)."""
+    _layer_check(layer)
     return fused_gemv_reference(x, layer.dequantize(x.dtype), norm_weight=norm_weight, eps=eps, swiglu=swiglu,
                                 residual=residual)
 
@@ -97,15 +120,18 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
     swiglu = check_flag("fused_quant_gemv", "swiglu", swiglu)
     N, K = layer.out_features, layer.in_features
     k_in = 2 * K if swiglu else K
-    if x.dim() == 0 or x.shape[-1] != k_in or x.numel() != k_in or not x.is_contiguous():
-        raise ValueError(f"fused_quant_gemv: x must be one contiguous row of {k_in} numbers "
+    if x.dim() == 0 or x.shape[-1] != k_in or x.numel() != k_in:
+        raise ValueError(f"fused_quant_gemv: x must be one row of {k_in} numbers "
                          f"({'[gate | up], 2K' if swiglu else 'K'} for a {N} x {K} layer), got {tuple(x.shape)}")
+    if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
+        raise ValueError("fused_quant_gemv: x and residual must be contiguous; pass x.contiguous() (and "
+                         "residual.contiguous())")
     if swiglu and norm_weight is not None:
         raise ValueError("fused_quant_gemv: choose one prologue, RMSNorm (norm_weight) or swiglu")
     if norm_weight is not None and norm_weight.shape != (K,):
         raise ValueError(f"fused_quant_gemv: norm_weight must be ({K},), got {tuple(norm_weight.shape)}")
-    if residual is not None and (residual.shape[-1] != N or residual.numel() != N or not residual.is_contiguous()):
-        raise ValueError(f"fused_quant_gemv: residual must be one contiguous row of {N}, got {tuple(residual.shape)}")
+    if residual is not None and (residual.dim() == 0 or residual.shape[-1] != N or residual.numel() != N):
+        raise ValueError(f"fused_quant_gemv: residual must be one row of {N}, got {tuple(residual.shape)}")
     packed = layer.packed_tensors()[0]
     if packed.device != x.device:
         raise ValueError(f"fused_quant_gemv: the layer is on {packed.device}, x on {x.device}; move one of them")
