@@ -40,7 +40,8 @@ def device_name(device: torch.device | str | None = None) -> str:
                     break
     except OSError:
         pass
-    return f"CPU: {model} ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"CPU: {model} ({n} thread{'' if n == 1 else 's'})"
 
 
 def git_commit() -> str:

@@ -97,7 +97,7 @@ def test_measure_peaks_on_this_cpu(tmp_path):
     assert p.cpu_wait is None or 0 <= p.cpu_wait <= 1
     assert (p.verdict == "steady") == (p.noise_reasons == ())
     assert p.device_name == envinfo.device_name("cpu")  # one name for the device, in bench files and the cache
-    assert p.device_name.startswith("CPU: ") and p.device_name.endswith(f" ({torch.get_num_threads()} threads)")
+    assert p.device_name.startswith("CPU: ") and p.device_name.endswith(f" ({torch.get_num_threads()} thread" + ("" if torch.get_num_threads() == 1 else "s") + ")")
     data = json.loads(path.read_text())
     entry = data[f"{p.device_name} | torch {p.torch_version}"]
     assert list(data) == [f"{p.device_name} | torch {p.torch_version}"]
