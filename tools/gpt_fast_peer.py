@@ -58,7 +58,7 @@ def _random_model(gf_model, name: str, device: str):
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for pname, p in m.named_parameters():
-            if pname.endswith("norm.weight") or ".norm" in pname or pname.endswith("_norm.weight"):
+            if pname.endswith("norm.weight"):  # norm, attention_norm, ffn_norm
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)

@@ -39,6 +39,19 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NONE, RMSNORM, SWIGLU = 0, 1, 2  # the prologues (PROLOGUE constexpr)
 
 
+def prologue_reference(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
+                       swiglu: bool = False) -> torch.Tensor:
+    """The GEMV's input as the unfused ops make it: silu(gate) * up of x = [gate | up] with `swiglu`, RMSNorm(x)
+    (as `llmlab.model.RMSNorm.forward`) with `norm_weight`, else x itself."""
+    if swiglu:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if norm_weight is not None:
+        x32 = x.float()
+        return norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return x
+
+
 def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                          eps: float = 1e-5, swiglu: bool = False, residual: torch.Tensor | None = None,
                          swiglu_out: bool = False) -> torch.Tensor:
@@ -52,13 +65,7 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
     swiglu_out = check_flag("fused_gemv_reference", "swiglu_out", swiglu_out)
     if swiglu_out and weight.shape[0] % 2:
         raise ValueError(f"swiglu_out needs a [gate; up] weight with an even number of rows, got {weight.shape[0]}")
-    if swiglu:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
-    elif norm_weight is not None:  # as llmlab.model.RMSNorm.forward
-        x32 = x.float()
-        x = norm_weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    y = F.linear(x, weight)
+    y = F.linear(prologue_reference(x, norm_weight, eps, swiglu), weight)
     if swiglu_out:  # y is [gate | up]
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up

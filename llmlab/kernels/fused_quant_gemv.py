@@ -33,10 +33,9 @@ down to ~1. (A residual stream that large is a broken model anyway.)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ._util import check_eps, check_flag, check_tensors, pdl_kwargs
-from .fused_gemv import DTYPES, fused_gemv_reference
+from .fused_gemv import DTYPES, fused_gemv_reference, prologue_reference
 
 
 def _layer_check(layer) -> str:
@@ -142,15 +141,8 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
     fused = dict(norm_weight=nw, eps=eps, swiglu=swiglu, residual=res2)
     if _launch(scheme, layer, x2, y2, fused):
         return y
-    # no kernel takes these rows: the prologue in PyTorch (as `fused_gemv_reference`), the layer's own matmul, the add
-    xin = x2
-    if swiglu:
-        gate, up = x2.chunk(2, dim=-1)
-        xin = F.silu(gate) * up
-    elif nw is not None:
-        x32 = x2.float()
-        xin = nw * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    out = layer(xin)
+    # no kernel takes these rows: the prologue in PyTorch, the layer's own matmul, the add
+    out = layer(prologue_reference(x2, nw, eps, swiglu))
     return (out if res2 is None else res2 + out).view_as(y)
 
 

@@ -210,7 +210,6 @@ def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> tor
     M = x.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 1 and word_rows(w_q, K, 4):  # batch-1 decode: the CUDA-core GEMV
-        ws, cnt = split_k.scratch(x.device, N)
         launch_gemv(x, w_q, scales, y)
         return y
     grid = lambda meta: (triton.cdiv(M, BLOCK_M), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
