@@ -214,3 +214,37 @@ def test_a_model_with_padded_quantized_rows_keeps_the_per_module_step():
     assert not quantized_projections(padded)
     assert quantized_projections(quantize_model(tiny_model(seed=6), "int4", group_size=64))
     assert not quantized_projections(tiny_model(seed=6))
+
+
+@pytest.mark.parametrize("config", [(4, 32, 1, 1), (8, 64, 1, 2), (16, 32, 2, 1), (8, 32, 3, 2)], ids=str)
+@pytest.mark.parametrize("prologue", ["none", "swiglu", "rmsnorm"])
+def test_an_int8_gemv_tile_given_as_config_computes_the_same_result(config, prologue):
+    """`config=` (as step tuning passes it) runs that tile; a split tile with the RMSNorm prologue is refused."""
+    bn, bk, sk, st = config
+    cfg = triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "STAGES": st})
+    N, K = 19, 160
+    layer = _layer("int8", N, K, seed=4)
+    x, nw, res = _inputs(N, K, prologue == "swiglu", seed=5)
+    args = dict(norm_weight=nw if prologue == "rmsnorm" else None, swiglu=prologue == "swiglu", residual=res)
+    if prologue == "rmsnorm" and sk > 1:
+        with pytest.raises(ValueError, match="SPLIT_K = 1"):
+            fused_quant_gemv(x, layer, config=cfg, **args)
+        return
+    torch.testing.assert_close(fused_quant_gemv(x, layer, config=cfg, **args),
+                               fused_quant_gemv_reference(x, layer, **args), **TOL)
+
+
+def test_a_config_is_refused_for_int4_and_when_it_is_not_an_int8_tile():
+    x, _, _ = _inputs(16, 128, False)
+    good = triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})
+    with pytest.raises(ValueError, match="int4 GEMVs run one config"):
+        fused_quant_gemv(x, _layer("int4", 16, 128), config=good)
+    layer = _layer("int8", 16, 128)
+    for bad, match in [({"BLOCK_N": 8}, "triton.Config"),
+                       (triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "STAGES": 1}), "SPLIT_K"),
+                       (triton.Config({"BLOCK_N": 6, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1}), "powers of 2"),
+                       (triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 9, "STAGES": 1}), "SPLIT_K in"),
+                       (triton.Config({"BLOCK_N": 8, "BLOCK_K": 2, "SPLIT_K": 1, "STAGES": 1}), "BLOCK_K >= 4")]:
+        with pytest.raises(TypeError, match=match):
+            fused_quant_gemv(x, layer, config=bad)
+    torch.testing.assert_close(fused_quant_gemv(x, layer, config=good), fused_quant_gemv_reference(x, layer), **TOL)

@@ -447,13 +447,16 @@ def test_the_switch_and_rung_are_registered_and_gpu_only():
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_tuning_the_real_step_keeps_the_greedy_tokens():
+@pytest.mark.parametrize("weights", [None, "int8", "int4"])
+def test_tuning_the_real_step_keeps_the_greedy_tokens(weights):
     """On the GPU: the captured step timed for real (two rounds); the tiles chosen; fp32 greedy decode through the
-    graphs equals the eager PyTorch decode, token for token."""
+    graphs equals the eager PyTorch decode (of the same quantized model), token for token."""
+    from llmlab.quant import quantize_model
     from llmlab.runtime.fast_generate import generate_fast
     from llmlab.generate import generate
 
-    model = tiny_model(seed=11).to("cuda")
+    model = tiny_model(seed=11)
+    model = (quantize_model(model, weights, group_size=64) if weights else model).to("cuda")
     prompt = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(3)).tolist()
     ref = generate(model, prompt, max_new_tokens=40)
     step = KernelDecodeStep(swap_in(model))
@@ -548,3 +551,87 @@ def test_decode_attention_with_a_given_split_config_equals_the_reference(config)
     want = torch.stack([decode_attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])[0]
                         for b, n in enumerate([70, 23])])
     torch.testing.assert_close(decode_attention(q, k, v, seq_lens=lens, config=config), want, atol=1e-4, rtol=1e-4)
+
+
+# -- a weight-only quantized model's step -----------------------------------------------------------------------
+
+I8 = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
+      for n, k, sk, st, w in [(4, 32, 1, 1, 1), (8, 64, 1, 2, 1), (16, 32, 2, 1, 2)]]
+
+
+def _quantized(scheme, seed=21):
+    from llmlab.quant import quantize_model
+
+    return swap_in(quantize_model(tiny_model(seed=seed), scheme, group_size=64).to(DEV))
+
+
+def test_an_int8_models_gemv_tiles_are_chosen_in_its_step_and_the_decode_is_unchanged():
+    """The int8 step's GEMVs run their role's tile: the fastest of each role is chosen (a stand-in clock); a split
+    tile where the RMSNorm is the prologue (q/k/v, gate/up) cannot run, is reported failed and never chosen; the
+    greedy tokens do not move."""
+    model = _quantized("int8")
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(21)).to(DEV)
+    step = KernelDecodeStep(model)
+    try:
+        before = _greedy(step, ids, 24, 6)
+        cands = {role: I8 for role in GEMV_ROLES}
+        cands[attention_role(step_tuning.runner_slots(model))] = []
+        costs = {(role, str(t)): 0.1 for role in GEMV_ROLES for t in I8}
+        costs.update({(role, None): 0.05 for role in GEMV_ROLES})  # the autotuner's pick
+        winners = {"qkv": I8[1], "o": I8[2], "gate_up": I8[0], "down": I8[2]}
+        costs.update({(role, str(t)): 0.0 for role, t in winners.items()})
+        costs.update({("qkv", str(I8[2])): -1.0, ("gate_up", str(I8[2])): -1.0})  # fastest, if it could run
+        measure, _ = _fake_clock(costs)
+        # each tile really runs inside the step's GEMVs: decode one step with it before the clock reads it
+        report = step_tuning.tune_decode_step(step, measure=lambda s: (_greedy(s, ids, 24, 1), measure(s))[1],
+                                              candidates=cands, rounds=1)
+        assert {r: str(c) for r, c in step.tiles.items()} == {r: str(c) for r, c in winners.items()}
+        for role in ("qkv", "gate_up"):
+            assert "SPLIT_K" in next(iter(report[role]["failed"].values()))
+        assert report["o"]["failed"] == {} and report["down"]["failed"] == {}
+        assert _greedy(step, ids, 24, 6) == before
+    finally:
+        swap_out(model)
+
+
+def test_an_int4_model_gets_only_the_attentions_split_and_gemv_tiles_are_refused():
+    model = _quantized("int4")
+    step = KernelDecodeStep(model)
+    try:
+        assert step_tuning.fusable(model) == (True, "")
+        assert step_tuning.gemv_candidates(step) == {role: [] for role in GEMV_ROLES}
+        with pytest.raises(ValueError, match="int4 GEMVs run one config"):
+            step_tuning.tune_decode_step(step, measure=lambda s: 1.0, candidates={"down": I8[:2]})
+        assert step.tiles == {}
+        role = attention_role(step_tuning.runner_slots(model))
+        splits = step_tuning._attention_candidates(model, step_tuning.runner_slots(model))
+        report = step_tuning.tune_decode_step(step, measure=lambda s: 1.0, candidates={role: splits * 2}, rounds=1)
+        assert set(report) <= {role}  # nothing else is timed
+    finally:
+        swap_out(model)
+
+
+def test_int8_candidates_follow_the_autotuners_pruning(monkeypatch):
+    from llmlab.kernels import int8_matmul, quant_tiles
+
+    full = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk, "STAGES": st}, num_warps=w)
+            for n, k, sk, w, st in quant_tiles._GEMV1_SHAPES]
+    monkeypatch.setattr(int8_matmul, "GEMV1_CONFIGS", full)
+    plain = int8_matmul.candidate_configs(4096, 14336)
+    normed = int8_matmul.candidate_configs(6144, 4096, rmsnorm=True)
+    assert len(plain) == len(full) and any(c.kwargs["SPLIT_K"] > 1 for c in plain)
+    assert normed and all(c.kwargs["SPLIT_K"] == 1 for c in normed) and len(normed) < len(full)
+    for c in plain:
+        int8_matmul.check_gemv_tile(c)  # every candidate is a tile the GEMV takes
+
+
+def test_the_tuning_key_names_the_weight_format():
+    from llmlab.quant import quantize_model
+
+    keys = []
+    for m in (tiny_model(seed=22), quantize_model(tiny_model(seed=22), "int8"),
+              quantize_model(tiny_model(seed=22), "int4", group_size=64)):
+        step = KernelDecodeStep(swap_in(m.to(DEV)))
+        keys.append(step_tuning.tuned_for(step))
+        swap_out(m)
+    assert len(set(keys)) == 3  # tiles chosen for one format are not reused for another

@@ -166,7 +166,7 @@ class KernelDecodeStep:
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
         `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (see there). The
-        step-tuned GEMV tiles are the float GEMVs' and are not used there."""
+        int8 GEMVs run the step-tuned tiles of their roles; the int4 GEMVs run one config."""
         K = ops()
         model, tiles = self.model, self.tiles
         if not float_projections(model):
@@ -191,22 +191,26 @@ class KernelDecodeStep:
         """`one_token` for a weight-only quantized model: the norms, SwiGLU and residual adds inside the quantized
         GEMVs (`llmlab/kernels/fused_quant_gemv.py`). h: (1, 1, D) -> logits (1, 1, V)."""
         K = ops()
-        gemv = K.fused_quant_gemv
-        model = self.model
-        attention_tile = self.tiles.get(attention_role(kv_cache.k[0].shape[2]))
+        model, tiles = self.model, self.tiles
+        attention_tile = tiles.get(attention_role(kv_cache.k[0].shape[2]))
+        int8 = model.layers[0].mlp.down_proj.scheme == "int8"  # one scheme throughout (`quantized_projections`)
+
+        def gemv(x, layer, role, **fused):  # the int8 GEMVs take the step-tuned tiles; int4 runs one config
+            return K.fused_quant_gemv(x, layer, config=tiles.get(role) if int8 else None, **fused)
+
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-            qkv = gemv(h, attn.quantized_qkv(), norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
+            qkv = gemv(h, attn.quantized_qkv(), "qkv", norm_weight=n1.weight, eps=n1.eps)  # (1, 1, (H + 2 Hkv) hd)
             y = attn.static_decode(qkv.view(1, -1, attn.head_dim), positions, kv_cache,
                                    inv_freq=model.rope.inv_freq, config=attention_tile)  # (1, H, hd)
-            h = gemv(y.view(1, 1, -1), attn.o_proj, residual=h)  # h + o(y)
-            gate_up = gemv(h, mlp.quantized_gate_up(), norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I)
-            if mlp.down_proj.scheme == "int4":
-                h = gemv(gate_up, mlp.down_proj, swiglu=True, residual=h)  # h + down(silu(gate) * up)
-            else:  # int8: SwiGLU in a launch of its own (`fused_quant_gemv`'s notes)
+            h = gemv(y.view(1, 1, -1), attn.o_proj, "o", residual=h)  # h + o(y)
+            gate_up = gemv(h, mlp.quantized_gate_up(), "gate_up", norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I)
+            if not int8:
+                h = gemv(gate_up, mlp.down_proj, "down", swiglu=True, residual=h)  # h + down(silu(gate) * up)
+            else:  # SwiGLU in a launch of its own (`fused_quant_gemv`'s notes)
                 n_gate = gate_up.shape[-1] // 2
-                h = gemv(K.swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]), mlp.down_proj, residual=h)
+                h = gemv(K.swiglu(gate_up[..., :n_gate], gate_up[..., n_gate:]), mlp.down_proj, "down", residual=h)
         return model.lm_head(K.rmsnorm(h, model.norm.weight, model.norm.eps))  # (1, 1, V)
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:
@@ -216,8 +220,20 @@ class KernelDecodeStep:
             return argmax_rows(logits)
         return ops().argmax(logits)
 
+    def quantized_gemv_layers(self) -> dict:
+        """{role: layer 0's quantized layer for it} of a weight-only quantized model's batch-1 step (the q/k/v and
+        gate/up layers fused as the step runs them, `llmlab.quant.fused`; the layers share shapes). ValueError for a
+        model `quantized_projections` refuses."""
+        if not quantized_projections(self.model):
+            raise ValueError("quantized_gemv_layers: the model's projections are not weight-only quantized layers of "
+                             "one format (gemv_weights gives a float model's)")
+        attn, mlp = self.model.layers[0].self_attn, self.model.layers[0].mlp
+        return {"qkv": attn.quantized_qkv(), "o": attn.o_proj, "gate_up": mlp.quantized_gate_up(),
+                "down": mlp.down_proj}
+
     def gemv_weights(self) -> dict:
-        """{role: (weight of layer 0, swiglu_out)} of the batch-1 step's GEMVs (the layers share shapes)."""
+        """{role: (weight of layer 0, swiglu_out)} of the batch-1 step's GEMVs (the layers share shapes). Float
+        projections only (`quantized_gemv_layers` for a quantized model)."""
         layer = self.model.layers[0]
         return {"qkv": (layer.self_attn.qkv_weight()[0], False), "o": (layer.self_attn.o_proj.weight, False),
                 "gate_up": (layer.mlp.gate_up_weight(), True), "down": (layer.mlp.down_proj.weight, False)}

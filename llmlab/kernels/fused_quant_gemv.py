@@ -83,7 +83,7 @@ def fused_quant_gemv_reference(x: torch.Tensor, layer, norm_weight: torch.Tensor
 
 
 def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
-                     swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                     swiglu: bool = False, residual: torch.Tensor | None = None, config=None) -> torch.Tensor:
     """y = [residual +] layer(prologue(x)) for ONE token with a weight-only quantized layer, in one launch.
 
     Args:
@@ -94,6 +94,8 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
         norm_weight: (K,) RMSNorm weight in x's dtype: x is normalized first (eps `eps`).
         swiglu: x is [gate | up]: silu(gate) * up is the input. Not together with norm_weight.
         residual: (..., N) one row in x's dtype, contiguous: added to the output.
+        config: int8 only, a triton.Config for its GEMV (`int8_matmul.candidate_configs`; with norm_weight, one
+            split); None: the autotuner's pick. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes).
 
     Returns:
         (..., N) in x's dtype.
@@ -106,9 +108,18 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
         TypeError: a layer that is not Int8Linear / Int4Linear; dtypes that differ or are not supported; swiglu
             not True/False.
         ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
-            of the wrong shape; both prologues.
+            of the wrong shape; both prologues; a config for an int4 layer, or a split config with norm_weight.
     """
     scheme = _layer_check(layer)
+    if config is not None:
+        if scheme != "int8":
+            raise ValueError("fused_quant_gemv: config is for int8 layers; the int4 GEMVs run one config "
+                             "(leave config=None)")
+        from .int8_matmul import check_gemv_tile
+        check_gemv_tile(config)
+        if norm_weight is not None and config.kwargs["SPLIT_K"] != 1:
+            raise ValueError(f"fused_quant_gemv: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the "
+                             f"whole row, which one program walks), got the config {config}")
     tensors = {"x": x, **({"norm_weight": norm_weight} if norm_weight is not None else {}),
                **({"residual": residual} if residual is not None else {})}
     check_tensors("fused_quant_gemv", DTYPES, **tensors)
@@ -139,22 +150,23 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
     res2 = None if residual is None else residual.view(1, N)
     nw = None if norm_weight is None else norm_weight.contiguous()
     fused = dict(norm_weight=nw, eps=eps, swiglu=swiglu, residual=res2)
-    if _launch(scheme, layer, x2, y2, fused):
+    if _launch(scheme, layer, x2, y2, fused, config):
         return y
     # no kernel takes these rows: the prologue in PyTorch, the layer's own matmul, the add
     out = layer(prologue_reference(x2, nw, eps, swiglu))
     return (out if res2 is None else res2 + out).view_as(y)
 
 
-def _launch(scheme: str, layer, x, y, fused: dict) -> bool:
-    """Run the fused kernel for this layer into y, or return False when no kernel takes its rows."""
+def _launch(scheme: str, layer, x, y, fused: dict, config=None) -> bool:
+    """Run the fused kernel for this layer into y (int8: with `config`, or the autotuner's pick), or return False
+    when no kernel takes its rows."""
     from .weight_quant import word_rows
 
     if scheme == "int8":
         from .int8_matmul import launch_gemv
         if not word_rows(layer.w_q, layer.in_features, 4):
             return False
-        launch_gemv(x, layer.w_q, layer.scales.contiguous(), y, **fused)
+        launch_gemv(x, layer.w_q, layer.scales.contiguous(), y, **fused, config=config)
         return True
     from . import int4_gemv
     from .int4_matmul import _gluon, _gluon_failed, _gluon_gemv

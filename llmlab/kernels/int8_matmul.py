@@ -144,6 +144,30 @@ def _int8_gemv_kernel(
     split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, SPLIT_K, res_ptr, HAS_RES)
 
 
+def check_gemv_tile(config) -> None:
+    """A `config=` for the M = 1 GEMV: a triton.Config whose kwargs are exactly BLOCK_N and BLOCK_K (powers of 2,
+    BLOCK_K >= 4: whole 32-bit words), SPLIT_K (1..split_k.MAX_SPLIT_K) and STAGES (>= 1). TypeError otherwise,
+    naming what is wrong."""
+    keys = {"BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"}
+    if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
+        raise TypeError(f"int8 GEMV: config must be a triton.Config with BLOCK_N, BLOCK_K, SPLIT_K and STAGES and "
+                        f"nothing else (see candidate_configs), got {config!r}")
+    bn, bk, sk, st = (config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"))
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (bn, bk, sk, st))
+    if not ints or bn < 1 or bk < 4 or bn & (bn - 1) or bk & (bk - 1) or not 1 <= sk <= split_k.MAX_SPLIT_K \
+            or st < 1:
+        raise TypeError(f"int8 GEMV: config's BLOCK_N and BLOCK_K must be powers of 2 (BLOCK_K >= 4), SPLIT_K in "
+                        f"1..{split_k.MAX_SPLIT_K} and STAGES >= 1, got BLOCK_N={bn!r}, BLOCK_K={bk!r}, "
+                        f"SPLIT_K={sk!r}, STAGES={st!r}")
+
+
+def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
+    """The tiles the autotuner would time for the M = 1 GEMV of an N x K int8 weight (`GEMV1_CONFIGS` after
+    `_gemv1_fused_prune`; with the RMSNorm prologue one split only). One config where autotuning is off (the
+    interpreter, LLMLAB_TRITON_AUTOTUNE=0). `step_tuning` times each of them inside the decode step."""
+    return _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
+
+
 def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,
                 config: triton.Config | None = None) -> None:
     """Launch `_int8_gemv_kernel` for one row of x: y = [residual +] x' @ (w_q * scales)^T with x' = x, its
@@ -158,6 +182,7 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
         only = _int8_gemv_kernel.configs[0]
         config = triton.Config({**only.kwargs, "SPLIT_K": 1}, num_warps=only.num_warps)
     if config is not None:
+        check_gemv_tile(config)
         if norm_weight is not None and config.kwargs.get("SPLIT_K") != 1:
             raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
                              f"which one program walks), got the config {config}")

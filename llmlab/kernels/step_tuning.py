@@ -22,6 +22,11 @@ fingerprint changes). With the attention's split chosen too (32-key tiles instea
 same split length, a further ~20 us): 849 -> 777 us per step (1B, chat, one process, five rounds). Tuning took
 8-19 s.
 
+A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: int8's GEMV
+tiles (`int8_matmul.candidate_configs`: rows per program, K tile, split-K, stages; one split where the GEMV's
+prologue is the RMSNorm, which needs the whole row) and the attention's split. The int4 GEMVs run one config
+(`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
+
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
     step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
     report = step_tuning.tune_decode_step(step)
@@ -41,7 +46,7 @@ import weakref
 
 import torch
 
-from . import _util, decode_attention, fused_gemv
+from . import _util, decode_attention, fused_gemv, int8_matmul
 from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, float_projections, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
@@ -104,14 +109,16 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
 
     Args:
         step: the Triton kernels' decode step (`KernelDecodeStep`, `LLM.kernels`) of an `llmlab.model.Transformer`,
-            Llama-shaped (the fused batch-1 step runs it: no biases, no sliding window, one dtype).
+            Llama-shaped (the fused batch-1 step runs it: no biases, no sliding window, one dtype), with float or
+            weight-only quantized projections (int8: its GEMV tiles are chosen; int4: its GEMVs run one config,
+            and only the attention's split is chosen).
         context, steps: the step is timed `steps` times with `context` tokens cached (default 256: between a chat
             turn's 128-token prompt and its end), on a static cache of `runner_slots(model, context, steps)` slots;
             the attention's choice is made for caches of that size (role `attention_role(slots)`).
         measure: step -> step time in ms (a finite number > 0), with the tiles it holds now. Default
             `measure_step_ms` (CUDA) with context and steps. Tests pass a stand-in.
         candidates: {role: [triton.Config, ...]} (roles from `GEMV_ROLES`, or the attention role) to
-            try instead of `fused_gemv.candidate_configs` / `decode_attention.candidate_configs`; a role with fewer
+            try instead of `gemv_candidates` / `decode_attention.candidate_configs`; a role with fewer
             than two candidates is left alone (with autotuning off there is one).
         rounds: rounds over the finalists, the order reversed every other round; each finalist is kept by its
             median.
@@ -129,9 +136,10 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
     Raises:
         ValueError: not a KernelDecodeStep (the Triton kernels are not on); a model the fused batch-1 step does
             not run; rounds or
-            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role;
-            `measure` returning anything but a finite number > 0.
-        TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]}.
+            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role, or
+            for a GEMV role of an int4 model; `measure` returning anything but a finite number > 0.
+        TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]} (an int8 model:
+            BLOCK_N, BLOCK_K, SPLIT_K, STAGES).
         RuntimeError: no `measure` given and no CUDA GPU.
         On any error (or an interrupt) the step keeps the tiles it had before the call.
     """
@@ -158,8 +166,13 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
         raise ValueError(f"tune_decode_step: keep_margin must be a fraction in [0, 1) (0.005 = 0.5%), got "
                          f"{keep_margin!r}")
     attention = attention_role(slots)
-    _check_candidates(candidates, attention)
-    weights = step.gemv_weights()
+    _check_candidates(candidates, attention, float_projections(model))
+    gemv_cands = gemv_candidates(step)
+    untunable = [r for r in (candidates or {}) if r in gemv_cands and not float_projections(model)
+                 and step.quantized_gemv_layers()[r].scheme != "int8"]
+    if untunable:
+        raise ValueError(f"tune_decode_step: candidates for {untunable}: this model's int4 GEMVs run one config "
+                         f"(int4_gemv_gluon); only the attention's split can be chosen")
     before = dict(step.tiles)
     tiles = dict(before)
     report = {}
@@ -169,8 +182,7 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
             if cands is None and role == attention:
                 cands = _attention_candidates(model, slots)
             elif cands is None:
-                weight, glu = weights[role]
-                cands = fused_gemv.candidate_configs(weight, swiglu_out=glu)
+                cands = gemv_cands[role]
             if len(cands) < 2:
                 continue
             report[role] = _tune_role(step, tiles, role, cands, _checked(measure), rounds, finalists,
@@ -190,14 +202,13 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
 
 
 def fusable(model) -> tuple[bool, str]:
-    """(True, "") if `model`'s batch-1 decode step runs the fused GEMVs step tuning chooses tiles for; else
-    (False, why): biases, a sliding window, or weights and norms of mixed dtypes take the per-module path."""
-    if not float_projections(model):
-        return False, ("this model's weights are quantized: its decode step runs the quantized layers' own GEMVs "
-                       "(llmlab.quant), not the fused float GEMVs step tuning chooses tiles for")
+    """(True, "") if `model`'s batch-1 decode step runs the fused GEMVs step tuning chooses tiles for (float, or
+    weight-only quantized of one format); else (False, why): biases, a sliding window, mixed dtypes or quantized
+    layers of mixed formats take the per-module path."""
     if not fusable_shape(model, next(model.parameters()).dtype):
-        return False, ("this model's decode step does not run the fused batch-1 GEMVs (biases, a sliding window "
-                       "or mixed dtypes): there are no tiles to choose; leave step tuning off for it")
+        return False, ("this model's decode step does not run the fused batch-1 GEMVs (biases, a sliding window, "
+                       "mixed dtypes, or quantized layers of mixed formats): there are no tiles to choose; leave "
+                       "step tuning off for it")
     return True, ""
 
 
@@ -210,7 +221,18 @@ def _attention_candidates(model, slots: int) -> list:
     return decode_attention.candidate_configs(q, k, has_lens=True)
 
 
-def _check_candidates(candidates, attention: str) -> None:
+def gemv_candidates(step: KernelDecodeStep) -> dict:
+    """{role: [config, ...]} the GEMV tiles step tuning times for each role of `step`'s batch-1 step: the float
+    GEMV's (`fused_gemv.candidate_configs`) or the int8 GEMV's (`int8_matmul.candidate_configs`; one split where the
+    RMSNorm is its prologue: q/k/v and gate/up); none for int4, whose GEMVs run one config (`int4_gemv_gluon`)."""
+    if float_projections(step.model):
+        return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
+    return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
+                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else []
+            for role, layer in step.quantized_gemv_layers().items()}
+
+
+def _check_candidates(candidates, attention: str, float_model: bool = True) -> None:
     if candidates is None:
         return
     if not isinstance(candidates, dict):
@@ -223,8 +245,10 @@ def _check_candidates(candidates, attention: str) -> None:
                          f"step are {', '.join(roles)}")
     for role, cands in candidates.items():
         what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
-                if role == attention else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)")
-        check = decode_attention._check_split_config if role == attention else fused_gemv._check_tile
+                if role == attention else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
+                if float_model else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES (as int8_matmul.candidate_configs returns)")
+        check = (decode_attention._check_split_config if role == attention else
+                 fused_gemv._check_tile if float_model else int8_matmul.check_gemv_tile)
         if not isinstance(cands, (list, tuple)):
             raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with {what}, "
                             f"got {cands!r}")
@@ -306,9 +330,14 @@ _tuned: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def tuned_for(step: KernelDecodeStep) -> tuple:
-    """What chosen tiles depend on: device, dtype, the four GEMV weights' shapes, and whether PDL is on."""
+    """What chosen tiles depend on: device, dtype, the four GEMV weights' formats and shapes, and whether PDL is
+    on."""
     probe = next(step.model.parameters())
-    shapes = tuple((role, tuple(w.shape)) for role, (w, _) in step.gemv_weights().items())
+    if float_projections(step.model):
+        shapes = tuple((role, "float", tuple(w.shape)) for role, (w, _) in step.gemv_weights().items())
+    else:
+        shapes = tuple((role, layer.scheme, getattr(layer, "group_size", None), layer.out_features,
+                        layer.in_features) for role, layer in step.quantized_gemv_layers().items())
     return (str(probe.device), probe.dtype, shapes, _util.pdl_enabled(probe.device))
 
 
@@ -318,7 +347,7 @@ def tune_once(step: KernelDecodeStep, log=print) -> None:
     model, so the switch turned off and on again does not retune. On an error or an interrupt the step keeps the
     tiles it had."""
     ok, why = fusable(step.model)
-    if not ok:  # e.g. a quantized model on a rung above step tuning: nothing to tune, the kernels' own picks stay
+    if not ok:  # e.g. a model with biases: nothing to tune, the kernels' own picks stay
         log(f"step tuning skipped: {why}")
         step.tiles = {}
         return
