@@ -143,16 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     step = KernelDecodeStep(model)
     prompt = torch.randint(0, llm.config.vocab_size, (args.prompt_len,),
                            generator=torch.Generator().manual_seed(0)).tolist()
-    slots = max(1024, -(-(args.prompt_len + args.steps + 16) // 512) * 512)
+    # one cache size for the tuning and the traced runner: the attention's tile is chosen for a size
+    context, new = args.prompt_len, args.steps + 16
+    slots = step_tuning.runner_slots(model, context, new)
     generate_fast(model, prompt, max_new_tokens=8, kernels=step)  # the autotuner's picks first
     tuning_s = None
     if args.step_tuning:
         t0 = time.perf_counter()
-        step_tuning.tune_decode_step(step)
+        step_tuning.tune_decode_step(step, context=context, steps=new)
         tuning_s = time.perf_counter() - t0
     runner = GraphDecoder(model, max_batch=1, max_seq_len=slots, kernels=step)
     generate_fast(model, prompt, max_new_tokens=8, runner=runner)  # capture and warm up
-    step_ms = statistics.median(statistics.fmean(generate_fast(model, prompt, max_new_tokens=args.steps + 16,
+    step_ms = statistics.median(statistics.fmean(generate_fast(model, prompt, max_new_tokens=new,
                                                                runner=runner).step_ms[1:]) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         generate_fast(model, prompt, max_new_tokens=args.steps + 2, runner=runner)

@@ -95,7 +95,8 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
         swiglu: x is [gate | up]: silu(gate) * up is the input. Not together with norm_weight.
         residual: (..., N) one row in x's dtype, contiguous: added to the output.
         config: int8 only, a triton.Config for its GEMV (`int8_matmul.candidate_configs`; with norm_weight, one
-            split); None: the autotuner's pick. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes).
+            split); None: the autotuner's pick. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes). Rows
+            the kernel does not take (below) run the unfused ops, without it.
 
     Returns:
         (..., N) in x's dtype.
@@ -106,7 +107,7 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
 
     Raises:
         TypeError: a layer that is not Int8Linear / Int4Linear; dtypes that differ or are not supported; swiglu
-            not True/False.
+            not True/False; a config that is not an int8 GEMV tile (`int8_matmul.check_gemv_tile`).
         ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
             of the wrong shape; both prologues; a config for an int4 layer, or a split config with norm_weight.
     """

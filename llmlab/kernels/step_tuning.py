@@ -136,8 +136,9 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
     Raises:
         ValueError: not a KernelDecodeStep (the Triton kernels are not on); a model the fused batch-1 step does
             not run; rounds or
-            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role, or
-            for a GEMV role of an int4 model; `measure` returning anything but a finite number > 0.
+            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role, for
+            a GEMV role of an int4 model, or split int8 tiles for q/k/v or gate/up (their prologue is the RMSNorm);
+            `measure` returning anything but a finite number > 0.
         TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]} (an int8 model:
             BLOCK_N, BLOCK_K, SPLIT_K, STAGES).
         RuntimeError: no `measure` given and no CUDA GPU.
@@ -166,13 +167,9 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
         raise ValueError(f"tune_decode_step: keep_margin must be a fraction in [0, 1) (0.005 = 0.5%), got "
                          f"{keep_margin!r}")
     attention = attention_role(slots)
-    _check_candidates(candidates, attention, float_projections(model))
+    scheme = "float" if float_projections(model) else step.quantized_gemv_layers()["down"].scheme
+    _check_candidates(candidates, attention, scheme)
     gemv_cands = gemv_candidates(step)
-    untunable = [r for r in (candidates or {}) if r in gemv_cands and not float_projections(model)
-                 and step.quantized_gemv_layers()[r].scheme != "int8"]
-    if untunable:
-        raise ValueError(f"tune_decode_step: candidates for {untunable}: this model's int4 GEMVs run one config "
-                         f"(int4_gemv_gluon); only the attention's split can be chosen")
     before = dict(step.tiles)
     tiles = dict(before)
     report = {}
@@ -232,7 +229,10 @@ def gemv_candidates(step: KernelDecodeStep) -> dict:
             for role, layer in step.quantized_gemv_layers().items()}
 
 
-def _check_candidates(candidates, attention: str, float_model: bool = True) -> None:
+def _check_candidates(candidates, attention: str, scheme: str = "float") -> None:
+    """Refuse candidates this step cannot run: unknown roles, configs of the wrong kind for the role and the
+    weights' format ("float", "int8", "int4"), any GEMV candidate for int4, a split int8 tile where the RMSNorm is
+    the GEMV's prologue (q/k/v, gate/up)."""
     if candidates is None:
         return
     if not isinstance(candidates, dict):
@@ -244,20 +244,30 @@ def _check_candidates(candidates, attention: str, float_model: bool = True) -> N
         raise ValueError(f"tune_decode_step: unknown role(s) {sorted(unknown)} in candidates; the roles of this "
                          f"step are {', '.join(roles)}")
     for role, cands in candidates.items():
+        gemv = role != attention
         what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
-                if role == attention else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
-                if float_model else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES (as int8_matmul.candidate_configs returns)")
-        check = (decode_attention._check_split_config if role == attention else
-                 fused_gemv._check_tile if float_model else int8_matmul.check_gemv_tile)
+                if not gemv else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
+                if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES (as int8_matmul.candidate_configs "
+                                          "returns)")
+        check = (decode_attention._check_split_config if not gemv else
+                 fused_gemv._check_tile if scheme == "float" else int8_matmul.check_gemv_tile)
         if not isinstance(cands, (list, tuple)):
             raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with {what}, "
                             f"got {cands!r}")
+        if gemv and scheme == "int4" and cands:
+            raise ValueError(f"tune_decode_step: candidates[{role!r}]: this model's int4 GEMVs run one config "
+                             f"(int4_gemv_gluon); only the attention's split can be chosen (leave the GEMV roles "
+                             f"out)")
         for c in cands:
             try:
                 check(c)
             except TypeError as e:
                 raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with "
                                 f"{what}: {e}") from None
+            if gemv and scheme == "int8" and role in ("qkv", "gate_up") and c.kwargs["SPLIT_K"] != 1:
+                raise ValueError(f"tune_decode_step: candidates[{role!r}] holds a split tile ({c}); the {role} GEMV's "
+                                 f"prologue is the RMSNorm, which needs the whole row in one program: SPLIT_K = 1 "
+                                 f"(int8_matmul.candidate_configs(N, K, rmsnorm=True) gives them)")
 
 
 class MeasureError(ValueError):
