@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python3 
 ROLES = ("qkv", "rope", "attention", "o", "gate_up", "swiglu", "down")
 
 
-def kernel_events(trace_path: str) -> list[dict]:
-    """The GPU kernels and copies of a chrome trace torch.profiler exported: [{name, ts, dur}] (us), by start."""
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    kept = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])} for e in events
-            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("dur") is not None]
+def kernel_events(prof) -> list[dict]:
+    """The GPU kernels and copies of a finished torch.profiler run (`llmlab.measure.profiling.events_from_profiler`):
+    [{name, ts, dur}] (us), by start."""
+    from llmlab.measure.profiling import events_from_profiler
+
+    kept = [{"name": e.name, "ts": e.start_us, "dur": e.end_us - e.start_us} for e in events_from_profiler(prof)
+            if e.kind in ("kernel", "memcpy")]
     return sorted(kept, key=lambda e: e["ts"])
 
 
@@ -158,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                runner=runner).step_ms[1:]) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         generate_fast(model, prompt, max_new_tokens=args.steps + 2, runner=runner)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(trace)
-        steps = split_steps(kernel_events(trace))
+    steps = split_steps(kernel_events(prof))
     L = model.config.n_layers
     per_step = [roles_of_step(s, L) for s in steps]
     roles = {r: statistics.median(p[r] for p in per_step) for r in per_step[0]}

@@ -107,7 +107,7 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
 
     Raises:
         TypeError: a layer that is not Int8Linear / Int4Linear; dtypes that differ or are not supported; swiglu
-            not True/False; a config that is not an int8 GEMV tile (`int8_matmul.check_gemv_tile`).
+            not True/False; a config that is not an int8 GEMV tile (`int8_matmul.check_gemv_config`).
         ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
             of the wrong shape; both prologues; a config for an int4 layer, or a split config with norm_weight.
     """
@@ -116,11 +116,8 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
         if scheme != "int8":
             raise ValueError("fused_quant_gemv: config is for int8 layers; the int4 GEMVs run one config "
                              "(leave config=None)")
-        from .int8_matmul import check_gemv_tile
-        check_gemv_tile(config)
-        if norm_weight is not None and config.kwargs["SPLIT_K"] != 1:
-            raise ValueError(f"fused_quant_gemv: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the "
-                             f"whole row, which one program walks), got the config {config}")
+        from .int8_matmul import check_gemv_config
+        check_gemv_config(config, rmsnorm=norm_weight is not None)  # before the fallback below could skip it
     tensors = {"x": x, **({"norm_weight": norm_weight} if norm_weight is not None else {}),
                **({"residual": residual} if residual is not None else {})}
     check_tensors("fused_quant_gemv", DTYPES, **tensors)

@@ -163,6 +163,16 @@ def check_gemv_tile(config) -> None:
                         f"SPLIT_K={sk!r}, STAGES={st!r}")
 
 
+def check_gemv_config(config, rmsnorm: bool = False) -> None:
+    """`check_gemv_tile`, and with the RMSNorm prologue (`rmsnorm`) one split only: rstd sums x^2 over the whole
+    row, which one program walks (ValueError otherwise). The launcher, `fused_quant_gemv` and step tuning all
+    check a given config with this."""
+    check_gemv_tile(config)
+    if rmsnorm and config.kwargs["SPLIT_K"] != 1:
+        raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
+                         f"which one program walks), got the config {config}")
+
+
 def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
     """The tiles the autotuner would time for the M = 1 GEMV of an N x K int8 weight (`GEMV1_CONFIGS` after
     `_gemv1_fused_prune`; with the RMSNorm prologue one split only). One config where autotuning is off (the
@@ -184,10 +194,7 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
         only = _int8_gemv_kernel.configs[0]
         config = triton.Config({**only.kwargs, "SPLIT_K": 1}, num_warps=only.num_warps)
     if config is not None:
-        check_gemv_tile(config)
-        if norm_weight is not None and config.kwargs.get("SPLIT_K") != 1:
-            raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
-                             f"which one program walks), got the config {config}")
+        check_gemv_config(config, rmsnorm=norm_weight is not None)
         kernel, meta = _int8_gemv_kernel.fn, config.all_kwargs()
     with zero_on_error(cnt):
         kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])](

@@ -249,8 +249,8 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
                 if not gemv else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
                 if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES (as int8_matmul.candidate_configs "
                                           "returns)")
-        check = (decode_attention._check_split_config if not gemv else
-                 fused_gemv._check_tile if scheme == "float" else int8_matmul.check_gemv_tile)
+        check = (decode_attention._check_split_config if not gemv else fused_gemv._check_tile if scheme == "float"
+                 else functools.partial(int8_matmul.check_gemv_config, rmsnorm=role in ("qkv", "gate_up")))
         if not isinstance(cands, (list, tuple)):
             raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with {what}, "
                             f"got {cands!r}")
@@ -264,10 +264,10 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
             except TypeError as e:
                 raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with "
                                 f"{what}: {e}") from None
-            if gemv and scheme == "int8" and role in ("qkv", "gate_up") and c.kwargs["SPLIT_K"] != 1:
-                raise ValueError(f"tune_decode_step: candidates[{role!r}] holds a split tile ({c}); the {role} GEMV's "
-                                 f"prologue is the RMSNorm, which needs the whole row in one program: SPLIT_K = 1 "
-                                 f"(int8_matmul.candidate_configs(N, K, rmsnorm=True) gives them)")
+            except ValueError as e:  # a split int8 tile where the RMSNorm is the prologue (q/k/v, gate/up)
+                raise ValueError(f"tune_decode_step: candidates[{role!r}] holds a split tile: {e} "
+                                 f"(int8_matmul.candidate_configs(N, K, rmsnorm=True) gives the tiles it "
+                                 f"takes)") from None
 
 
 class MeasureError(ValueError):
