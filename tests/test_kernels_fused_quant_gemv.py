@@ -15,7 +15,7 @@ import torch
 
 from llmlab.kernels.weight_quant import quantize_int4, quantize_int8
 from llmlab.quant import Int4Linear, Int8Linear, quantize_model
-from tiny_models import tiny_model
+from tiny_models import greedy_on_static_cache, tiny_model
 
 triton = pytest.importorskip("triton")
 
@@ -175,7 +175,6 @@ def _count_calls(monkeypatch, names):
 @torch.no_grad()
 @pytest.mark.parametrize("scheme,group", [("int8", 32), ("int4", 64)])
 def test_the_quantized_decode_step_runs_four_fused_gemvs_a_layer_and_matches_the_model(monkeypatch, scheme, group):
-    from llmlab.cache.static_cache import StaticKVCache
     from llmlab.kernels.decode_step import KernelDecodeStep, runs_fused
     from llmlab.kernels.modules import swap_in
 
@@ -183,13 +182,7 @@ def test_the_quantized_decode_step_runs_four_fused_gemvs_a_layer_and_matches_the
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(5)).to(DEV)
 
     def run(fwd):
-        cache = StaticKVCache(model.config, 1, 24, torch.float32, DEV)
-        outs = [fwd(ids, kv_cache=cache)]
-        nxt = outs[-1][:, -1:].argmax(-1)
-        for i in range(3):
-            outs.append(fwd(nxt, positions=torch.tensor([[6 + i]], device=DEV), kv_cache=cache))
-            nxt = outs[-1][:, -1:].argmax(-1)
-        return outs
+        return greedy_on_static_cache(fwd, model, ids, steps=3)
 
     want = run(model)
     with warnings.catch_warnings():

@@ -13,7 +13,7 @@ import torch
 
 from llmlab.kernels._util import interpret_mode
 from llmlab.cache.kv_cache import KVCache
-from tiny_models import tiny_model
+from tiny_models import greedy_on_static_cache, tiny_model
 
 pytest.importorskip("triton")
 if not torch.cuda.is_available() and not interpret_mode():
@@ -171,19 +171,11 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
     fused GEMVs per layer and no separate RMSNorm/SwiGLU launches except the final norm — and the same logits as the
     PyTorch path. A model the fused step does not cover (biases) takes the per-module path and matches too; so does
     the swapped model run by itself (its modules, no fused GEMVs)."""
-    from llmlab.cache.static_cache import StaticKVCache
-
     model = tiny_model(seed=4, **overrides).to(DEV)
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4)).to(DEV)
 
     def run(fwd):
-        cache = StaticKVCache(model.config, 1, 24, torch.float32, DEV)
-        outs = [fwd(ids, kv_cache=cache)]
-        nxt = outs[-1][:, -1:].argmax(-1)
-        for step in range(4):
-            outs.append(fwd(nxt, positions=torch.tensor([[6 + step]], device=DEV), kv_cache=cache))
-            nxt = outs[-1][:, -1:].argmax(-1)
-        return outs
+        return greedy_on_static_cache(fwd, model, ids, steps=4)
 
     ref = run(model)
     calls = _count_calls(monkeypatch, ("fused_gemv", "rmsnorm", "swiglu"))

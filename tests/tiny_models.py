@@ -176,3 +176,17 @@ def pad_row_logits(runner, prompts, pad_token: int, pad_pos: int, poison: bool, 
         seen.append(logits.clone())
         runner.advance(token)
     return seen
+
+
+def greedy_on_static_cache(fwd, model, ids: torch.Tensor, steps: int, cache_len: int = 24) -> list:
+    """Prefill `ids` (1, T) through `fwd` (a model's forward, or a wrapper around it) on a fresh fp32 static cache of
+    `cache_len` slots, then feed back the greedy token `steps` times. Returns the logits of every call."""
+    from llmlab.cache.static_cache import StaticKVCache
+
+    cache = StaticKVCache(model.config, 1, cache_len, torch.float32, ids.device)
+    outs = [fwd(ids, kv_cache=cache)]
+    for i in range(steps):
+        nxt = outs[-1][:, -1:].argmax(-1)
+        pos = torch.tensor([[ids.shape[1] + i]], device=ids.device)
+        outs.append(fwd(nxt, positions=pos, kv_cache=cache))
+    return outs
