@@ -77,6 +77,9 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
         near = difflib.get_close_matches(text.lower(), list(PRESETS), n=1, cutoff=0.8)
         hint = (f"; {near[0]!r} is a preset (random weights, no tokenizer): llmlab.LLM.from_preset({near[0]!r}) or "
                 f"`llmlab bench --model {near[0]}`" if near else "")
+        shipped = Path(os.environ.get("LLMLAB_MODEL", DEFAULT_MODEL_DIR))
+        if not near and difflib.get_close_matches(path.name.lower(), [shipped.name, "default"], n=1, cutoff=0.7):
+            hint = f"; the shipped model is 'default' (the folder {shipped})"
         raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id "
                                 f"'org/name'){hint}")
     from huggingface_hub import snapshot_download

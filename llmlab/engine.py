@@ -228,7 +228,9 @@ class LLM:
     def to(self, device=None, dtype=None) -> "LLM":
         """This LLM on another device and/or dtype, as a new object (the original keeps its weights).
 
-        Returns self when nothing changes. dtype: a torch.dtype or 'fp32' / 'bf16' / 'fp16'.
+        Returns self when nothing changes. dtype: a torch.dtype or 'fp32' / 'bf16' / 'fp16'. Quantized layers keep
+        their packed weights and fp32 scales as they are (moved, not converted); their bias and activations take the
+        new dtype.
         """
         dev = self.device if device is None else pick_device(device)
         dt = self.dtype if dtype is None else pick_dtype(dtype, dev)
@@ -237,6 +239,8 @@ class LLM:
         model = copy.deepcopy(self.model).to(device=dev, dtype=dt)  # kernel modules stay kernel modules
         llm = LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
         llm.kernels = None if self.kernels is None else self.kernels.for_model(model)
+        if hasattr(self, "quant_method"):  # how quantized weights were rounded (`save_quantized` records it)
+            llm.quant_method = self.quant_method
         return llm
 
     def quantize(self, scheme: str, group_size: int | None = None, include_lm_head: bool = False,

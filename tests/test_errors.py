@@ -387,6 +387,8 @@ def test_preset_typo_as_model_names_the_preset(tmp_path):
         resolve("lama-3.2-1b")
     with pytest.raises(FileNotFoundError, match=r"does not exist; check the path \(or pass a hub id 'org/name'\)$"):
         resolve(str(tmp_path / "nothing-here"))
+    with pytest.raises(FileNotFoundError, match=r"pydoc-lama does not exist.*the shipped model is 'default'"):
+        resolve("pydoc-lama")
 
 
 @pytest.mark.parametrize("flag", ["use_cache", "stop_at_eos", "cuda_graphs", "torch_compile", "gpu_sampling",

@@ -62,14 +62,20 @@ def test_the_stub_is_rejected():
         lab04.check_int4_groupwise(good_q, dequantize)
 
 
-def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=False):
+def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=False, strided=False, eps=0.0,
+              offset=8, in_dtype=False):
     """Group-wise int4 with one deliberate mistake switched on."""
     N, K = w.shape
-    groups = w.float().reshape(N, K // g, g)
-    amax = groups.abs().amax(dim=(1, 2))[:, None].expand(N, K // g) if per_row else groups.abs().amax(dim=2)
-    scales = (amax.clamp(min=1e-12) if floor else amax) / divisor
-    q = torch.round(groups / scales[..., None]).clamp(-8, 7)
-    u = (q.long() % 16 if twos else q + 8).to(torch.uint8).reshape(N, K)
+    if strided:  # "groups" of every (K // g)-th input: (N, g, K // g) reduced over dim 1
+        amax = w.float().reshape(N, g, K // g).abs().amax(dim=1)
+    else:
+        groups = w.float().reshape(N, K // g, g)
+        amax = groups.abs().amax(dim=(1, 2))[:, None].expand(N, K // g) if per_row else groups.abs().amax(dim=2)
+    scales = (amax.clamp(min=1e-12) if floor else amax) / divisor + eps
+    groups = (w if in_dtype else w.float()).reshape(N, K // g, g)
+    quotient = groups / scales[..., None].to(groups.dtype)  # in_dtype: rounded to w's dtype before round()
+    q = torch.round(quotient.float()).clamp(-8, 7)
+    u = (q.long() % 16 if twos else q + offset).to(torch.uint8).reshape(N, K)
     lo, hi = (u[:, 1::2], u[:, 0::2]) if swap else (u[:, 0::2], u[:, 1::2])
     return lo | (hi << 4), scales.contiguous()
 
@@ -93,6 +99,10 @@ def test_the_test_helpers_are_right_when_no_mistake_is_on():
     (lambda w, g: _quantize(w, g, per_row=True), _dequantize, "one scale per ROW"),
     (lambda w, g: _quantize(w, g, floor=False), _dequantize, "all-zero group"),
     (lambda w, g: _quantize(w, g, twos=True), _dequantize, "two's complement"),
+    (lambda w, g: _quantize(w, g, strided=True), _dequantize, "CONSECUTIVE inputs"),
+    (lambda w, g: _quantize(w, g, eps=1e-6), _dequantize, "close but not equal.*nothing added"),
+    (lambda w, g: _quantize(w, g, offset=7), _dequantize, "one below round.*the offset is 8"),
+    (lambda w, g: _quantize(w, g, in_dtype=True), _dequantize, "this weight is torch.bfloat16: divide in fp32"),
     (lambda w, g: (_quantize(w, g)[0], _quantize(w, g)[1][:, :1]), _dequantize, "not one per row"),
     (lambda w, g: (_quantize(w, g)[0], _quantize(w, g)[1].bfloat16()), _dequantize, "float32"),
     (lambda w, g: (_quantize(w, g)[1], _quantize(w, g)[0]), _dequantize, "uint8"),
@@ -234,10 +244,12 @@ def test_the_newest_h200_run_with_quantized_rungs_is_found(tmp_path):
                             dict(date="2026-12-08T00:00:00Z", device="NVIDIA H100 80GB HBM3"),
                             dict(date="2026-12-09T00:00:00Z", workload="batch")]):
         bench_file.save_bench(_bench_doc(**kw), tmp_path / f"run{i}.json")
-    found = lab04.recorded_quant_ladder(tmp_path, workload="chat")
+    found = lab04.recorded_quant_ladder(tmp_path, workload="chat")  # an H200 run before a newer H100 one
     assert found is not None and found["path"].endswith("run0.json")
     assert lab04.recorded_quant_ladder(tmp_path)["path"].endswith("run3.json")  # any workload
-    assert lab04.recorded_quant_ladder(tmp_path, device_contains=None, workload="chat")["path"].endswith("run2.json")
+    assert lab04.recorded_quant_ladder(tmp_path, prefer=None, workload="chat")["path"].endswith("run2.json")
+    assert lab04.recorded_quant_ladder(tmp_path, device_contains="H100", workload="chat")["path"].endswith("run2.json")
+    assert lab04.recorded_quant_ladder(tmp_path, device_contains="A100") is None
     assert [lab04.is_quant_row(r) for r in found["results"]] == [False, False, True, True, False]
     bench_file.save_bench(_bench_doc(date="2026-12-10T00:00:00Z", model="llama-3.2-1b"), tmp_path / "run4.json")
     assert lab04.recorded_quant_ladder(tmp_path, workload="chat")["path"].endswith("run4.json")  # the newest
@@ -279,6 +291,16 @@ def test_the_lab_replays_a_recorded_run(tmp_path, monkeypatch, capsys):
     assert "int4 g128" in int4
     assert "TPOT speed-up over +prefill_graphs: +int8 1.67x, +int4 2.50x" in out
     assert [b[0] for b in ns["bars"]] == ["eager", "+prefill_graphs", "+int8", "+int4"]
+
+
+def test_the_lab_replays_the_8b_run_this_repository_ships(monkeypatch, capsys):
+    """On a CPU the lab must find a GPU run with quantized rungs in data/bench/ (an H100 one while no H200 run has
+    them): the replay, not the "no recorded run" message."""
+    ns = _run_replay_cells(monkeypatch, bench_file.DEFAULT_OUT)
+    out = capsys.readouterr().out
+    assert ns["doc"] is not None, out
+    assert "workload chat | model llama-3.1-8b" in out and "no recorded GPU run" not in out
+    assert "TPOT speed-up over" in out
 
 
 def test_the_lab_shows_the_recorded_quality_table(tmp_path, monkeypatch, capsys):

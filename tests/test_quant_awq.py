@@ -152,6 +152,11 @@ def test_refusals_leave_the_model_unchanged():
                           "layers.0.mlp.up_proj": -torch.ones(192)})  # the first key is not applied either
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not is_quantized(model)
+    broken = copy.deepcopy(model)
+    broken.layers[0].mlp.up_proj.weight.data[3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"quantize_awq: the weight 'layers.0.mlp.up_proj.weight' is not finite"):
+        quantize_awq(broken, ids, "int4", group_size=32, progress=False)
+    assert not is_quantized(broken)
 
 
 def test_quantized_and_kernel_swapped_models_are_refused():

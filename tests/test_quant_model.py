@@ -148,6 +148,20 @@ def test_perplexity_and_agreement_refuse_bad_input():
     with pytest.raises(ValueError, match="non-empty list of prompts"):
         greedy_agreement(model, model, [1, 2, 3], n_tokens=2)
     assert greedy_agreement(model, model, [[1, 2, 3], [4, 5]], n_tokens=4) == 1.0
+    with pytest.raises(ValueError, match="context=300 is longer than the model's max_seq_len 256"):
+        perplexity(model, list(range(40)), context=300)
+    with pytest.raises(TypeError, match="model_b must be a llmlab Transformer or an LLM"):
+        greedy_agreement(model, "int8", [[1, 2]])
+
+
+def test_the_quality_functions_take_an_llm_as_its_model():
+    from llmlab.engine import LLM
+
+    model = tiny_model()
+    llm = LLM(model, None, name="tiny")
+    ids = prompt_ids(batch=1, length=30)[0]
+    assert perplexity(llm, ids) == perplexity(model, ids)
+    assert greedy_agreement(llm, model, [[1, 2, 3]], n_tokens=3) == 1.0
 
 
 def test_llm_quantize_returns_a_quantized_copy_and_keeps_the_original():

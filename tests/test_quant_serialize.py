@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 import llmlab
 from llmlab.checkpoint import DEFAULT_MODEL_DIR, save_model
-from llmlab.quant import Int4Linear, Int8Linear, is_quantized, quantize_model, quantized_layers
+from llmlab.quant import (Int4Linear, Int8Linear, dequantize_model, is_quantized, quantize_model,
+                          quantized_layers)
 from llmlab.quant.serialize import QUANT_CONFIG, is_quantized_checkpoint, load_quantized, save_quantized
 from tiny_models import prompt_ids, tiny_model
 
@@ -90,6 +91,30 @@ def test_dtype_casts_the_unquantized_tensors_only(saved):
     assert torch.isfinite(_logits(loaded.model, torch.tensor([[1, 2, 3]])).float()).all()
 
 
+def test_another_dtype_moves_the_scales_and_keeps_the_method(saved, tmp_path):
+    """LLM.to(dtype=...) on a quantized LLM: the fp32 scales are moved, not rounded; the layers' orig_dtype and the
+    LLM's quant_method follow, so it saves, loads and dequantizes as a bf16 model."""
+    q = saved["int4", 64][0]
+    q.quant_method = "awq"
+    try:
+        b = q.to(dtype="bf16")
+    finally:
+        q.quant_method = "rtn"
+    down, orig = b.model.layers[0].mlp.down_proj, q.model.layers[0].mlp.down_proj
+    assert down.scales.dtype == torch.float32 and torch.equal(down.scales, orig.scales)
+    assert down.orig_dtype == torch.bfloat16 and orig.orig_dtype == torch.float32  # the original is untouched
+    assert b.quant_method == "awq" and b.model.embed_tokens.weight.dtype == torch.bfloat16
+    folder = save_quantized(b, tmp_path / "bf16")
+    qc = json.loads((folder / QUANT_CONFIG).read_text())
+    assert qc["method"] == "awq" and qc["dtype"] == "bfloat16"
+    assert {info["dtype"] for info in qc["layers"].values()} == {"bfloat16"}
+    back = b.to(dtype="fp32")
+    assert back.model.layers[0].mlp.down_proj.orig_dtype == torch.float32 and back.quant_method == "awq"
+    dequantize_model(b.model)
+    assert b.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert torch.isfinite(_logits(b.model, torch.tensor([[1, 2, 3]])).float()).all()
+
+
 def _tampered(folder, tmp_path, edit_config=None, edit_tensors=None):
     """A copy of the saved folder with its quant_config.json dict and/or tensors {name: tensor} edited in place."""
     for f in folder.iterdir():
@@ -143,12 +168,17 @@ TAMPERED = [  # (saved as, edit of quant_config.json, the message expected)
     (("int8", None), _set("include_lm_head", True), r"\"include_lm_head\" is True but lm_head is not in \"layers\""),
     (("int8", None), _set("scheme", "int3"), r"\"scheme\" is 'int3'"),
     (("int8", None), _set("format_version", 2), r"\"format_version\" 2 is not one this llmlab"),
+    (("int8", None), _set("format_version", 0), r"\"format_version\" 0 is not one this llmlab .*\(1 to 1;"),
+    (("int4", 64), _set("symmetric", False), r"\"symmetric\" is False; these formats are symmetric"),
+    (("int4", 64), _layer("layers.1.mlp.up_proj", "dtype", "bfloat16"),
+     r"layer 'layers.1.mlp.up_proj' has \"dtype\" 'bfloat16', the model 'float32'"),
 ]
 
 
 @pytest.mark.parametrize("key,edit,match", TAMPERED, ids=[
     "int4-as-int8", "int8-as-int4", "layer-removed", "group-64-as-32", "group-64-as-128", "group-128-as-64",
-    "wrong-out-features", "unknown-layer", "lm-head-flag", "unknown-scheme", "newer-format"])
+    "wrong-out-features", "unknown-layer", "lm-head-flag", "unknown-scheme", "newer-format", "format-0",
+    "asymmetric", "layer-dtype"])
 def test_a_config_that_disagrees_with_the_tensors_is_refused(saved, tmp_path, key, edit, match):
     folder = _tampered(saved[key][1], tmp_path, edit_config=edit)
     with pytest.raises(ValueError, match=match):
@@ -169,6 +199,12 @@ def test_tensors_that_disagree_with_the_config_are_refused(saved, tmp_path_facto
          r"'layers.0.mlp.up_proj.packed' in model.safetensors has shape \(704, 64\).*imply \(704, 128\)"),
         (lambda t: t.pop("model.norm.weight"), r"'norm.weight' is missing from model.safetensors"),
         (lambda t: t.__setitem__("model.extra", torch.zeros(2)), r"unexpected tensor 'extra' in model.safetensors"),
+        (lambda t: t["model.layers.3.self_attn.o_proj.scales"].neg_(),
+         r"layer 'layers.3.self_attn.o_proj': model.safetensors holds a scale of -[0-9.e-]+; the quantizers write "
+         r"positive scales only"),
+        (lambda t: t["model.layers.0.mlp.gate_proj.scales"][5].zero_(), r"'layers.0.mlp.gate_proj'.* scale of 0;"),
+        (lambda t: t["model.layers.1.mlp.up_proj.scales"][0, 0].fill_(1e38),
+         r"layer 'layers.1.mlp.up_proj': model.safetensors holds an int4 scale of 1e\+38, at or above 2\^96"),
     ]
     for i, (edit, match) in enumerate(cases):
         bad = _tampered(folder, tmp_path_factory.mktemp(f"bad{i}"), edit_tensors=edit)

@@ -33,7 +33,7 @@ BLOCK_M = 16
 # -- the PyTorch references: quantize, dequantize, matmul ----------------------------------------------------------
 
 
-def _check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
+def check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
     """A weight that can be quantized: a non-empty 2-D float tensor of finite values (one NaN or inf makes its row's
     or group's scale NaN or inf, and every output that reads it NaN)."""
     what = "the weight" if name is None else f"the weight {name!r}"
@@ -63,7 +63,7 @@ def quantize_int8(w: torch.Tensor, *, name: str | None = None) -> tuple[torch.Te
 
     Raises:
         ValueError: w is not a 2-D float tensor, or holds NaN or inf (the message names `name` and the first one)."""
-    _check_weight("quantize_int8", w, name)
+    check_weight("quantize_int8", w, name)
     w32 = w.float()
     scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     w_q = torch.clamp(torch.round(w32 / scales[:, None]), -127, 127).to(torch.int8)
@@ -123,7 +123,7 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = 
             beyond the M = 1 kernels' range (they lift scales by 2^32 to keep small products from underflowing).
         TypeError: group_size not an int.
     """
-    _check_weight("quantize_int4", w, name)
+    check_weight("quantize_int4", w, name)
     N, K = w.shape
     check_group(K, group_size)
     w32 = w.float().view(N, K // group_size, group_size)

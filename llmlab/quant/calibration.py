@@ -125,16 +125,20 @@ def calibration_ids(tokenizer_or_llm, text: str | None = None, n_samples: int = 
     ids = heldout_ids(tokenizer_or_llm, text)
     need = n_samples * seq_len
     if ids.numel() < seq_len:
-        raise ValueError(f"the calibration text is {ids.numel()} tokens long, shorter than one window of seq_len = "
+        raise ValueError(f"the calibration text is {_tokens(ids.numel())} long, shorter than one window of seq_len = "
                          f"{seq_len} tokens (the context the activations are collected at): give a longer text, "
                          f"or a smaller seq_len (with LLM.quantize: calibration=llmlab.quant.calibration_ids(llm, "
                          f"text, n_samples=..., seq_len=...))")
     if ids.numel() < need:
-        raise ValueError(f"the calibration text is {ids.numel()} tokens long; n_samples = {n_samples} windows of "
+        raise ValueError(f"the calibration text is {_tokens(ids.numel())} long; n_samples = {n_samples} windows of "
                          f"seq_len = {seq_len} need {need}: give a longer text, or n_samples <= "
                          f"{ids.numel() // seq_len} (with LLM.quantize: calibration=llmlab.quant.calibration_ids("
                          f"llm, text, n_samples={max(1, ids.numel() // seq_len)}))")
     return ids[:need].view(n_samples, seq_len).clone()
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
 
 
 def evaluation_ids(tokenizer_or_llm, text: str | None = None, n_samples: int = 16,
@@ -147,7 +151,7 @@ def evaluation_ids(tokenizer_or_llm, text: str | None = None, n_samples: int = 1
     ids = heldout_ids(tokenizer_or_llm, text)
     need = int(n_samples) * int(seq_len)
     if ids.numel() < need + 2:
-        raise ValueError(f"the text is {ids.numel()} tokens long; after n_samples * seq_len = {need} calibration "
+        raise ValueError(f"the text is {_tokens(ids.numel())} long; after n_samples * seq_len = {need} calibration "
                          f"tokens at least 2 must be left to measure perplexity on: give a longer text, or fewer "
                          f"calibration tokens")
     return ids[need:].clone()

@@ -124,6 +124,25 @@ class QuantizedLinear(nn.Module):
         self.use_kernel = True
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
+    def _apply(self, fn, recurse: bool = True):
+        """`model.to(...)`, `.cuda()`, `.bfloat16()` and the like: the bias moves and converts as nn.Linear's would,
+        and `orig_dtype` follows the new float dtype (what `dequantize_model` restores and `save_quantized`
+        records); the scales only MOVE, staying fp32: rounding them to bf16 would change every weight they scale
+        (the format keeps them in fp32, and `save_quantized` refuses other dtypes)."""
+        scales = self._buffers.pop("scales", None)
+        try:
+            super()._apply(fn, recurse)
+            if scales is not None:
+                moved = fn(scales)
+                if moved.dtype != scales.dtype:  # a dtype conversion: move the fp32 scales instead
+                    moved = scales.to(device=moved.device)
+                self.orig_dtype = fn(torch.empty(0, dtype=self.orig_dtype, device=scales.device)).dtype
+                scales = moved
+        finally:
+            if scales is not None:
+                self._buffers["scales"] = scales
+        return self
+
     # -- to be provided by the subclasses -------------------------------------------------------------------------
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The (N, K) weight the packed values stand for, in `dtype`."""
@@ -286,7 +305,9 @@ class Int4Linear(QuantizedLinear):
         """Quantize `linear` (any float dtype, any device; it is left unchanged) into a new Int4Linear on the same
         device, one scale per `group_size` consecutive inputs. When group_size does not divide in_features K, the
         weight is first padded with zero columns to Kp = `padded_k(K, group_size)` (module docstring, "Padding").
-        `name` names the layer in error messages.
+        `name` names the layer in error messages. A group_size larger than K is taken: each row is padded to one
+        group (at G > 4K that is more bytes than the bf16 weight); `quantize_model` refuses such a group for a
+        whole model (`check_int4_group`).
 
         Raises:
             TypeError: `linear` is not an nn.Linear; group_size is not an int.

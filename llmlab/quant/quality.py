@@ -40,16 +40,27 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def _module(op: str, model, name: str = "model") -> torch.nn.Module:
+    """The Transformer to run: `model` itself, or an `LLM`'s `.model`; TypeError for anything else."""
+    if not isinstance(model, torch.nn.Module) and isinstance(getattr(model, "model", None), torch.nn.Module):
+        model = model.model  # an LLM
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{op}: {name} must be a llmlab Transformer or an LLM (llmlab.load()), got "
+                        f"{type(model).__name__}")
+    return model
+
+
 @torch.no_grad()
 def perplexity(model, token_ids, context: int | None = None, stride: int | None = None) -> float:
     """Perplexity of `token_ids` under `model`: exp of the mean of -log p(t_i | t_<i) over i = 1..T-1 (the first
     token has nothing to be predicted from and is not scored).
 
     Args:
-        model: a `llmlab.model.Transformer` (any module with forward(input_ids (1, T)) -> logits (1, T, V)),
-            quantized or not; run in eval mode under no_grad, on its own device and dtype.
+        model: a `llmlab.model.Transformer` (any module with forward(input_ids (1, T)) -> logits (1, T, V)) or an
+            `LLM` (its `.model`), quantized or not; run in eval mode under no_grad, on its own device and dtype.
         token_ids: (T,) held-out ids (a list or an int tensor; (1, T) is accepted), T >= 2.
-        context: the most tokens one forward pass sees; default the model's `config.max_seq_len`. At least 2.
+        context: the most tokens one forward pass sees; default the model's `config.max_seq_len`. At least 2, at
+            most `config.max_seq_len` (positions past it are ones the model was not built for).
         stride: how many new tokens each window after the first scores; default context // 2, at most context - 1.
             Every token is scored exactly once; token i is scored with between context - stride and context - 1
             tokens of history (fewer at the start of the text). A smaller stride gives more history, costs more
@@ -59,10 +70,12 @@ def perplexity(model, token_ids, context: int | None = None, stride: int | None 
         The perplexity, a float (>= 1). The log-softmax and the sum are in fp32 whatever the model's dtype.
 
     Raises:
-        ValueError: fewer than 2 tokens; a token id outside the vocabulary; context < 2; stride not in
-            1..context-1.
-        TypeError: token ids that are not integers; context or stride not an int.
+        ValueError: fewer than 2 tokens; a token id outside the vocabulary; context < 2 or above the model's
+            max_seq_len; stride not in 1..context-1.
+        TypeError: a model that is not a module or an LLM; token ids that are not integers; context or stride not
+            an int.
     """
+    model = _module("perplexity", model)
     config = getattr(model, "config", None)
     ids = _as_ids("perplexity", token_ids, getattr(config, "vocab_size", None))
     T = ids.numel()
@@ -77,6 +90,10 @@ def perplexity(model, token_ids, context: int | None = None, stride: int | None 
     context = int(context)
     if context < 2:
         raise ValueError(f"perplexity: context={context}: a window must hold at least 2 tokens")
+    longest = getattr(config, "max_seq_len", None)
+    if longest and context > longest:
+        raise ValueError(f"perplexity: context={context} is longer than the model's max_seq_len {longest}; "
+                         f"use context <= {longest} (the default)")
     stride = context // 2 if stride is None else int(stride)
     if not 1 <= stride <= context - 1:
         raise ValueError(f"perplexity: stride={stride} must be in 1..context-1 = 1..{context - 1}, so that each "
@@ -103,7 +120,7 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
     """Fraction of greedy tokens equal when `model_a` and `model_b` each continue every prompt by n_tokens.
 
     Args:
-        model_a, model_b: `llmlab.model.Transformer`s with the same vocabulary (e.g. fp32 and int8).
+        model_a, model_b: `llmlab.model.Transformer`s or `LLM`s with the same vocabulary (e.g. fp32 and int8).
         prompts: a list of prompts, each a list (or 1-D tensor) of token ids; lengths may differ.
         n_tokens: tokens generated per prompt (no early stop at EOS: both always make n_tokens).
 
@@ -117,9 +134,11 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
 
     Raises:
         ValueError: no prompts; n_tokens < 1; bad prompts (see above).
+        TypeError: a model that is not a module or an LLM.
     """
     from llmlab.generate import generate
 
+    model_a, model_b = _module("greedy_agreement", model_a, "model_a"), _module("greedy_agreement", model_b, "model_b")
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 1:
         raise ValueError(f"greedy_agreement: n_tokens must be a positive int, got {n_tokens!r}")
     if isinstance(prompts, torch.Tensor):

@@ -46,6 +46,7 @@ from safetensors import SafetensorError, safe_open
 from llmlab import __version__
 from llmlab.cache.sizing import check_fits
 from llmlab.checkpoint import _check_finite, _not_safetensors, load_config, load_tokenizer, save_model
+from llmlab.kernels.weight_quant import SCALE_LIMIT
 from llmlab.model import Transformer
 
 from .linear import Int4Linear, Int8Linear, padded_k
@@ -273,9 +274,10 @@ def _read_quant_config(folder: Path) -> dict:
 
     if not isinstance(qc, dict) or qc.get("quant_format") != FORMAT:
         raise bad(f"\"quant_format\" is not {FORMAT!r}")
-    if not isinstance(qc.get("format_version"), int) or qc["format_version"] > FORMAT_VERSION:
-        raise bad(f"\"format_version\" {qc.get('format_version')!r} is not one this llmlab ({__version__}) reads "
-                  f"(<= {FORMAT_VERSION}; a newer llmlab wrote it?)")
+    version = qc.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise bad(f"\"format_version\" {version!r} is not one this llmlab ({__version__}) reads "
+                  f"(1 to {FORMAT_VERSION}; a newer llmlab wrote it?)")
     if qc.get("scheme") not in SCHEMES:
         raise bad(f"\"scheme\" is {qc.get('scheme')!r}, not one of {SCHEMES}")
     G = qc.get("group_size")
@@ -283,6 +285,9 @@ def _read_quant_config(folder: Path) -> dict:
         raise bad(f"\"group_size\" is {G!r}; int4 needs a positive multiple of 32")
     if qc["scheme"] == "int8" and G is not None:
         raise bad(f"\"group_size\" is {G!r}, but int8 has one scale per row (null)")
+    if qc.get("symmetric") is not True:
+        raise bad(f"\"symmetric\" is {qc.get('symmetric')!r}; these formats are symmetric (no zero points: "
+                  f"llmlab.quant.linear's notes), so it must be true")
     if qc.get("dtype") not in _DTYPES:
         raise bad(f"\"dtype\" is {qc.get('dtype')!r}, not one of {sorted(_DTYPES)}")
     layers = qc.get("layers")
@@ -295,12 +300,28 @@ def _read_quant_config(folder: Path) -> dict:
                 or not isinstance(info.get("bias"), bool) or info.get("dtype") not in _DTYPES:
             raise bad(f"layer {name!r} needs positive ints {', '.join(ints)}, a bool \"bias\" and a \"dtype\" of "
                       f"{sorted(_DTYPES)}; got {info!r}")
+        if info["dtype"] != qc["dtype"]:
+            raise bad(f"layer {name!r} has \"dtype\" {info['dtype']!r}, the model {qc['dtype']!r}; save_quantized "
+                      f"records one dtype for both")
     if qc.get("include_lm_head") is not ("lm_head" in layers):
         raise bad(f"\"include_lm_head\" is {qc.get('include_lm_head')!r} but lm_head is "
                   f"{'' if 'lm_head' in layers else 'not '}in \"layers\"")
     if not isinstance(qc.get("method"), str):
         raise bad(f"\"method\" is {qc.get('method')!r}, not a string such as 'rtn'")
     return qc
+
+
+def _check_scales(scales: torch.Tensor, layer: str, scheme: str, file: Path) -> None:
+    """Scales the quantizers can write: positive (they clamp a zero group's scale to 1e-12 / 127 or / 7, never 0),
+    and for int4 below `weight_quant.SCALE_LIMIT`, the M = 1 GEMVs' range. ValueError naming the layer otherwise."""
+    low = scales.min().item()
+    if low <= 0:
+        raise ValueError(f"layer {layer!r}: {file.name} holds a scale of {low:g}; the quantizers write positive "
+                         f"scales only, so the file is damaged or edited by hand: save the model again")
+    if scheme == "int4" and scales.max().item() >= SCALE_LIMIT:
+        raise ValueError(f"layer {layer!r}: {file.name} holds an int4 scale of {scales.max().item():.3g}, at or "
+                         f"above 2^96, beyond the int4 kernels' range (quantize_int4 refuses such weights): the "
+                         f"file is damaged or edited by hand: save the model again")
 
 
 def _read_tensors(file: Path, tied_lm_head: bool) -> dict[str, torch.Tensor]:
@@ -339,7 +360,8 @@ def load_quantized(directory: str | os.PathLike, device=None, dtype=None):
         ValueError: quant_config.json that is not valid, or that disagrees with config.json's model or with the
             tensors (the message names the layer: a swapped scheme, a layer missing from the config or from the
             file, a shape or dtype, a group size the scales contradict); model.safetensors not valid safetensors;
-            a tensor holding NaN or inf; an unknown device or dtype.
+            a tensor holding NaN or inf; scales no quantizer writes (zero or negative; int4 at 2^96 or more); an
+            unknown device or dtype.
         MemoryError: the file does not fit in the free memory of the device (checked before reading it).
     """
     from llmlab.checkpoint import generation_eos
@@ -371,6 +393,8 @@ def load_quantized(directory: str | os.PathLike, device=None, dtype=None):
         if t.is_floating_point():
             cast = t if key in quantized else t.to(expected[key].dtype)
             tensors[key] = _check_finite(cast, t, key, weights, cast.dtype)
+    for name in qc["layers"]:
+        _check_scales(tensors[f"{name}.scales"], name, qc["scheme"], weights)
     if tied:
         tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
     model = model.to_empty(device=dev)

@@ -79,8 +79,12 @@ def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torc
         why = ("these are one scale per ROW repeated over the groups: take max |w| over each group of "
                "group_size consecutive inputs (view the row as (K // group_size, group_size) and reduce the last "
                "dimension)")
+    elif K // G > 1 and torch.allclose(scales, w32.view(N, G, K // G).abs().amax(dim=1) / 7, rtol=1e-5):
+        why = ("these groups take every (K // group_size)-th input: a group is group_size CONSECUTIVE inputs of a "
+               "row, so view the row as (K // group_size, group_size) and reduce the LAST dimension")
     elif abs(ratio - 1) < 0.05:
-        why = "close but not equal: compute the scales in fp32 (w.float()) as max |w| of the group / 7"
+        why = ("close but not equal: the scale is exactly max |w| of the group / 7, in fp32, with nothing added "
+               "(the clamp only lifts an all-zero group's max off 0)")
     else:
         why = "scale = max |w| over the group / 7 (symmetric: no zero point, the sign is in the code)"
     raise AssertionError(f"{what}: scales[{n}, {j}] = {scales[n, j].item():.6g}, expected {want[n, j].item():.6g} "
@@ -89,7 +93,7 @@ def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torc
 
 
 def _check_codes(what: str, w32: torch.Tensor, packed: torch.Tensor, ref_packed: torch.Tensor,
-                 ref_scales: torch.Tensor, G: int) -> None:
+                 ref_scales: torch.Tensor, G: int, w_dtype: torch.dtype = torch.float32) -> None:
     """The student's bytes against the reference's, allowing either rounding where w / scale is a tie (x.5)."""
     u, want = _codes(packed), _codes(ref_packed)
     N, K = w32.shape
@@ -108,6 +112,10 @@ def _check_codes(what: str, w32: torch.Tensor, packed: torch.Tensor, ref_packed:
     if not ((u != (want - 8) % 16) & ~tie).any():
         raise AssertionError(f"{what}: the codes are the signed values' low 4 bits (two's complement); store "
                              f"u = round(w / scale) + 8, in 1..15, so that the code minus 8 is the value")
+    for off in (-1, 1):
+        if not ((u != want + off) & ~tie).any():
+            raise AssertionError(f"{what}: every code is {'one below' if off < 0 else 'one above'} round(w / scale) "
+                                 f"+ 8: the offset is 8 (the value 0 is code 8; -7..7 become 1..15)")
     n, k = bad.nonzero()[0].tolist()
     if w32.view(N, K // G, G)[n, k // G].abs().max() == 0:
         first = k // G * G
@@ -117,7 +125,9 @@ def _check_codes(what: str, w32: torch.Tensor, packed: torch.Tensor, ref_packed:
     raise AssertionError(f"{what}: input k = {k} of row {n} (w = {w32[n, k].item():.6g}, its group's scale "
                          f"{ref_scales[n, k // G].item():.6g}) has code {u[n, k].item()}, expected "
                          f"round(w / scale) + 8 = {want[n, k].item()} (codes read with the even k in the low nibble "
-                         f"of byte k // 2)")
+                         f"of byte k // 2)" + (f"; this weight is {w_dtype}: divide in fp32 (w.float() / scale), "
+                                               f"or the quotient is rounded to {w_dtype} before round()"
+                                               if w_dtype != torch.float32 else ""))
 
 
 def _check_dequantize(what: str, dequantize_fn, ref_packed: torch.Tensor, ref_scales: torch.Tensor, G: int) -> None:
@@ -191,7 +201,7 @@ def check_int4_groupwise(quantize_fn, dequantize_fn) -> None:
             f"{what}: scales have shape {tuple(scales.shape)}, expected (N, K // group_size) = {(N, K // G)}"
             + (": one scale per GROUP of group_size consecutive inputs of a row, not one per row" if per_row else ""))
         _check_scales(what, w32, scales, ref_scales, G)
-        _check_codes(what, w32, packed, ref_packed, ref_scales, G)
+        _check_codes(what, w32, packed, ref_packed, ref_scales, G, w.dtype)
         _check_dequantize(what, dequantize_fn, ref_packed, ref_scales, G)
         back = _call(dequantize_fn, "dequantize_int4_groupwise", packed, scales)
         err = (back - w32).abs()
@@ -218,12 +228,15 @@ def is_quant_row(row: dict) -> bool:
     return row.get("step") in QUANT_STEPS or bool(isinstance(settings, dict) and settings.get("weights"))
 
 
-def recorded_quant_ladder(directory: str | os.PathLike | None = None, device_contains: str | None = "H200",
-                          workload: str | None = None, model_id: str | None = None) -> dict | None:
-    """The newest bench file (default folder data/bench/) recorded on a GPU whose name contains `device_contains`
-    (None: any device but a CPU), of `workload` (e.g. "chat"; None: any) and model `model_id` (e.g.
-    "llama-3.1-8b"; None: any), with at least one quantized row (`is_quant_row`), as
-    `llmlab.measure.bench_file.load_bench` reads it; None when there is none. Invalid files are skipped."""
+def recorded_quant_ladder(directory: str | os.PathLike | None = None, device_contains: str | None = None,
+                          workload: str | None = None, model_id: str | None = None,
+                          prefer: str | None = "H200") -> dict | None:
+    """The newest bench file (default folder data/bench/) recorded on a GPU, of `workload` (e.g. "chat"; None: any)
+    and model `model_id` (e.g. "llama-3.1-8b"; None: any), with at least one quantized row (`is_quant_row`), as
+    `llmlab.measure.bench_file.load_bench` reads it; None when there is none. Invalid files are skipped.
+
+    device_contains: only GPUs whose name contains it (None: any GPU). prefer: the newest such file on a GPU whose
+    name contains `prefer` when there is one (the course's reference GPU), else the newest on any of them."""
     from llmlab.measure.bench_file import list_bench
 
     def field(doc: dict, key: str, inner: str):  # doc[key][inner], or doc[key] itself where it is a string
@@ -237,4 +250,5 @@ def recorded_quant_ladder(directory: str | os.PathLike | None = None, device_con
                 and any(is_quant_row(r) for r in doc["results"]))
 
     docs = [d for d in list_bench(directory, device_contains) if wanted(d)]
-    return docs[-1] if docs else None
+    preferred = [d for d in docs if prefer and prefer.lower() in d["device"].lower()]
+    return (preferred or docs or [None])[-1]
