@@ -77,6 +77,10 @@ def main(argv: list[str]) -> None:
     from llmlab.runtime.fast_generate import generate_fast
 
     model_name, out, variants, opts = _parse(argv)
+    if not torch.cuda.is_available():
+        print("ab_decode_step.py needs a CUDA GPU (it captures and times the Triton kernels' decode step)",
+              file=sys.stderr)
+        raise SystemExit(2)
     llm, _, _ = load_bench_model(model_name)
     if opts["--weights"]:
         from llmlab.switches import WEIGHT_FORMATS

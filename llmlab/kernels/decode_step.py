@@ -9,7 +9,8 @@ boundaries lives here:
   pair goes into the final norm the same way. One kernel per layer fewer;
 * `one_token`: a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) with the RMSNorms, SwiGLU
   and residual adds inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`; for a weight-only
-  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten;
+  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten (int8: eight,
+  its SwiGLU a launch of its own);
 * `greedy`: the decode step's greedy token in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels;
 * `tiles`: the kernel configs `llmlab.kernels.step_tuning` chose by timing the whole captured step, by role.
 
@@ -165,7 +166,8 @@ class KernelDecodeStep:
         epilogue instead, the step measured slower on the H200.
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
-        `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (see there). The
+        `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (eight launches
+        a layer; see there). The
         int8 GEMVs run the step-tuned tiles of their roles; the int4 GEMVs run one config."""
         K = ops()
         model, tiles = self.model, self.tiles

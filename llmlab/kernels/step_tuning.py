@@ -4,11 +4,8 @@ Triton's autotuner (https://triton-lang.org/main/python-api/generated/triton.aut
 itself: launch, wait, repeat. Inside a decode step a kernel runs in a different world. With programmatic dependent
 launch its programs start while the kernel before it still streams its own weights, and they load their first tile
 before they wait (`fused_gemv`); the kernel after it does the same to it. A tile that wins alone can lose there,
-and the other way round. Measured on the H200 (Llama-3.2-1B shape, bf16, chat, one process, four alternating
-rounds): the down projection (2048 x 8192) with the isolated pick (4 rows x 512, one warp, 4 stages) gave 850 us
-per step; with 4 rows x 1024, four warps, 3 stages 821 us (-3.4%); other tiles 874-1070 us. Timing the step, the
-down projection got 4 rows x 2048, eight warps, 2 stages: 839 -> 795 us per step (chat, five alternating rounds),
-993 -> 886 us at an 8K context. Tuning took ~6 s (about 100 captures of the step).
+and the other way round: on the 1B shape the down projection's isolated pick made the step ~5% slower than the
+tile the step itself favours (`docs/results.md`, "Step tuning").
 
 So this module times the step itself. For each GEMV role of `KernelDecodeStep.one_token` (q/k/v, o, gate/up,
 down; every layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have
@@ -18,9 +15,8 @@ so the choice is made for caches the size of the timed runner's and named by it 
 e.g. "attention@1024"). It is coordinate descent — one role at a time, the others at their current config — with
 the closest few timed again in rounds of alternating order, so that drift hits them alike. The chosen configs go
 into the step (`KernelDecodeStep.tiles`), which runs them; runners captured before are not reused (their
-fingerprint changes). With the attention's split chosen too (32-key tiles instead of the autotuner's 64 at the
-same split length, a further ~20 us): 849 -> 777 us per step (1B, chat, one process, five rounds). Tuning took
-8-19 s.
+fingerprint changes). Tuning takes seconds (about 100 captures of a 1B step); what it gains is in
+`docs/results.md`, "Step tuning".
 
 A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: int8's GEMV
 tiles (`int8_matmul.candidate_configs`: rows per program, K tile, split-K, stages; one split where the GEMV's

@@ -5,6 +5,7 @@ quality checks that say what the rounding cost.
                  packed weights and scales of llmlab.kernels.weight_quant's formats; Triton kernel on CUDA for
                  M <= 16 rows, dequantize + F.linear otherwise
     quantize.py  quantize_model / dequantize_model (module swap, in place), is_quantized, weight_bytes
+    fused.py     the q/k/v (or gate/up) layers of a quantized model as ONE quantized layer, for the kernel modules
     quality.py   perplexity on held-out tokens; greedy_agreement between two models
     calibration.py  the default model's held-out text (heldout_text), cut into calibration windows
                  (calibration_ids) and the tokens after them (evaluation_ids)

@@ -1,7 +1,7 @@
 """The decode step captured in CUDA graphs, one per batch-size bucket: the model runner of nano-vllm and gpt-fast.
 
-An eager decode step launches a few hundred small kernels, each costing the CPU several microseconds (~6.8 us
-measured on the H200, more with Python around it), while the GPU finishes many of them faster than that: at
+An eager decode step launches a few hundred small kernels, each costing the CPU several microseconds (about 6 us
+on an H200, `docs/results.md`; more with Python around it), while the GPU finishes many of them faster than that: at
 batch 1 the GPU mostly waits for the CPU. A CUDA graph records the step's kernels once and replays them with one
 launch (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs). The price is rigidity: a replay repeats the
 same kernels on the same addresses with the same shapes. So
@@ -10,7 +10,7 @@ same kernels on the same addresses with the same shapes. So
   bumps `pos` before the replay; the outputs (logits, greedy tokens) are the tensors the captured step wrote,
   rewritten in place by each replay;
 * the KV cache is static (`llmlab.cache.static_cache`): fixed shape, written at device-side positions, masked;
-* one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, 8, 16, 32, 64, ...) and a batch
+* one graph per batch size. The batch sizes are rounded up to buckets (1, 2, 4, ..., 64, then max_batch) and a batch
   replays the smallest bucket that fits; the rows beyond the batch ("padding") decode a dummy token at position 0
   in their own rows of the cache, so they cannot change the real rows (every op is row-wise);
 * the prefill runs eagerly unless asked for (`prefill(..., bucketed=True)`, the "prefill_graphs" switch): its
@@ -60,7 +60,8 @@ MODES = {"static": (False, False), "graphs": (True, False), "compile": (False, T
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """The batch sizes to capture: powers of two below max_batch, then max_batch. 64 -> (1, 2, 4, 8, 16, 32, 64).
+    """The batch sizes to capture: the powers of two up to 64 below max_batch, then max_batch.
+    64 -> (1, 2, 4, 8, 16, 32, 64); 200 -> (1, 2, 4, 8, 16, 32, 64, 200)
 
     Raises:
         ValueError: max_batch < 1.
