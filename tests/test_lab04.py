@@ -301,6 +301,12 @@ def test_the_lab_replays_the_8b_run_this_repository_ships(monkeypatch, capsys):
     assert ns["doc"] is not None, out
     assert "workload chat | model llama-3.1-8b" in out and "no recorded GPU run" not in out
     assert "TPOT speed-up over" in out
+    table = out[out.index("roofline per rung"):].splitlines()[2:]
+    rows = [line for line in table if line.startswith("+")]
+    assert rows and any("+lm_head" in line for line in rows)
+    for line in rows:  # this lab's byte count agrees with the bench's for every rung, the lm_head ones too
+        lab_gb, bench_gb = line.split("ms")[0].split()[-3:-1]
+        assert lab_gb == bench_gb, line
 
 
 def test_the_lab_shows_the_recorded_quality_table(tmp_path, monkeypatch, capsys):
