@@ -159,6 +159,7 @@ class LLM:
         self.random_weights = random_weights
         self.kernels = None
         self.runners = RunnerCache()
+        self.quant_method = None  # how quantized weights were rounded ("rtn", "awq"; `save_quantized` records it)
 
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
@@ -239,8 +240,7 @@ class LLM:
         model = copy.deepcopy(self.model).to(device=dev, dtype=dt)  # kernel modules stay kernel modules
         llm = LLM(model, self.tokenizer, name=self.name, random_weights=self.random_weights)
         llm.kernels = None if self.kernels is None else self.kernels.for_model(model)
-        if hasattr(self, "quant_method"):  # how quantized weights were rounded (`save_quantized` records it)
-            llm.quant_method = self.quant_method
+        llm.quant_method = self.quant_method
         return llm
 
     def quantize(self, scheme: str, group_size: int | None = None, include_lm_head: bool = False,

@@ -233,6 +233,10 @@ def test_save_refuses_what_it_cannot_load_back_and_never_overwrites_a_float_mode
     mixed.layers[1].mlp.up_proj = Int4Linear.from_linear(tiny_model().layers[1].mlp.up_proj, group_size=64)
     with pytest.raises(ValueError, match=r"differ in \(scheme, group size\)"):
         save_quantized(mixed, tmp_path / "a")
+    halved = quantize_model(tiny_model(), "int8")
+    halved.layers[0].mlp.up_proj.half()  # one layer's dtype, not the model's
+    with pytest.raises(ValueError, match=r"layer 'layers.0.mlp.up_proj' stands for a float16 weight in a float32"):
+        save_quantized(halved, tmp_path / "a")
     assert not (tmp_path / "a").exists()  # nothing written by a refused call
     float_dir = save_model(tiny_model(), tmp_path / "float")
     before = (float_dir / "model.safetensors").read_bytes()

@@ -167,8 +167,8 @@ class KernelDecodeStep:
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
         `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (eight launches
-        a layer; see there). The
-        int8 GEMVs run the step-tuned tiles of their roles; the int4 GEMVs run one config."""
+        a layer; see there). The int8 GEMVs run the step-tuned tiles of their roles; the int4 GEMVs run one
+        config."""
         K = ops()
         model, tiles = self.model, self.tiles
         if not float_projections(model):

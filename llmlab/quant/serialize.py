@@ -96,7 +96,8 @@ def _unpack(llm_or_model) -> tuple[Transformer, object, str]:
 def _quant_config(model: Transformer, method: str) -> dict:
     """quant_config.json's dict for a quantized model (see the module docstring).
 
-    Raises ValueError for a model with no quantized layer, or whose layers differ in scheme or group size."""
+    Raises ValueError for a model with no quantized layer, whose layers differ in scheme or group size, or
+    whose quantized layers stand for weights of another dtype than the model's."""
     layers = quantized_layers(model)
     if not layers:
         raise ValueError("save_quantized: the model has no quantized layer; quantize it first (llm.quantize(...) or "
@@ -109,10 +110,16 @@ def _quant_config(model: Transformer, method: str) -> dict:
                              f"(scheme, group size); quant_config.json records one of each: quantize the whole "
                              f"model with one quantize_model call")
     scheme, group_size = kinds[first]
+    dtype = next(model.parameters()).dtype
+    for name, m in layers.items():  # load_quantized reads one dtype for the model and its layers
+        if m.orig_dtype != dtype:
+            raise ValueError(f"save_quantized: layer {name!r} stands for a {_dtype_name(m.orig_dtype)} weight in a "
+                             f"{_dtype_name(dtype)} model; bring the whole model to one dtype first "
+                             f"(model.to(dtype) moves the quantized layers' dtype too)")
     return {
         "quant_format": FORMAT, "format_version": FORMAT_VERSION, "scheme": scheme, "group_size": group_size,
         "symmetric": True, "include_lm_head": "lm_head" in layers, "method": method,
-        "dtype": _dtype_name(next(model.parameters()).dtype), "llmlab_version": __version__,
+        "dtype": _dtype_name(dtype), "llmlab_version": __version__,
         "layers": {name: {"in_features": m.in_features, "padded_in_features": m.padded_in_features,
                           "out_features": m.out_features, "bias": m.bias is not None,
                           "dtype": _dtype_name(m.orig_dtype)} for name, m in layers.items()},
@@ -224,7 +231,7 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
 
     Raises:
         TypeError: not an LLM or a llmlab Transformer; a quant_method that is not a string.
-        ValueError: the model is not quantized, or its layers differ in scheme or group size; its modules are not
+        ValueError: the model is not quantized, or its layers differ in scheme, group size or dtype; its modules are not
             those a Transformer built from its config holds (a Triton-kernel or fused module swapped in: swap them
             out first); the folder holds another model. Nothing is written then.
     """
