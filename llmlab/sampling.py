@@ -25,9 +25,10 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     (any other shape or dtype: `x.argmax(dim=-1)` itself).
 
     PyTorch reduces a row into one value with ONE thread block when there are few rows: the greedy token of a
-    128K-vocabulary model at batch 1 took 37 us on an H200 (a 1B model's whole decode step is ~1 ms). Here the row
-    is cut into slices of ARGMAX_CHUNK (padded with -inf), each slice's max is found in parallel, then the best
-    slice: ~5 small kernels of a few microseconds. Ties go to the lowest index, as in torch.argmax.
+    128K-vocabulary model at batch 1 then runs on one SM while the rest idle, a visible share of a small model's
+    decode step (docs/results.md). Here the row is cut into slices of ARGMAX_CHUNK (padded with -inf), each slice's
+    max is found in parallel, then the best slice: ~5 small kernels of a few microseconds. Ties go to the lowest
+    index, as in torch.argmax.
     """
     if x.dim() != 2 or not x.is_floating_point():  # the one-stage op (any shape, integer scores)
         return x.argmax(dim=-1)

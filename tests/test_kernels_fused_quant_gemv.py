@@ -15,7 +15,7 @@ import torch
 
 from llmlab.kernels.weight_quant import quantize_int4, quantize_int8
 from llmlab.quant import Int4Linear, Int8Linear, quantize_model
-from tiny_models import greedy_on_static_cache, tiny_model
+from tiny_models import greedy_on_static_cache, one_token_inputs, quantized_layer, tiny_model
 
 triton = pytest.importorskip("triton")
 
@@ -33,20 +33,11 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def _layer(scheme, N, K, group=32, seed=0, bias=False):
-    g = torch.Generator().manual_seed(seed)
-    lin = torch.nn.Linear(K, N, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(N, K, generator=g) * 0.05)
-    q = Int8Linear.from_linear(lin) if scheme == "int8" else Int4Linear.from_linear(lin, group)
-    return q.to(DEV)
+    return quantized_layer(scheme, N, K, group, seed, bias, device=DEV)
 
 
 def _inputs(N, K, swiglu, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(1, 1, 2 * K if swiglu else K, generator=g) * 2).to(DEV)
-    nw = (1 + 0.3 * torch.randn(K, generator=g)).to(DEV)
-    res = torch.randn(1, 1, N, generator=g).to(DEV)
-    return x, nw, res
+    return one_token_inputs(N, K, swiglu, seed, device=DEV)
 
 
 @pytest.mark.parametrize("scheme,group", [("int8", None), ("int4", 32), ("int4", 64)])

@@ -626,7 +626,10 @@ def test_int8_candidates_follow_the_autotuners_pruning(monkeypatch):
     monkeypatch.setattr(int8_matmul, "GEMV1_CONFIGS", full)
     plain = int8_matmul.candidate_configs(4096, 14336)
     normed = int8_matmul.candidate_configs(6144, 4096, rmsnorm=True)
-    assert len(plain) == len(full) and any(c.kwargs["SPLIT_K"] > 1 for c in plain)
+    walking = [c for c in plain if not int8_matmul.input_stationary(c)]
+    assert len(walking) == len(full) and any(c.kwargs["SPLIT_K"] > 1 for c in walking)
+    assert len(plain) > len(walking)  # and the input-stationary GEMV's configs (int8_gemv.py)
+    normed = [c for c in normed if not int8_matmul.input_stationary(c)]
     assert normed and all(c.kwargs["SPLIT_K"] == 1 for c in normed) and len(normed) < len(full)
     for c in plain:
         int8_matmul.check_gemv_tile(c)  # every candidate is a tile the GEMV takes

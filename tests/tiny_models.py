@@ -190,3 +190,26 @@ def greedy_on_static_cache(fwd, model, ids: torch.Tensor, steps: int, cache_len:
         pos = torch.tensor([[ids.shape[1] + i]], device=ids.device)
         outs.append(fwd(nxt, positions=pos, kv_cache=cache))
     return outs
+
+
+def quantized_layer(scheme: str, N: int, K: int, group: int = 32, seed: int = 0, bias: bool = False,
+                    device="cpu"):
+    """An N x K `Int8Linear` (scheme "int8") or `Int4Linear` of `group` from a random fp32 Linear (std 0.05)."""
+    from llmlab.quant import Int4Linear, Int8Linear
+
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(K, N, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=g) * 0.05)
+    q = Int8Linear.from_linear(lin) if scheme == "int8" else Int4Linear.from_linear(lin, group)
+    return q.to(device)
+
+
+def one_token_inputs(N: int, K: int, swiglu: bool, seed: int = 1, dtype=torch.float32, device="cpu"):
+    """A one-token GEMV's inputs: x (1, 1, K), or (1, 1, 2K) [gate | up] with swiglu, an RMSNorm weight (K,) around
+    1 and a residual (1, 1, N)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(1, 1, 2 * K if swiglu else K, generator=g) * 2).to(device, dtype)
+    nw = (1 + 0.3 * torch.randn(K, generator=g)).to(device, dtype)
+    res = torch.randn(1, 1, N, generator=g).to(device, dtype)
+    return x, nw, res

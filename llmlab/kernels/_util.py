@@ -109,7 +109,8 @@ def check_tensors(op: str, dtypes: tuple[torch.dtype, ...], **tensors: torch.Ten
 # kernel before it is still finishing, once every program of that one has run `gdc_launch_dependents()`. Its
 # programs then sit on the SMs as the previous kernel drains, do what depends on nothing before (load weights), and
 # wait in `gdc_wait()` until the previous kernel has completed and its writes are visible. The gap between two
-# kernels — launch, fill, drain, ~1-3 us each, a hundred times per decode step of a 1B model — mostly overlaps.
+# kernels — launch, fill, drain, a few microseconds each, a hundred times per decode step of a 1B model — mostly
+# overlaps.
 # The rule every PDL kernel here follows: read nothing but constant weights, and write nothing, before `gdc_wait()`.
 PDL_ENV = "LLMLAB_PDL"  # "0" switches it off (to measure with and without)
 
@@ -172,8 +173,8 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
     READING a 256 MB buffer, so the weights come from HBM and the L2 holds clean lines — as in a decode step, where
     the layer before streamed its own weights.
     Triton's default (`triton.testing.do_bench`) clears the L2 by WRITING 256 MB first: the launch then also pays
-    for writing those dirty lines back, and on the H200 it chose configs 20-30% slower under CUDA-graph replay
-    than the best ones. Returns the `quantiles` of the times (ms), as do_bench does."""
+    for writing those dirty lines back, and it picks configs that are slower under CUDA-graph replay than the best
+    ones (docs/results.md). Returns the `quantiles` of the times (ms), as do_bench does."""
     device = torch.cuda.current_device()
     if device not in _flush_buffers:
         _flush_buffers[device] = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
@@ -186,7 +187,7 @@ def tune_bench(kernel_call, quantiles, reps: int = 30):
         # keep the GPU busy (~0.1 ms) while the host queues the launch(es): a config whose call is two launches
         # (decode attention's split + merge, the merge queued from the autotuner's post_hook) is then timed
         # without the host's launch gap between them, as in a CUDA graph — otherwise one-launch configs win
-        # unfairly (at 8K keys it chose a fused-merge config 28% slower under graph replay)
+        # unfairly, and the pick can be one that is slower under graph replay (docs/results.md)
         torch.cuda._sleep(_QUEUE_CYCLES)
         start.record()
         kernel_call()

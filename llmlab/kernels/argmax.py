@@ -1,10 +1,10 @@
 """The greedy token: the index of each row's largest logit, over a vocabulary of 100K+ entries, in ONE launch.
 
 At batch 1 the decode step ends with one row of V logits (128256 for Llama 3). `torch.argmax` reduces a row with a
-single thread block (27-37 us on an H200); `llmlab.sampling.argmax_rows` cuts the row into slices first, which
-takes about six small PyTorch kernels (pad, max per slice, argmax of the maxima, gather, multiply, add): 17 us from
-CUDA-graph replay, plus the gaps between them inside a decode step. Here 3.4 us on an H200 (`python -m
-llmlab.kernels.argmax`), and the 1B model's decode step 869 -> 855 us:
+single thread block, so one SM works while the rest idle; `llmlab.sampling.argmax_rows` cuts the row into slices
+first, which takes about six small PyTorch kernels (pad, max per slice, argmax of the maxima, gather, multiply, add),
+plus the gaps between them inside a decode step. Here it is one launch spread over the GPU (`python -m
+llmlab.kernels.argmax` times the three; the figures are in docs/results.md):
 
     grid (B, cdiv(V, CHUNK)): program (b, c) finds the max of CHUNK logits of row b and its first position, stores
     the pair as a partial, counts itself done on row b's counter; the LAST program of the row to finish reads the

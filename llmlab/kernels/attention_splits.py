@@ -22,11 +22,10 @@ import triton
 
 _TILES = ((32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3))  # (BLOCK_N, num_warps, num_stages)
 _SPLIT_LENS = (64, 128, 256, 512, 1024, 2048)
-# FUSED_MERGE: the split kernel's last program merges (`lse_merge.merge_last`) instead of a merge kernel. On the H200
-# (8 KV heads, hd 128) it won at 1K keys (4 splits: 8.0 against 14.1 us for the best unfused config) and lost 10-13%
-# at 8K-32K keys (16-32 splits), where the merge kernel's B * H programs merge in parallel while the fused merge runs
-# in one program per KV head at the kernel's tail. So it is tuned like the rest, offered only up to
-# FUSED_MAX_SPLITS splits.
+# FUSED_MERGE: the split kernel's last program merges (`lse_merge.merge_last`) instead of a merge kernel. It saves a
+# launch, which wins for short caches split a few ways, and loses for long caches split many ways, where the merge
+# kernel's B * H programs merge in parallel while the fused merge runs in one program per KV head at the kernel's
+# tail (docs/results.md). So it is tuned like the rest, offered only up to FUSED_MAX_SPLITS splits.
 SPLIT_CONFIGS = [triton.Config({"BLOCK_N": n, "SPLIT_N": s, "FUSED_MERGE": f}, num_warps=w, num_stages=st)
                  for f in (False, True) for s in _SPLIT_LENS for n, w, st in _TILES if s % n == 0]
 FUSED_MAX_SPLITS = 8
@@ -53,8 +52,8 @@ def candidate_split_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: 
        program reads at most FULL_SPLIT_BYTES of K/V when full (key_bytes = 2 x hd x element size per key; e.g. a
        1024-slot cache of a 1B model, hd 64 in bf16: one split of 256 KB per KV head, no merge) — or the shortest;
     4. the fused merge (FUSED_MERGE) only with 2..FUSED_MAX_SPLITS splits (one split has no merge at all), and
-       not with seq_lens: in the model's decode step (a static cache) the 8K-context workload ran 8% slower with
-       it offered (714 against 759 tokens/s on the H200).
+       not with seq_lens: in the model's decode step (a static cache) offering it made the long-context workload
+       slower (docs/results.md).
     """
     configs = list(configs)
     if len(configs) <= 1:

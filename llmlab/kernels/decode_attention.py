@@ -77,7 +77,7 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 # Programmatic dependent launch (`pdl_enabled` in _util.py): the split kernel and the merge are launched with
 # launch_pdl, so the GPU may start each while the kernel before it still runs — the split kernel allows it at its
 # very start (`gdc_launch_dependents`) — and each program waits in `gdc_wait` until the previous kernel has finished
-# and its writes are visible. The gaps between launches (a large part of an 8 us op) mostly go. None: follow
+# and its writes are visible. The gaps between launches (a large part of so short an op) mostly go. None: follow
 # LLMLAB_PDL (on where the GPU has it); True / False: force it (the tests).
 USE_PDL = None
 # Launches with an explicit num_splits or config (not tuned): the last split merges (True), or the merge kernel
@@ -129,8 +129,8 @@ def autotuned_split_kernel(configs: list, **autotune_kwargs):
 
 
 # timed as the GEMVs are (`tune_bench`: a read flush, then the GPU kept busy while the host queues the split and
-# merge launches). Triton's default timing picked, at 8K keys, a fused-merge config 28% slower under CUDA-graph
-# replay than the best: its gap between the two launches counted against every unfused one
+# merge launches). Triton's default timing counts the host's gap between the two launches against every unfused
+# config, so it favours fused-merge configs that are slower under CUDA-graph replay (docs/results.md)
 _decode_split_tuned = autotuned_split_kernel(autotune_configs(SPLIT_CONFIGS, default=DEFAULT_CONFIG),
                                              do_bench=tune_bench)
 
@@ -251,18 +251,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
             graph capture). The model's decode step passes False: its lengths come from the cache positions.
         trigger_next: with PDL, the merge kernel lets the NEXT kernel launch at its start (`gdc_launch_dependents`),
             so a next kernel with work that does not depend on the attention — the model's o projection loads
-            its weights before it waits (`fused_gemv`) — does it while the attention runs. On the H200 the 1B
-            chat decode step was 13 us faster with it (16 layers); but a chain of attention calls alone ran 15%
-            slower at 8K keys (the next split kernel's programs, which have nothing to do before
-            they wait, then sit on the SMs), so it is off unless the caller knows what comes next. It concerns
-            the merge kernel only: with one split or the split kernel's own merge there is none, and the split
-            kernel always lets the next kernel launch at its start.
+            its weights before it waits (`fused_gemv`) — does it while the attention runs, which shortens the
+            decode step; but a chain of attention calls alone runs slower with it at long caches (the next split
+            kernel's programs, which have nothing to do before they wait, then sit on the SMs), so it is off
+            unless the caller knows what comes next (docs/results.md). It concerns the merge kernel only: with
+            one split or the split kernel's own merge there is none, and the split kernel always lets the next
+            kernel launch at its start.
         prefetch_kv: (with seq_lens) the caller promises that seq_lens and every cached key and value but each
             sequence's newest (slot seq_lens[b] - 1) were written before the kernel launched just before this
             call started — as in the model's decode step, where that kernel (`rope_and_cache_`) writes only the
             new token's K/V. Then, with PDL, each split program loads its first K/V tile BEFORE it waits for that
-            kernel, and reads the newest slot again after. Without PDL it changes nothing. On the H200 the 1B
-            chat decode step went from 851 to 844 us; at 8K context unchanged.
+            kernel, and reads the newest slot again after. Without PDL it changes nothing. It shortens a
+            short-context decode step a little and leaves long contexts unchanged (docs/results.md).
         config: run the split kernel with this config (a `triton.Config` with BLOCK_N, SPLIT_N and FUSED_MERGE,
             e.g. one of `candidate_configs`) instead of the autotuner's pick — how `step_tuning` runs the one it
             chose by timing the whole decode step. Not together with num_splits.

@@ -163,7 +163,7 @@ class KernelDecodeStep:
         weights before they wait for the kernel before them (`fused_gemv`'s whole-row configs), the attention lets
         the o GEMV launch during its merge and loads its first K/V tile before it waits for the RoPE launch
         (`TritonAttention.static_decode`). RoPE and the K/V write keep a launch of their own: as the q/k/v GEMV's
-        epilogue instead, the step measured slower on the H200.
+        epilogue instead, the step was slower (`docs/results.md`).
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
         `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (eight launches

@@ -7,10 +7,10 @@ to do it. So a quantized layer's prefill turns its weight into a temporary (N, K
 
 In plain PyTorch (`weight_quant.dequantize_int4(...).to(dtype)`) that is a chain of elementwise passes over fp32
 temporaries: unpack both nibbles, stack, subtract 8, widen the scales to one per weight, multiply, cast. For int4
-that moves about 30 bytes per weight; on a Llama-3.1-8B shape it made a 128-token prefill take ~120 ms where bf16
-takes ~9 ms. These kernels read the packed bytes and the scales once and write the result once: 0.5 + 2 bytes per
-weight for int4 (plus a scale per group), 1 + 2 for int8, so the temporary costs about as much as reading a bf16
-weight would.
+that moves about 30 bytes per weight, which made a quantized model's prefill many times slower than bf16's
+(docs/results.md). These kernels read the packed bytes and the scales once and write the result once: 0.5 + 2 bytes
+per weight for int4 (plus a scale per group), 1 + 2 for int8, so the temporary costs about as much as reading a
+bf16 weight would.
 
 Values: EXACTLY `weight_quant.dequantize_int8 / dequantize_int4(...).to(dtype)` — each weight is code x scale in
 fp32 (exact: an integer below 2^8 times an fp32), rounded once to the output dtype, as the reference does.

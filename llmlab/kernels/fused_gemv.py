@@ -73,13 +73,13 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: tor
 
 
 # Autotuned per shape and fusion: (BLOCK_N output rows per program, BLOCK_K inputs per step, warps, STAGES). A GEMV
-# runs at the speed of the bytes in flight. Measured on the H200: with the loop's loads issued one step
-# at a time, each step waited a full memory latency, and the 1B model's GEMVs reached 51-74% of the copy
-# bandwidth. STAGES > 1 pipelines the loop (`tl.range(num_stages=...)`: later steps' tiles are requested while
-# this one is summed); small BLOCK_N gives more programs for the 132 SMs when N is only 2048. One-warp programs
-# (the last row): the pipelined loop syncs a program's warps every step, which one warp does for free — the int4 /
-# int8 GEMVs were fastest that way. Timed as the quantized GEMVs are (`tune_bench`: after a read of
-# 256 MB, not Triton's write). One config in the interpreter (`autotune_configs`).
+# runs at the speed of the bytes in flight: with the loop's loads issued one step at a time, each step waits a full
+# memory latency and the GEMV stays well short of the copy bandwidth. STAGES > 1 pipelines the loop
+# (`tl.range(num_stages=...)`: later steps' tiles are requested while this one is summed); small BLOCK_N gives more
+# programs for the 132 SMs when N is only 2048. One-warp programs (the last row): the pipelined loop syncs a
+# program's warps every step, which one warp does for free — as in the int4 / int8 GEMVs' tiles. Timed as the
+# quantized GEMVs are (`tune_bench`: after a read of 256 MB, not Triton's write). One config in the interpreter
+# (`autotune_configs`).
 _SHAPES = [(2, 1024, 4, 3), (4, 512, 4, 3), (4, 1024, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 3),
            (2, 2048, 8, 2), (4, 2048, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 1), (4, 512, 4, 1),
            (8, 512, 4, 2), (4, 1024, 4, 4),
@@ -92,15 +92,14 @@ CONFIGS = autotune_configs(_STREAM_CONFIGS, default=triton.Config({"BLOCK_N": 16
 # the decode step lets the next one launch at its start): a program whose first tile is its whole row (BLOCK_K >= K)
 # has all of its bytes in flight — or already in registers — when the wait ends, and then only reads x. For the 1B
 # model's q/k/v (12.6 MB) and o (8.4 MB) projections this overlaps their weight reads with the previous layer's
-# down projection (q/k/v) and with the attention (o). Measured on the H200 (the chat rung): TPOT 0.898 ->
-# 0.845 ms, and 0.829 ms with the attention's merge letting the o projection launch early (`decode_attention`'s
-# trigger_next).
-# The autotuner alone does not find this (it times a GEMV after itself: it picked 512-wide tiles), so with
-# PDL on, for weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200: 132 SMs x 256 KB = 33 MB),
-# since every program of the grid holds its rows at once — and K up to 4096 (the longest whole-row tile), only
-# whole-row configs are offered (`_prune`; with the SwiGLU epilogue only those of at most WHOLE_ROW_MAX_PER_THREAD
-# weights a thread, a program holding twice the rows). Larger GEMVs (gate/up 67 MB, down 33.5 MB), longer rows and
-# launches without PDL (nothing to overlap) are tuned over the streaming configs as before.
+# down projection (q/k/v) and with the attention (o), which shortens the decode step — more so with the attention's
+# merge letting the o projection launch early (`decode_attention`'s trigger_next; docs/results.md).
+# The autotuner alone does not find this (it times a GEMV after itself, with nothing to overlap, and picks narrower
+# streaming tiles), so with PDL on, for weights up to WHOLE_ROW_MAX_BYTES — a fraction of the register file (H200:
+# 132 SMs x 256 KB = 33 MB), since every program of the grid holds its rows at once — and K up to 4096 (the longest
+# whole-row tile), only whole-row configs are offered (`_prune`; with the SwiGLU epilogue only those of at most
+# WHOLE_ROW_MAX_PER_THREAD weights a thread, a program holding twice the rows). Larger GEMVs (gate/up 67 MB, down
+# 33.5 MB), longer rows and launches without PDL (nothing to overlap) are tuned over the streaming configs.
 WHOLE_ROW_MAX_BYTES = 16 << 20
 WHOLE_ROW_MAX_PER_THREAD = 128  # weights one thread holds (registers) in a whole-row tile with the SwiGLU epilogue
 WHOLE_ROW_CONFIGS = [c for c in (triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": 1}, num_warps=w)
@@ -166,8 +165,8 @@ def _fused_gemv_kernel(
     BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GLU: tl.constexpr = False,
 ):
     """Program p: outputs rn = p * BLOCK_N + (0..BLOCK_N-1) over all of K. (Splitting K over several programs, with
-    the last one adding the partials — `split_k.py`, as the int4/int8 GEMVs do — was tried for these GEMVs: no split
-    config beat the unsplit ones at any of the 1B model's shapes on the H200.)
+    the last one adding the partials — `split_k.py`, as the int4/int8 GEMVs do — is not used for these GEMVs: no
+    split config beat the unsplit ones at the 1B model's shapes; docs/results.md.)
     GLU: the weight is [gate; up] (2N rows): the program reads gate row n and up row N + n for each of its BLOCK_N
     outputs (side by side, lanes 2j and 2j + 1) and writes silu(gate) * up — the SwiGLU epilogue."""
     dt = x_ptr.dtype.element_ty

@@ -19,9 +19,8 @@ its GEMVs and has seven. Here the quantized GEMV kernels do the same:
 
 The step per layer: norm + q/k/v GEMV, RoPE + K/V write, attention, o GEMV + add, norm + gate/up GEMV, SwiGLU +
 down GEMV + add: six launches and the attention's merge (int8: seven). Every GEMV also loads its first weights
-before it waits for the kernel before it (PDL, `pdl_enabled` in _util.py). On an H100 at the Llama-3.1-8B shape
-the fused step took 8% less time than the module-by-module one in int4 and 1.6% less in int8, where SwiGLU as the
-down GEMV's prologue made it 9% slower instead (`docs/results.md`).
+before it waits for the kernel before it (PDL, `pdl_enabled` in _util.py). What the fusion gains, and what SwiGLU
+as the int8 down GEMV's prologue cost, is in `docs/results.md` ("The quantized step with its small ops inside").
 
 Numerics: as `fused_gemv`'s (the normalized x is not rounded to the activation dtype; SwiGLU and the residual add
 round where the unfused ops round), with the quantized GEMVs' own range (`int8_matmul`'s notes: exact for

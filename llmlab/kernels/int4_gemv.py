@@ -21,7 +21,8 @@ import triton.language as tl
 
 from . import split_k
 from ._util import num_sms, pdl_kwargs, tune_bench, zero_on_error
-from .packed_fields import X_EXP, field_f32, lift, split4, split8
+from .input_stationary import flat, store_rows, x_once
+from .packed_fields import X_EXP, field_f32, lift, quad_words, split4, split8
 from .quant_tiles import GEMV1_CONFIGS, gemv1_prune
 from .split_k import split_k_range, split_k_store
 
@@ -35,13 +36,12 @@ from .split_k import split_k_range, split_k_store
 # scale; then the program sums each row across its threads. Programs are persistent (a few per SM, walking chunks
 # p, p + P, ...): the next chunk's weights are requested before this chunk's math, the first chunk's before the PDL
 # wait. Q (threads per row) is the power of two >= K / 32, num_warps = Q / 32 (one slot per thread).
-# One config, not autotuned: under CUDA-graph replay the times over R in {2, 4, 8} x 1-6 programs per SM were uneven
-# (12.5 to 36 us at 14336 x 4096 on the H200), and the autotuner, timing one launch at a time, chose a config 33%
-# slower than the best; R = 8 at 2 programs per SM was the best or within 7% of it at every Llama-3.1-8B shape
-# (13.3 us at 14336 x 4096: 2.36x cuBLAS bf16; 110 registers a thread, Triton 3.6).
+# One config, not autotuned: under CUDA-graph replay the times over R in {2, 4, 8} x 1-6 programs per SM are
+# uneven, and the autotuner, timing one launch at a time, picks badly among them; R = 8 at 2 programs per SM is the
+# best or close to it at every Llama-3.1-8B shape (docs/results.md).
 IS_R, IS_PPS = 8, 2  # rows per chunk, persistent programs per SM
-# Longer rows (K = 14336: Q = 512, 16 warps, one program per SM) ran slower than the K-walking GEMV (19.6 against
-# 14.0 us): they take that one.
+# Longer rows (K = 14336: Q = 512, 16 warps, one program per SM) run slower here than in the K-walking GEMV: they
+# take that one (docs/results.md).
 IS_MAX_K = 8192
 
 
@@ -93,15 +93,6 @@ def _word_fma(w, a0, a1, a2, a3, a4, a5, a6, a7, acc):
 
 
 @triton.jit
-def _quad_words(w):
-    """(R, 4Q) -> words 4q + 0, 1, 2, 3 as four (R, Q) tensors (all four in one thread: no data moves)."""
-    a, b = tl.split(tl.reshape(w, (w.shape[0], w.shape[1] // 4, 2, 2)))  # a: words 0, 2; b: words 1, 3
-    w0, w2 = tl.split(a)
-    w1, w3 = tl.split(b)
-    return w0, w1, w2, w3
-
-
-@triton.jit
 def _int4_gemv_is_kernel(
     # pointers (nw: the RMSNorm weight, res: the residual; read only with PROLOGUE == 1 / HAS_RES)
     x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, res_ptr,
@@ -141,15 +132,7 @@ def _int4_gemv_is_kernel(
     # start cost more than its rows at 4+ programs per SM), then split in registers into the 32 lifted
     # partners aJi of code i of word J: x[32q + 8J + i] * 2^(149 - shift_i - X_EXP) (see `field_f32`, `int4_codes`)
     kk = 32 * rq[:, None] + tl.arange(0, 32)[None, :]
-    xt = tl.load(x_ptr + kk * stride_xk, mask=q_mask[:, None], other=0.0).to(tl.float32)  # (Q, 32)
-    rstd = 1.0
-    if PROLOGUE == 1:  # RMSNorm: W (x * nw), times rstd after the sums; this program holds the whole row
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(xt * xt, axis=1), axis=0) / K + eps)
-        xt = xt * tl.load(nw_ptr + kk, mask=q_mask[:, None], other=0.0).to(tl.float32)
-    if PROLOGUE == 2:  # SwiGLU: x is [gate | up]; rounded where the unfused ops round (F.silu, the product)
-        dt = x_ptr.dtype.element_ty
-        u = tl.load(x_ptr + (K + kk) * stride_xk, mask=q_mask[:, None], other=0.0).to(tl.float32)
-        xt = ((xt * tl.sigmoid(xt)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+    xt, rstd = x_once(x_ptr, nw_ptr, kk, q_mask[:, None], K, eps, stride_xk, PROLOGUE)  # (Q, 32)
     off = tl.sum(xt, axis=1) * (8.0 * 2.0 ** -X_EXP)  # (Q,): the codes' offset of 8, taken off once per row
     c0, c1, c2, c3, c4, c5, c6, c7 = split8(tl.reshape(xt, (Q * 4, 8)))  # c_i[4q + J] = x[32q + 8J + i]
     a00, a10, a20, a30 = split4(tl.reshape(lift(c0, 0), (Q, 4)))
@@ -163,7 +146,7 @@ def _int4_gemv_is_kernel(
     for c in tl.range(c, n_chunks, step, num_stages=1):
         w_next, s_next = _is_chunk(w_ptr, s_ptr, c + step, N, K, stride_wn, stride_sn, stride_sg, rw, w_mask, rf_row,
                                    rf_q, grp, R, Q)
-        w0, w1, w2, w3 = _quad_words(w)
+        w0, w1, w2, w3 = quad_words(w)
         acc = tl.zeros([R, Q], tl.float32) - off[None, :]
         acc = _word_fma(w0, a00, a01, a02, a03, a04, a05, a06, a07, acc)
         acc = _word_fma(w1, a10, a11, a12, a13, a14, a15, a16, a17, acc)
@@ -173,14 +156,8 @@ def _int4_gemv_is_kernel(
         y = tl.sum(acc * (s * 2.0 ** (X_EXP // 2)), axis=1) * 2.0 ** (X_EXP - X_EXP // 2)  # (R,), in every thread
         if PROLOGUE == 1:
             y = y * rstd
-        # stored by slot 0 from the flat layout: an (R,) store would first move the sums through shared memory
-        y_flat = tl.reshape(tl.broadcast_to(y[:, None], (R, Q)), (R * Q,))
         rn = c * R + rf_row
-        out_mask = (rf_q == 0) & (rn < N)
-        if HAS_RES:  # residual + linear(x): the linear's output rounded first, as the unfused add sees it
-            r = tl.load(res_ptr + rn, mask=out_mask, other=0.0).to(tl.float32)
-            y_flat = y_flat.to(y_ptr.dtype.element_ty).to(tl.float32) + r
-        tl.store(y_ptr + rn * stride_yn, y_flat.to(y_ptr.dtype.element_ty), mask=out_mask)
+        store_rows(flat(y, Q), y_ptr, res_ptr, rn, (rf_q == 0) & (rn < N), stride_yn, HAS_RES)
         w = w_next
         s = s_next
 
@@ -189,8 +166,9 @@ def _int4_gemv_is_kernel(
 # is loaded once per K tile as a (J, 8) tile and split into the x of each code position, so a word's eight products
 # are one FMA chain in one thread (no cross-thread reduction inside the loop). A K tile lies in one group (BLOCK_K
 # divides GROUP), so the scale multiplies the tile's sums, one scale per row. Its tiles (`quant_tiles.GEMV1_CONFIGS`)
-# favour many one-warp programs: what limits it is latency with too few warps in flight (Nsight Compute on the H200:
-# 1.7 warps per scheduler, an instruction issued on 58% of cycles), more than the instruction count.
+# favour many one-warp programs: what limits it is latency with too few warps in flight (Nsight Compute: under two
+# warps per scheduler, an instruction issued on little more than half the cycles; docs/results.md), more than the
+# instruction count.
 
 
 @triton.jit

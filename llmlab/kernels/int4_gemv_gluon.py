@@ -24,17 +24,14 @@ through shared memory (3 barriers). Here:
 Two shared arrays are used alternately (the turn's parity); Triton's barrier analysis cannot tell the two apart, so
 it adds one barrier before the store: 2 barriers per chunk, against 3 plus 5R shuffle steps.
 
-On an H200 (Llama-3.1-8B shapes, group 128, bf16 x, CUDA-graph replay; the kernel micro-benchmark
-`data/bench/nvidia-h200_kernels_micro_20261202T164242Z.json`): 9.9 us at 14336 x 4096 (3.35x cuBLAS bf16; the Triton
-kernel takes 12.6 us), 13.1 us at 4096 x 14336 (2.47x), 5.5 us at 6144 x 4096 (2.90x), 4.4 us at 4096 x 4096
-(3.00x). At K = 14336 the 448 slots of a row need 16 warps, so one program fits an SM: every config took 13.0-13.2 us
-there, while the same bytes as 16384 rows of 3584 took 10.3 us; splitting rows across programs, keeping 2-4 chunks of
-loads in flight and batching the cross-warp step over turns were each slower there (13.4-16.8 us).
+It is faster than int4_gemv.py's Triton kernels at every Llama-3.1-8B shape (docs/results.md has the figures
+against cuBLAS bf16). Rows of K = 14336, the down projection, gain least: the 448 slots of a row need 16 warps, so
+one program fills an SM and the configs barely differ there; the same bytes as shorter rows run faster.
 
 Configs (`config`): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many persistent
 programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or one per chunk
-when there are fewer chunks. That was the best program count, or within 2% of it, at every shape timed; fewer
-programs (the fewest that keep one wave's chunks per program) lost 7% at 4096 x 4096: less in flight.
+when there are fewer chunks — the best program count, or close to it, at every shape; fewer programs (the fewest
+that keep one wave's chunks per program) leave less in flight.
 """
 
 from __future__ import annotations
@@ -54,8 +51,8 @@ except Exception as e:  # noqa: BLE001 - any import failure means: use the Trito
 
 X_EXP = 64  # as packed_fields.X_EXP: the sums are kept times 2^-X_EXP (see `field_f32` there)
 # The longest rows it takes: up to 512 slots of 32 weights, one slot per thread in 16 warps. Longer rows would put
-# two or more slots in each thread; ptxas then spills registers (172 bytes at K = 28672) and no such config was
-# timed, so int4_matmul sends them to int4_gemv.py's K-walking GEMV.
+# two or more slots in each thread, where ptxas spills registers, so int4_matmul sends them to int4_gemv.py's
+# K-walking GEMV.
 MAX_K = 16384
 
 

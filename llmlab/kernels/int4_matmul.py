@@ -28,11 +28,11 @@ from .weight_quant import ACT_DTYPES, BLOCK_M, check_are_tensors, check_group, c
 # M = 2..16 (a few decode rows at once): the tensor cores, one (16 x BLOCK_K) x (BLOCK_K x BLOCK_N) tl.dot per K
 # tile. The weights are read as the GEMVs read them (32-bit words; each field made its exact value by `code_f32`,
 # as the dot needs the codes themselves), put back in K order by joins that stay in each thread, and cast to x's
-# dtype (codes -8..7 are exact in fp16 and bf16), so x is ONE contiguous load and there is one dot per tile. On the
-# H200 at 14336 x 4096 it takes 32.0 us at M = 4 and 31.2 us at M = 16 (0.97-1.00x cuBLAS bf16), where the byte-wise
-# `_int4_matmul_kernel` (two dots over the even and odd k, strided x loads) took 65 and 89 us; that one stays for
-# weights whose rows are not word-aligned. No faster than bf16: Triton converts the dequantized tile to the dot's
-# operand layout through shared memory. One scale per row per tile: BLOCK_K divides GROUP.
+# dtype (codes -8..7 are exact in fp16 and bf16), so x is ONE contiguous load and there is one dot per tile. It
+# runs at about cuBLAS bf16's speed, well ahead of the byte-wise `_int4_matmul_kernel` (two dots over the even and
+# odd k, strided x loads; docs/results.md), which stays for weights whose rows are not word-aligned. No faster than
+# bf16: Triton converts the dequantized tile to the dot's operand layout through shared memory. One scale per row
+# per tile: BLOCK_K divides GROUP.
 
 
 @triton.jit
@@ -128,11 +128,11 @@ def _int4_matmul_kernel(
 # -- M = 1: the Gluon GEMV where it runs -----------------------------------------------------------------------------
 # On a CUDA GPU the input-stationary GEMV written in Gluon (int4_gemv_gluon.py) sums each chunk's rows with 2
 # barriers and no per-row butterflies; Triton's reduction (`int4_gemv._int4_gemv_is_kernel`) takes a 5-step butterfly
-# per warp and row, then two trips through shared memory (3 barriers). On the H200: 9.9 us at 14336 x 4096 against
-# the Triton kernel's 12.6 us, and 13.1 us at 4096 x 14336 against the K-walking GEMV's 14.0 us. It takes rows of up
-# to `int4_gemv_gluon.MAX_K` weights (longer rows would put two or more slots in each thread, which spills
-# registers). The Triton kernels stay for the CPU interpreter (which does not run Gluon), for Tritons without Gluon,
-# and as its reference in the tests. USE_GLUON = False turns it off.
+# per warp and row, then two trips through shared memory (3 barriers). The Gluon GEMV is the faster, and at K = 14336
+# faster than the K-walking GEMV too (docs/results.md). It takes rows of up to `int4_gemv_gluon.MAX_K` weights
+# (longer rows would put two or more slots in each thread, which spills registers). The Triton kernels stay for the
+# CPU interpreter (which does not run Gluon), for Tritons without Gluon, and as its reference in the tests.
+# USE_GLUON = False turns it off.
 USE_GLUON = True
 _GLUON_OFF: dict = {}  # cuda:i -> None where the Gluon GEMV is used, else the reason it is not
 

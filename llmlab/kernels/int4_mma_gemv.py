@@ -26,13 +26,11 @@ no CPU path: the Triton interpreter does not run inline assembly, so `int4_mma_g
 later), and the CPU tests check the repacking.
 
 Status: EXPERIMENTAL and not wired into `int4_matmul` — it is correct (GPU tests; relative error 1.6e-3 against
-x @ dequant(W)^T in fp32, bf16's rounding) but SLOWER than the CUDA-core GEMV. Measured on the H200 (CUDA-graph
-replay, M = 1, bf16, group 128): 25.7 / 24.9 / 10.4 / 14.6 us at 14336 x 4096, 4096 x 14336, 4096 x 4096,
-6144 x 4096 — 1.13-1.29x cuBLAS bf16, where the CUDA-core GEMV takes 14.7 / 16.7 / 7.8 / 9.5 us. Nsight Compute
-(14336 x 4096, 2 row blocks per one-warp program): 3.4 warps per SM (theoretical occupancy 20%: 16 KB of pipeline
-buffers per program), an instruction issued on 22% of a scheduler's cycles, the largest stall waiting on shared
-memory (the x fragments and the accumulator's layout change pass through it). Fewer instructions do not help a
-kernel whose one warp per scheduler waits on latency. Next: keep x in registers (a
+x @ dequant(W)^T in fp32, bf16's rounding) but SLOWER than the CUDA-core GEMV at every Llama-3.1-8B shape, though
+faster than cuBLAS bf16 (docs/results.md). Under Nsight Compute it keeps few warps on an SM (16 KB of pipeline
+buffers per program limit the occupancy), issues an instruction on a small share of a scheduler's cycles, and
+stalls most on shared memory (the x fragments and the accumulator's layout change pass through it). Fewer
+instructions do not help a kernel whose one warp per scheduler waits on latency. Next: keep x in registers (a
 lane's 16 x values per chunk are one 32-byte load: no shared memory), scales in the same lane order so the
 accumulator needs no layout change, and more, shallower programs per SM.
 

@@ -6,7 +6,9 @@ The format (per output channel) and the reference are in `llmlab.kernels.weight_
     (a (16 x K) tensor-core tile would be 15/16 padding). Each program owns BLOCK_N rows and walks K, 32 bits (4
     weights) at a time; x is loaded once per K tile as a (J, 4) tile and split into the x of each byte position, so
     a word's four products are one FMA chain in one thread, and the bytes become floats in one instruction each
-    (`packed_fields.field_f32`). SPLIT_K programs may share a row block's K range (`split_k.py`).
+    (`packed_fields.field_f32`). SPLIT_K programs may share a row block's K range (`split_k.py`). A config with R
+    and PPS runs the input-stationary GEMV instead (`int8_gemv.py`: x in registers, whole rows streaming past),
+    which a decode step's tuning may pick for its small GEMVs (`candidate_configs`).
   * anything else: `_int8_matmul_kernel`, one tl.dot per K tile over 16-row blocks of x, any strides.
 """
 
@@ -16,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import split_k
+from . import int8_gemv, split_k
 from ._util import check_tensors, demo_needs_cuda, pdl_kwargs, tune_bench, zero_on_error
 from .packed_fields import X_EXP, field_f32, lift, split4
 from .quant_tiles import GEMV1_CONFIGS, GEMV_CONFIGS, gemv1_prune
@@ -145,15 +147,22 @@ def _int8_gemv_kernel(
 
 
 def check_gemv_tile(config) -> None:
-    """A `config=` for the M = 1 GEMV: a triton.Config whose kwargs are exactly BLOCK_N and BLOCK_K (powers of 2,
-    BLOCK_K >= 4: whole 32-bit words), SPLIT_K (1..split_k.MAX_SPLIT_K) and STAGES (>= 1). TypeError otherwise,
-    naming what is wrong."""
+    """A `config=` for the M = 1 GEMV, of either kind: the K-walking GEMV's, a triton.Config whose kwargs are exactly
+    BLOCK_N and BLOCK_K (powers of 2, BLOCK_K >= 4: whole 32-bit words), SPLIT_K (1..split_k.MAX_SPLIT_K) and STAGES
+    (>= 1); or the input-stationary GEMV's (`int8_gemv`), exactly R (rows per chunk, a power of 2) and PPS
+    (programs per SM, >= 1). TypeError otherwise, naming what is wrong."""
+    if isinstance(config, triton.Config) and set(config.kwargs) == {"R", "PPS"}:
+        r, p = config.kwargs["R"], config.kwargs["PPS"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (r, p)) or r < 1 or r & (r - 1) or p < 1:
+            raise TypeError(f"int8 GEMV: an input-stationary config's R must be a power of 2 and PPS >= 1, got "
+                            f"R={r!r}, PPS={p!r}")
+        return
     keys = {"BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"}
     if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
         got = f"{type(config).__name__} {config}" if isinstance(config, triton.Config) else repr(config)
         raise TypeError(f"int8 GEMV: config must be a triton.Config with BLOCK_N, BLOCK_K, SPLIT_K and STAGES and "
-                        f"nothing else (see candidate_configs), got {got}; a tile chosen for another weight format "
-                        f"(a float model's) does not fit: clear the step's tiles or tune again")
+                        f"nothing else, or with R and PPS (see candidate_configs), got {got}; a tile chosen for "
+                        f"another weight format (a float model's) does not fit: clear the step's tiles or tune again")
     bn, bk, sk, st = (config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"))
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (bn, bk, sk, st))
     if not ints or bn < 1 or bk < 4 or bn & (bn - 1) or bk & (bk - 1) or not 1 <= sk <= split_k.MAX_SPLIT_K \
@@ -163,21 +172,28 @@ def check_gemv_tile(config) -> None:
                         f"SPLIT_K={sk!r}, STAGES={st!r}")
 
 
+def input_stationary(config) -> bool:
+    """Is `config` (checked by `check_gemv_tile`) one of the input-stationary GEMV's (`int8_gemv`)?"""
+    return config is not None and set(config.kwargs) == {"R", "PPS"}
+
+
 def check_gemv_config(config, rmsnorm: bool = False) -> None:
     """`check_gemv_tile`, and with the RMSNorm prologue (`rmsnorm`) one split only: rstd sums x^2 over the whole
     row, which one program walks (ValueError otherwise). The launcher, `fused_quant_gemv` and step tuning all
     check a given config with this."""
     check_gemv_tile(config)
-    if rmsnorm and config.kwargs["SPLIT_K"] != 1:
+    if rmsnorm and not input_stationary(config) and config.kwargs["SPLIT_K"] != 1:
         raise ValueError(f"int8 GEMV: the RMSNorm prologue needs SPLIT_K = 1 (rstd sums x^2 over the whole row, "
                          f"which one program walks), got the config {config}")
 
 
 def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
-    """The tiles the autotuner would time for the M = 1 GEMV of an N x K int8 weight (`GEMV1_CONFIGS` after
-    `_gemv1_fused_prune`; with the RMSNorm prologue one split only). One config where autotuning is off (the
-    interpreter, LLMLAB_TRITON_AUTOTUNE=0). `step_tuning` times each of them inside the decode step."""
-    return _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
+    """The configs a decode step's tuning (`step_tuning`) times for the M = 1 GEMV of an N x K int8 weight: the
+    K-walking GEMV's tiles the autotuner would time (`GEMV1_CONFIGS` after `_gemv1_fused_prune`; with the RMSNorm
+    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K).
+    One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0)."""
+    tiles = _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
+    return tiles + int8_gemv.candidate_configs(K) if len(GEMV1_CONFIGS) > 1 else tiles
 
 
 def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,
@@ -185,8 +201,18 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
     """Launch `_int8_gemv_kernel` for one row of x: y = [residual +] x' @ (w_q * scales)^T with x' = x, its
     RMSNorm (`norm_weight`) or silu(gate) * up (`swiglu`: x is [gate | up]), over cdiv(N, BLOCK_N) row blocks x
     SPLIT_K splits (the autotuned config's, or `config`'s) with the split-K scratch of this N. The callers check
-    the arguments (`int8_matmul`, `fused_quant_gemv`)."""
+    the arguments (`int8_matmul`, `fused_quant_gemv`). An input-stationary `config` (R, PPS) runs `int8_gemv`'s
+    GEMV instead (ValueError where it cannot take K: `int8_gemv.takes`)."""
     N, K = w_q.shape
+    if input_stationary(config):
+        check_gemv_tile(config)
+        if not int8_gemv.takes(K):
+            raise ValueError(f"int8 GEMV: the input-stationary config {config} takes rows of a multiple of 16 "
+                             f"weights up to {int8_gemv.MAX_K}, not {K}; use a K-walking config (BLOCK_N, BLOCK_K, "
+                             f"SPLIT_K, STAGES) or config=None")
+        int8_gemv.launch(x, w_q, scales, y, config.kwargs["R"], config.kwargs["PPS"], norm_weight=norm_weight,
+                         eps=eps, swiglu=swiglu, residual=residual)
+        return
     ws, cnt = split_k.scratch(x.device, N)
     kernel, meta = _int8_gemv_kernel, {}
     if config is None and norm_weight is not None and len(_int8_gemv_kernel.configs) == 1:

@@ -93,3 +93,13 @@ def split4(x):
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
     return x0, x1, x2, x3
+
+
+@triton.jit
+def quad_words(w):
+    """(R, 4Q) int32 words -> words 4q + 0, 1, 2, 3 as four (R, Q) tensors. The input-stationary GEMVs load each
+    thread's 16-byte quad as 4 consecutive words of a row, so all four come from one thread: no data moves."""
+    a, b = tl.split(tl.reshape(w, (w.shape[0], w.shape[1] // 4, 2, 2)))  # a: words 0, 2; b: words 1, 3
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3

@@ -35,12 +35,12 @@ def int4_prune(configs, named_args, **kwargs):
 # a handful of dependent trips to memory. Two knobs put more bytes in flight:
 #  * STAGES: the K loop is software-pipelined (`tl.range(num_stages=STAGES)`: later tiles' loads are issued before
 #    this one is summed; a config's num_stages alone does not pipeline a loop without tl.dot). The pipeline syncs a
-#    program's warps every step, which is free with ONE warp per program: 1-2 warps per program ran 1.5-2x faster
-#    than 4 on the H200;
+#    program's warps every step, which is free with ONE warp per program, so 1-2 warp programs beat 4-warp ones
+#    (docs/results.md);
 #  * SPLIT_K: programs share a row block's K range (`split_k.py`), which pays where N is small for the SMs (4096 x
 #    14336: SPLIT_K 4).
-# The list holds the configs that were fastest at some Llama-3.1-8B shape on the H200 (every config timed by
-# CUDA-graph replay): one-warp programs of 32 rows with K split 4-8 ways for int4, 4-8 rows x 512-wide K tiles for
+# The list holds the configs that were fastest at some Llama-3.1-8B shape (every config timed by CUDA-graph
+# replay): one-warp programs of 32 rows with K split 4-8 ways for int4, 4-8 rows x 512-wide K tiles for
 # int8.
 _GEMV1_SHAPES = [  # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, STAGES)
     (32, 128, 1, 1, 4), (16, 128, 1, 1, 4), (32, 128, 4, 2, 4), (16, 256, 1, 1, 4), (16, 128, 1, 1, 6),

@@ -6,7 +6,7 @@ writes its partial sums to a scratch row, counts itself done on an atomic counte
 adds the partials in split order (so the result does not depend on timing) and writes y — no second "reduce"
 launch. This is the serial split-K of CUTLASS's GEMMs and the fixup step of Stream-K (Osama et al. 2023,
 https://arxiv.org/abs/2301.03598). Used by the M = 1 int4/int8 GEMVs (`dequant_matmul.py`, `int4_mma_gemv.py`).
-(The bf16 one-token GEMVs, `fused_gemv.py`, measured no faster with it on the H200.)
+(The bf16 one-token GEMVs, `fused_gemv.py`, do not use it: no split config beat their unsplit ones; docs/results.md.)
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Triton's autotuner (https://triton-lang.org/main/python-api/generated/triton.aut
 itself: launch, wait, repeat. Inside a decode step a kernel runs in a different world. With programmatic dependent
 launch its programs start while the kernel before it still streams its own weights, and they load their first tile
 before they wait (`fused_gemv`); the kernel after it does the same to it. A tile that wins alone can lose there,
-and the other way round: on the 1B shape the down projection's isolated pick made the step ~5% slower than the
-tile the step itself favours (`docs/results.md`, "Step tuning").
+and the other way round: a down projection's isolated pick can make the whole step slower than the tile the step
+itself favours (`docs/results.md`, "Step tuning").
 
 So this module times the step itself. For each GEMV role of `KernelDecodeStep.one_token` (q/k/v, o, gate/up,
 down; every layer shares the role's shape), in turn, it captures the step with each tile the autotuner would have
@@ -18,9 +18,11 @@ into the step (`KernelDecodeStep.tiles`), which runs them; runners captured befo
 fingerprint changes). Tuning takes seconds (about 100 captures of a 1B step); what it gains is in
 `docs/results.md`, "Step tuning".
 
-A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: int8's GEMV
-tiles (`int8_matmul.candidate_configs`: rows per program, K tile, split-K, stages; one split where the GEMV's
-prologue is the RMSNorm, which needs the whole row) and the attention's split. The int4 GEMVs run one config
+A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: for each int8
+GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.candidate_configs`: the K-walking
+GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
+needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`), and the
+attention's split. The int4 GEMVs run one config
 (`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
@@ -243,8 +245,8 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
         gemv = role != attention
         what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
                 if not gemv else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
-                if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES (as int8_matmul.candidate_configs "
-                                          "returns)")
+                if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES, or R and PPS (as "
+                                          "int8_matmul.candidate_configs returns)")
         check = (decode_attention._check_split_config if not gemv else fused_gemv._check_tile if scheme == "float"
                  else functools.partial(int8_matmul.check_gemv_config, rmsnorm=role in ("qkv", "gate_up")))
         if not isinstance(cands, (list, tuple)):
