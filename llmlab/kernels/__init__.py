@@ -15,10 +15,12 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     lse_merge.py               the merge of the splits' partial outputs by their log-sum-exp (a kernel, or in-kernel)
     weight_quant.py            weight-only int8 (per channel) and int4 (group-wise, 2 per byte) formats, references
     int8_matmul.py             int8 weight-only matmul, M = 1..16 (a CUDA-core GEMV at M = 1)
+    int8_gemv.py               int8's input-stationary GEMV at M = 1 (x in registers; step tuning may pick it)
     int4_matmul.py             int4 weight-only matmul, M = 1..16: which kernel runs; the tensor-core tile for M > 1
     dequantize.py              int8 / int4 weights to bf16 in one pass: a quantized layer's prefill, before its GEMM
     int4_gemv.py               int4_matmul's M = 1 GEMVs in Triton (input-stationary; K-walking with split-K)
     int4_gemv_gluon.py         int4_matmul's M = 1 path on CUDA GPUs, in Gluon (Triton's explicit-layout dialect)
+    input_stationary.py        what the two Triton input-stationary GEMVs share: x once with its prologue, the store
     packed_fields.py           Triton helpers: packed int4/int8 fields read as fp32 without a conversion instruction
     quant_tiles.py             the tiles the int8/int4 kernels are autotuned over
     split_k.py                 split-K for a GEMV, finished in the same launch (the M = 1 GEMVs)
