@@ -67,6 +67,7 @@ def _time_settings(llm: LLM, prompt: str, max_new_tokens: int, repeats: int) -> 
         rows.append({
             "setting": setting.name,
             "quantized": bool(setting.settings.get("weights")),
+            "batching": setting.settings.get("batching") is not None,
             "ttft_ms": statistics.median(r.ttft_ms for r in runs),
             "tpot_ms": statistics.median(r.tpot_ms for r in runs),
             "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
@@ -82,8 +83,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
              max_new_tokens: int = 128, repeats: int = 3, print_fn=print) -> list[dict]:
     """Run every setting `repeats` times (after one warm-up) and print a table of medians.
 
-    Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), same_tokens (greedy tokens equal
-    the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
+    Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), quantized, batching (a batching
+    side rung, which serves the one prompt as a batch of one), same_tokens (greedy tokens equal the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
     max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
     Raises ValueError for a prompt that is empty or only whitespace, before the model loads.
     """
@@ -111,6 +112,11 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     if rounded:
         print_fn(f"({', '.join(rounded)}: the weights are rounded, so the model itself changed and its greedy "
                  f"tokens may part ways with the float model's; lab 04 measures what that costs in perplexity)")
+    batched = [r["setting"] for r in rows if r["batching"]]
+    if batched:
+        print_fn(f"({', '.join(batched)}: rungs for many requests at once. Here they serve the tour's one prompt, a "
+                 f"batch of one, so they show only the batcher's overhead; `llmlab bench --workload batch` and lab 06 "
+                 f"run them on 64 requests, where batching pays)")
     if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows if not r["quantized"]):
         print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "
                  "at fp32 they must be identical: try --dtype fp32)")

@@ -27,6 +27,15 @@ def test_continuous_batching_gives_every_prompt_its_solo_tokens(llm):
     assert len(g.step_ms) >= 6 and g.extra["engine"]["finished"] == len(PROMPTS)
 
 
+def test_generate_continuous_takes_an_llm_or_its_model(llm):
+    from llmlab.batching.continuous import generate_continuous
+
+    from_llm = generate_continuous(llm, PROMPTS, max_new_tokens=5)
+    assert from_llm.token_ids == generate_continuous(llm.model, PROMPTS, max_new_tokens=5).token_ids
+    with pytest.raises(TypeError, match="give an llmlab.LLM or an llmlab.model.Transformer"):
+        generate_continuous("tiny", PROMPTS)
+
+
 def test_a_tiny_kv_pool_preempts_and_still_gives_the_solo_tokens(llm):
     from llmlab.batching.continuous import generate_continuous
 

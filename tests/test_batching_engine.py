@@ -326,6 +326,18 @@ def test_cancel_frees_blocks_and_unknown_ids_are_refused(model):
         engine.cancel(12345)
 
 
+def test_add_takes_only_this_engines_requests_and_the_engine_keeps_serving(model):
+    a, b = (BatchEngine(model, num_blocks=10, block_size=4, max_seq_len=40) for _ in range(2))
+    with pytest.raises(ValueError, match="not made by this engine's make_request.*engine.make_request"):
+        b.add(a.make_request([1, 2, 3], 4))  # a's ids would clash with b's own next one
+    with pytest.raises(TypeError, match="add takes a Sequence.*add_request"):
+        b.add([1, 2, 3])
+    seq = b.add_request([1, 2, 3], 4)  # b's first id: nothing of a's is queued in b
+    while b.has_work():
+        b.step()
+    assert seq.finish_reason == "length" and len(seq.output) == 4
+
+
 def test_step_stats_add_up(model):
     reqs = prompts(8, seed=4)
     engine = BatchEngine(model, num_blocks=14, block_size=4, max_batch=5, token_budget=10, chunk=4, max_seq_len=40)

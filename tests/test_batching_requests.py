@@ -252,3 +252,28 @@ def test_random_submits_cancels_and_preemptions(model, full, actions, block_size
         assert h.finish_reason == "cancelled" or (h.finish_reason == "length" and len(h.tokens) == n)
         assert h.tokens == full[i][:len(h.tokens)]
     finish_server(server)
+
+
+_LEFT_RUNNING = """
+import sys
+sys.path.insert(0, {tests!r})
+from tiny_models import tiny_model
+from llmlab.batching.requests import Server
+srv = Server(tiny_model(seed=0), num_blocks=64, block_size=8).start()
+handles = [srv.submit([1, 2, 3, 4 + i], max_new_tokens=100, stop_at_eos=False) for i in range(4)]
+print("submitted", flush=True)
+"""
+
+
+def test_a_script_that_exits_with_its_server_running_exits_cleanly():
+    """No stop(): the server is stopped at exit. Killed mid-step inside torch, its daemon loop thread aborted the
+    interpreter ("terminate called without an active exception", exit code 134) in most runs."""
+    import pathlib
+    import subprocess
+    import sys
+
+    code = _LEFT_RUNNING.format(tests=str(pathlib.Path(__file__).parent))
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "submitted" in run.stdout, (run.returncode, run.stderr[-2000:])
+        assert "terminate called" not in run.stderr

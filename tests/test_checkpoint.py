@@ -244,6 +244,11 @@ def test_run_tour_rows(folder):
     assert all(r["same_tokens"] for r in rows if not r["quantized"])
     assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert any("device:" in line for line in lines)
+    # the batching side rungs serve the one prompt as a batch of one: the table says so, naming them
+    batching = ["one at a time (bs=1)", "static batching", "continuous batching"]
+    assert [r["setting"] for r in rows if r["batching"]] == batching
+    note = next(line for line in lines if "batch of one" in line)
+    assert "static batching" in note and "--workload batch" in note
 
 
 def test_run_tour_shortens_a_long_prompt_in_its_header(folder):

@@ -205,6 +205,9 @@ def test_tensors_that_disagree_with_the_config_are_refused(saved, tmp_path_facto
         (lambda t: t["model.layers.0.mlp.gate_proj.scales"][5].zero_(), r"'layers.0.mlp.gate_proj'.* scale of 0;"),
         (lambda t: t["model.layers.1.mlp.up_proj.scales"][0, 0].fill_(1e38),
          r"layer 'layers.1.mlp.up_proj': model.safetensors holds an int4 scale of 1e\+38, at or above 2\^96"),
+        (lambda t: t["model.layers.2.mlp.down_proj.scales"][1, 0].fill_(float("nan")),
+         r"layer 'layers.2.mlp.down_proj': model.safetensors holds 1 NaN or inf scale\(s\); the quantizers write "
+         r"finite scales only"),
     ]
     for i, (edit, match) in enumerate(cases):
         bad = _tampered(folder, tmp_path_factory.mktemp(f"bad{i}"), edit_tensors=edit)

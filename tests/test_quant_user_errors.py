@@ -86,3 +86,26 @@ def test_continuous_batching_names_a_batching_mode_that_takes_the_refused_option
         llm.generate(prompts, batching="continuous", torch_compile=True, max_new_tokens=2)
     out = llm.generate(prompts, batching="one_at_a_time", use_cache=False, max_new_tokens=2)  # the advice works
     assert [len(t) for t in out.token_ids] == [2, 2]
+
+
+def test_a_numpy_integer_group_size_is_taken_as_an_int(llm):
+    import numpy as np
+
+    q = llm.quantize("int4", group_size=np.int64(64))
+    assert q.name.endswith("int4 g64") and {m.group_size for m in q.model.modules() if hasattr(m, "group_size")} == {64}
+    assert all(type(m.group_size) is int for m in q.model.modules() if hasattr(m, "group_size"))
+    with pytest.raises(TypeError, match="group_size must be an int"):
+        llm.quantize("int4", group_size=np.float64(64))
+
+
+def test_dequantize_model_takes_a_dtype_name_and_refuses_another_before_any_change():
+    import torch
+
+    from llmlab.quant import dequantize_model, is_quantized
+
+    model = llmlab.load().quantize("int8").model
+    with pytest.raises(ValueError, match="dequantize_model: dtype: unknown dtype 'int8'; use one of fp32, bf16"):
+        dequantize_model(model, dtype="int8")
+    assert is_quantized(model)  # nothing changed
+    dequantize_model(model, dtype="bf16")
+    assert not is_quantized(model) and model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16

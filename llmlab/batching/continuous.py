@@ -41,7 +41,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     """Serve `prompts` (a list of token-id lists, any lengths) by continuous batching; one `Generation`.
 
     Args:
-        model: an `llmlab.model.Transformer`.
+        model: an `llmlab.LLM` or an `llmlab.model.Transformer`.
         prompts: B prompts of token ids (lists of ints; a single prompt as a list of ints is one request).
         max_new_tokens, temperature, top_k, top_p: as `LLM.generate`, the same for every request.
         seed: request i samples with seed + i (None: unseeded); greedy ignores it.
@@ -61,6 +61,9 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     Raises:
         ValueError / TypeError: as `BatchEngine` and its `make_request` (each names the field), on_token given.
     """
+    llm_or_model, model = model, getattr(model, "model", model)
+    if not hasattr(model, "config") or not callable(model):
+        raise TypeError(f"model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
     if on_token is not None:
         raise ValueError("on_token: continuous batching advances each request at its own step; stream tokens with "
                          "llmlab.batching.requests.Server instead, or leave on_token out")
@@ -83,7 +86,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
                          f"longest request (prompt + max_new_tokens = {longest} tokens): give num_blocks >= {need}, "
                          f"or shorter prompts or fewer max_new_tokens")
     gpu = next(model.parameters()).device.type == "cuda"
-    engine = BatchEngine(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+    engine = BatchEngine(llm_or_model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
                          token_budget=max(4096 if gpu else 256, max_batch) if token_budget is None else token_budget,
                          chunk=(512 if gpu else 64) if chunk is None else chunk,
                          max_seq_len=min(max(longest, 2), context),

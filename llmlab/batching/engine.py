@@ -189,6 +189,7 @@ class BatchEngine:
         self.counters = dict(steps=0, decode_tokens=0, prefill_tokens=0, sampled=0, preemptions=0, finished=0,
                              errors=0)
         self._ids = itertools.count()
+        self._origin = object()  # marks the requests this engine made (`add` takes only those)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def make_request(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
@@ -222,7 +223,7 @@ class BatchEngine:
         params = SamplingParams(float(temperature), None if top_k is None else int(top_k), top_p, seed,
                                 make_generator(seed, self.device))
         return Sequence(next(self._ids), prompt, int(max_new_tokens), self.eos_ids if stop_at_eos else frozenset(),
-                        params)
+                        params, origin=self._origin)
 
     def add_request(self, prompt_ids, max_new_tokens: int = 64, **settings) -> Sequence:
         """`make_request` and queue it. Returns the queued `Sequence` (its `seq_id` names it)."""
@@ -231,7 +232,19 @@ class BatchEngine:
         return seq
 
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence made by `make_request`."""
+        """Queue a sequence made by this engine's `make_request`.
+
+        Raises:
+            TypeError: not a Sequence (token ids go to `add_request`). ValueError: a Sequence another engine made
+                (its id comes from that engine's counter and may clash with this one's), or one not new.
+        """
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"add takes a Sequence from this engine's make_request, got {type(seq).__name__}; "
+                            f"queue token ids with add_request(prompt_ids, max_new_tokens)")
+        if seq.origin is not self._origin:
+            raise ValueError(f"sequence {seq.seq_id!r} was not made by this engine's make_request (another engine's "
+                             f"ids may clash with this one's); make it here: engine.make_request(seq.prompt, "
+                             f"seq.max_new_tokens, ...)")
         self.scheduler.add(seq)
 
     def cancel(self, seq_id) -> Sequence:

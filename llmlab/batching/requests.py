@@ -21,9 +21,11 @@ arrival, TTFT = first token - arrival, TPOT = (last token - first token) / (toke
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
@@ -33,6 +35,19 @@ from llmlab.batching.scheduler import Sequence
 
 OPEN, RUNNING, STOPPED = "open", "running", "stopped"
 POLL_S = 0.05  # how often a waiting thread looks again whether the background loop is still there
+_RUNNING: "weakref.WeakSet[Server]" = weakref.WeakSet()  # servers whose background loop runs
+
+
+@atexit.register
+def _stop_running_servers() -> None:
+    """At interpreter exit, stop the servers a script left running (`Server.stop`). Their loop is a daemon
+    thread: killed at exit in the middle of a step inside torch, it aborts the process ("terminate called without
+    an active exception") and hides the script's own traceback."""
+    for server in list(_RUNNING):
+        try:
+            server.stop()
+        except Exception:  # noqa: BLE001 - exiting anyway: a failed stop must not stop the others
+            pass
 
 
 def _ms(start: float | None, end: float | None, per: int = 1) -> float:
@@ -305,7 +320,8 @@ class Server:
         return self._state == RUNNING
 
     def start(self) -> "Server":
-        """Run the engine loop in a background (daemon) thread; reopens a stopped server. No-op when running."""
+        """Run the engine loop in a background (daemon) thread; reopens a stopped server. No-op when running. A
+        server still running when the interpreter exits is stopped first (its requests cancelled)."""
         with self._lock:
             if self._state == RUNNING:
                 return self
@@ -313,6 +329,7 @@ class Server:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="llmlab-batching-loop", daemon=True)
             self._thread.start()
+            _RUNNING.add(self)
         return self
 
     def stop(self) -> None:
@@ -323,6 +340,7 @@ class Server:
                 return
             self._state = STOPPED
             thread, self._thread = self._thread, None
+            _RUNNING.discard(self)
         if thread is threading.current_thread():
             raise RuntimeError("stop() was called from the engine loop itself; call it from another thread")
         if thread is not None:

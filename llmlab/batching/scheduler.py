@@ -51,7 +51,8 @@ class Sequence:
 
     seq_id: any hashable id (the request id), unique among live sequences. prompt: token ids. max_new_tokens: the
     most tokens to generate (>= 1). eos_ids: tokens that end it ("eos"). params: the sampling parameters, carried
-    for the engine and never read here. Times are seconds of the scheduler's clock (None until they happen).
+    for the engine and never read here; origin: who made it (`BatchEngine.make_request` marks its own), never read
+    here either. Times are seconds of the scheduler's clock (None until they happen).
     """
 
     seq_id: Any
@@ -59,6 +60,7 @@ class Sequence:
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
     params: Any = None
+    origin: Any = None
     output: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in the cache (reset to 0 by a preemption)
     status: str = WAITING

@@ -92,13 +92,14 @@ def _check_model(op: str, model) -> None:
     check_not_swapped(op, model)
 
 
-def _check_scheme(op: str, model: nn.Module, scheme: str, group_size, include_lm_head: bool = False) -> None:
-    """The scheme is known and (int4) every layer `quantize_model` would swap takes group_size (its own rule)."""
+def _check_scheme(op: str, model: nn.Module, scheme: str, group_size, include_lm_head: bool = False):
+    """The scheme is known and (int4) every layer `quantize_model` would swap takes group_size (its own rule).
+    Returns group_size, for int4 as a Python int."""
     if scheme not in SCHEMES:
         raise ValueError(f"{op}: unknown scheme {scheme!r}; use one of {SCHEMES}")
     if scheme != "int4":
-        return
-    check_int4_group(op, model, group_size, include_lm_head)  # quantize_model's own rule
+        return group_size
+    return check_int4_group(op, model, group_size, include_lm_head)  # quantize_model's own rule
 
 
 def _check_ids(op: str, model: nn.Module, ids) -> torch.Tensor:
@@ -226,7 +227,7 @@ def awq_scales(model: nn.Module, calibration_ids: torch.Tensor, scheme: str = "i
     """
     op = "awq_scales"
     _check_model(op, model)
-    _check_scheme(op, model, scheme, group_size)
+    group_size = _check_scheme(op, model, scheme, group_size)
     ids = _check_ids(op, model, calibration_ids)
     grid = _check_grid(op, grid)
     cfg = model.config

@@ -16,6 +16,8 @@ embed_tokens.weight) quantizing lm_head gives it its own int8/int4 copy; the emb
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn as nn
 
@@ -56,22 +58,24 @@ def is_quantized(model: nn.Module) -> bool:
     return bool(quantized_layers(model))
 
 
-def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: bool = False) -> None:
+def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: bool = False) -> int:
     """Refuse an int4 group size that `quantize_model` cannot use on `model`, before any layer is swapped (so a
     refused call leaves the model as it was): it must be a positive int multiple of 32 (the kernels' smallest K
     tile), and no larger than the smallest input dimension K among the layers to quantize (a larger group would
     pad each row of such a layer to one group of mostly zeros: more bytes than its float weights). A layer whose K
-    it does not divide is stored padded to the next multiple of it (`Int4Linear`, "Padding").
+    it does not divide is stored padded to the next multiple of it (`Int4Linear`, "Padding"). Returns it as a
+    Python int (a NumPy integer is taken).
 
     Raises:
-        TypeError: group_size is not an int (bool and float included).
+        TypeError: group_size is not an integer (bool and float included).
         ValueError: not a positive multiple of 32, or larger than a layer's K; the message names group_size, the
             usual choices and those that need no padding for this model.
     """
     ks = sorted({lin.in_features for _, _, _, lin in _targets(model, include_lm_head)})
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
         raise TypeError(f"{op}: group_size must be an int, one of {GROUP_SIZES} (or another positive multiple of "
                         f"32); got {group_size!r}")
+    group_size = int(group_size)
     fit = tuple(g for g in GROUP_SIZES if not ks or g <= ks[0])
     exact = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
     unpadded = (f"of those, {', '.join(map(str, exact))} divide every layer's K {ks} (no padding)" if exact else
@@ -84,6 +88,7 @@ def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: boo
                          f"the layers to quantize: each of their rows would be padded with zeros to one group, "
                          f"more bytes than the weights it replaces; use a group size of at most {ks[0]}, e.g. one "
                          f"of {fit}")
+    return group_size
 
 
 def check_not_swapped(op: str, model: nn.Module) -> None:
@@ -131,7 +136,7 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     if not targets:
         raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
     if scheme == "int4":
-        check_int4_group("quantize_model", model, group_size, include_lm_head)
+        group_size = check_int4_group("quantize_model", model, group_size, include_lm_head)
     for name, parent, attr, linear in targets:
         if scheme == "int8":
             q = Int8Linear.from_linear(linear, name=name + ".weight")
@@ -142,13 +147,20 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     return model
 
 
-def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+def dequantize_model(model: nn.Module, dtype: torch.dtype | str | None = None) -> nn.Module:
     """Undo `quantize_model`'s swap, in place: each quantized layer becomes an nn.Linear holding its DEQUANTIZED
-    weight (the rounded values, not the original ones: quantization is lossy) in `dtype` (default: the original
-    layer's dtype). A quantized lm_head of a model with tied embeddings is re-tied to the embedding (which was never
-    quantized, so that restores the original exactly). Returns the model; a model with no quantized layer is
-    returned unchanged."""
+    weight (the rounded values, not the original ones: quantization is lossy) in `dtype` (torch.float32 /
+    bfloat16 / float16 or 'fp32' / 'bf16' / 'fp16'; default: the original layer's dtype). A quantized lm_head of a
+    model with tied embeddings is re-tied to the embedding (which was never quantized, so that restores the
+    original exactly). Returns the model; a model with no quantized layer is returned unchanged. ValueError for
+    another dtype, before any layer changes."""
     _check_model("dequantize_model", model)
+    if dtype is not None:
+        from llmlab.engine import pick_dtype
+        try:
+            dtype = pick_dtype(dtype, torch.device("cpu"))
+        except ValueError as e:
+            raise ValueError(f"dequantize_model: dtype: {e}") from None
     tie = getattr(getattr(model, "config", None), "tie_embeddings", False)
     for parent_name, parent in list(model.named_modules()):
         for attr, child in list(parent.named_children()):

@@ -319,8 +319,13 @@ def _read_quant_config(folder: Path) -> dict:
 
 
 def _check_scales(scales: torch.Tensor, layer: str, scheme: str, file: Path) -> None:
-    """Scales the quantizers can write: positive (they clamp a zero group's scale to 1e-12 / 127 or / 7, never 0),
-    and for int4 below `weight_quant.SCALE_LIMIT`, the M = 1 GEMVs' range. ValueError naming the layer otherwise."""
+    """Scales the quantizers can write: finite and positive (they clamp a zero group's scale to 1e-12 / 127 or / 7,
+    never 0), and for int4 below `weight_quant.SCALE_LIMIT`, the M = 1 GEMVs' range. ValueError naming the layer
+    otherwise."""
+    if scales.is_floating_point() and not bool(torch.isfinite(scales).all()):
+        bad = int((~torch.isfinite(scales)).sum())
+        raise ValueError(f"layer {layer!r}: {file.name} holds {bad:,} NaN or inf scale(s); the quantizers write "
+                         f"finite scales only, so the file is damaged or edited by hand: save the model again")
     low = scales.min().item()
     if low <= 0:
         raise ValueError(f"layer {layer!r}: {file.name} holds a scale of {low:g}; the quantizers write positive "
@@ -396,12 +401,12 @@ def load_quantized(directory: str | os.PathLike, device=None, dtype=None):
         expected.pop("lm_head.weight")
     _check_tensors(expected, qc, tensors, WEIGHTS)
     quantized = {f"{name}.{leaf}" for name in qc["layers"] for leaf in _TENSORS[qc["scheme"]]}
+    for name in qc["layers"]:  # first: a quantized file's scales have their own rules (and message)
+        _check_scales(tensors[f"{name}.scales"], name, qc["scheme"], weights)
     for key, t in tensors.items():
         if t.is_floating_point():
             cast = t if key in quantized else t.to(expected[key].dtype)
             tensors[key] = _check_finite(cast, t, key, weights, cast.dtype)
-    for name in qc["layers"]:
-        _check_scales(tensors[f"{name}.scales"], name, qc["scheme"], weights)
     if tied:
         tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
     model = model.to_empty(device=dev)
