@@ -136,3 +136,81 @@ def test_a_quantized_decode_step_with_the_input_stationary_gemv_in_every_role_ma
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
     assert [o[:, -1].argmax(-1).item() for o in got] == [o[:, -1].argmax(-1).item() for o in want]
+
+
+# -- the Gluon build (llmlab/kernels/int8_gemv_gluon.py) -----------------------------------------------------------
+
+def test_a_gluon_config_runs_the_triton_build_where_gluon_cannot_run():
+    """In the interpreter (or on a GPU whose Triton has no Gluon) R and GLUON run `int8_gemv`'s kernel with that
+    R: the same sums."""
+    from llmlab.kernels import int8_gemv_gluon
+
+    layer = _layer(21, 96, seed=11)
+    x, nw, res = _inputs(21, 96, False, seed=11)
+    cfg = triton.Config({"R": 4, "GLUON": True})
+    assert int8_module.input_stationary(cfg)
+    got = fused_quant_gemv(x, layer, config=cfg, norm_weight=nw, residual=res)
+    torch.testing.assert_close(got, fused_quant_gemv_reference(x, layer, norm_weight=nw, residual=res), **TOL)
+    if not torch.cuda.is_available():
+        assert int8_gemv_gluon.candidate_configs(4096) == []  # nothing to time where it cannot run
+    with pytest.raises(TypeError, match="GLUON True"):
+        fused_quant_gemv(x, layer, config=triton.Config({"R": 4, "GLUON": False}))
+
+
+def test_the_gluon_build_compiles_for_hopper_with_each_fusion():
+    """Compiled for sm_90 without a GPU, in a fresh process (this one may run Triton's interpreter, which cannot
+    compile): layout conversions asserted to move no data would fail here. Each row's quad is one 16-byte load a
+    thread; the subnormal fields need FMAs that keep them (no .ftz); the RMSNorm adds a square root, SwiGLU an
+    exponential."""
+    import os
+    import subprocess
+    import sys
+
+    from llmlab.kernels import int4_gemv_gluon
+
+    if int4_gemv_gluon.GLUON_ERROR:
+        pytest.skip(f"this Triton has no Gluon: {int4_gemv_gluon.GLUON_ERROR}")
+    code = (
+        "from llmlab.kernels import int8_gemv_gluon as g\n"
+        "for K, R, pro, res in ((4096, 8, 1, False), (4096, 16, 0, True), (14336, 4, 2, True), (80, 8, 0, False)):\n"
+        "    ptx = g.build_offline(K, R=R, prologue=pro, residual=res).asm['ptx']\n"
+        "    print(K, R, pro, ptx.count('ld.global.v4.b32') + ptx.count('ld.global.nc.v4.b32'),\n"
+        "          ptx.count('fma.rn.f32'), ptx.count('fma.rn.ftz'), int('sqrt' in ptx), int('ex2' in ptx))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [[int(v) for v in ln.split()] for ln in out.stdout.splitlines() if ln.strip()]
+    assert [r[:3] for r in rows] == [[4096, 8, 1], [4096, 16, 0], [14336, 4, 2], [80, 8, 0]]
+    for K, R, pro, v4, fma, ftz, sqrt, ex2 in rows:
+        assert v4 >= 2 * R  # the first chunk and the loop's next one: a 16-byte load per row and thread
+        assert fma >= 4 * 4 * R and ftz == 0
+        assert sqrt == (pro == 1) and ex2 == (pro == 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N, K, prologue, R", [(6144, 4096, "rmsnorm", 8), (4096, 4096, "none", 16),
+                                               (4096, 14336, "swiglu", 4), (28672, 4096, "rmsnorm", 8),
+                                               (1001, 96, "swiglu", 8), (7, 16, "none", 4)])
+def test_the_gluon_build_equals_the_unfused_ops(N, K, prologue, R, dtype):
+    from llmlab.kernels import int8_gemv_gluon
+    from llmlab.kernels.int4_matmul import gluon_gemv_status
+
+    assert gluon_gemv_status("cuda") == "gluon"
+    calls = []
+    real = int8_gemv_gluon.int8_gemv
+    int8_gemv_gluon.int8_gemv = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    try:
+        layer = _layer(N, K, seed=N % 97)
+        x, nw, res = (t.to(dtype) for t in _inputs(N, K, prologue == "swiglu", seed=K % 89))
+        args = dict(norm_weight=nw if prologue == "rmsnorm" else None, swiglu=prologue == "swiglu",
+                    residual=None if prologue == "rmsnorm" else res)
+        got = fused_quant_gemv(x, layer, config=triton.Config({"R": R, "GLUON": True}), **args).float()
+    finally:
+        int8_gemv_gluon.int8_gemv = real
+    assert calls == [1]  # the Gluon kernel ran, not the Triton fallback
+    want = fused_quant_gemv_reference(x.float(), layer, **{k: v if not torch.is_tensor(v) else v.float()
+                                                           for k, v in args.items()}).float()
+    scale = float(want.abs().max())
+    tol = dict(rtol=1e-4, atol=1e-4 * scale) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2 * scale)
+    torch.testing.assert_close(got, want, **tol)

@@ -188,18 +188,17 @@ if GLUON_ERROR is None:
                                       is_pure=False, pack=1)
 
     @gluon.jit
-    def _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr,
+    def x_slots(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, SPAN: gl.constexpr, LX: gl.constexpr,
                 PROLOGUE: gl.constexpr):
-        """x, once per program: each slot's 32 values loaded into its thread as one (Q, 32) tile (k = 32 q + 8 J +
-        i), after the prologue (PROLOGUE 1: times the RMSNorm weight, and rstd = 1 / sqrt(mean(x^2) + eps) over the
-        whole row, which this program holds; 2: x is [gate | up], 2K numbers, and the GEMV's input is
-        silu(gate) * up, rounded where the unfused ops round). Returns rstd (1.0 without the RMSNorm), 8 x each
-        slot's sum (the codes' offset of 8) and the lifted partners of words J = 0..3, each a tuple of 8 (Q,)
-        tensors in the slots' layout LQ. x past K reads as 0."""
+        """x, once per program: each slot's SPAN values loaded into its thread as one (Q, SPAN) tile in layout LX
+        (k = SPAN q + j; 0 past K), after the prologue (PROLOGUE 1: times the RMSNorm weight, and rstd = 1 /
+        sqrt(mean(x^2) + eps) over the whole row, which this program holds; 2: x is [gate | up], 2K numbers, and
+        the GEMV's input is silu(gate) * up, rounded where the unfused ops round). Returns (the tile, rstd: 1.0
+        without the RMSNorm). Shared with the int8 Gluon GEMV (`int8_gemv_gluon.py`)."""
         rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
-        rk = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
-        kk = 32 * rqx[:, None] + rk[None, :]
-        k_ok = (rqx < K // 32)[:, None]
+        rk = gl.arange(0, SPAN, layout=gl.SliceLayout(0, LX))
+        kk = SPAN * rqx[:, None] + rk[None, :]
+        k_ok = (rqx < K // SPAN)[:, None]
         xt = gl.load(x_ptr + kk * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
         rstd = 1.0
         if PROLOGUE == 1:
@@ -210,6 +209,15 @@ if GLUON_ERROR is None:
             u = gl.load(x_ptr + (K + kk) * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
             silu = (xt / (1.0 + gl.exp(-xt))).to(dt).to(gl.float32)
             xt = (silu * u).to(dt).to(gl.float32)
+        return xt, rstd
+
+    @gluon.jit
+    def _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr,
+                PROLOGUE: gl.constexpr):
+        """x, once per program, after the prologue (`x_slots`, slots of 32 values: k = 32 q + 8 J + i). Returns
+        rstd (1.0 without the RMSNorm), 8 x each slot's sum (the codes' offset of 8) and the lifted partners of
+        words J = 0..3, each a tuple of 8 (Q,) tensors in the slots' layout LQ."""
+        xt, rstd = x_slots(x_ptr, nw_ptr, K, eps, stride_xk, Q, 32, LX, PROLOGUE)
         off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
         xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
         lo, hi = gl.split(xj)  # J1 = 0 / 1
@@ -257,9 +265,10 @@ if GLUON_ERROR is None:
             turn += 1
 
 
-def _layouts(R: int, NW: int, S: int) -> dict:
+def _layouts(R: int, NW: int, S: int, span: int = 32) -> dict:
     """The kernel's register layouts for R rows per chunk, NW warps, S slots per thread: Q = 32 NW S slots, slot
-    q = s * 32 NW + warp * 32 + lane. (R, Q // 32, 32) views put s * NW + warp on dim 1 and the lane on dim 2."""
+    q = s * 32 NW + warp * 32 + lane. (R, Q // 32, 32) views put s * NW + warp on dim 1 and the lane on dim 2.
+    span: the values of x a slot owns (32 int4 weights = 16 bytes; the int8 Gluon GEMV's slots own 16)."""
     log2 = lambda v: v.bit_length() - 1  # noqa: E731
     Q = 32 * NW * S
     rows = [[1 << i, 0, 0] for i in range(log2(R))]
@@ -269,7 +278,7 @@ def _layouts(R: int, NW: int, S: int) -> dict:
         Q=Q,
         LW=gl.BlockedLayout([R, 4], [1, 32], [1, NW], [1, 0]),  # (R, 4Q) words: 4 words of each of R rows
         LA=gl.BlockedLayout([R, 1], [1, 32], [1, NW], [1, 0]),  # (R, Q) sums: a slot's R rows in its thread
-        LX=gl.BlockedLayout([1, 32], [32, 1], [NW, 1], [1, 0]),  # (Q, 32) x: a slot's 32 values in its thread
+        LX=gl.BlockedLayout([1, span], [32, 1], [NW, 1], [1, 0]),  # (Q, span) x: a slot's values in its thread
         # LA seen in 3-D; then with dim 2's lowest log2(R) bits in registers and the rows on those lanes
         L3A=gl.DistributedLinearLayout(rows + reps, [[0, 0, 1 << i] for i in range(5)], warps, [], [R, Q // 32, 32]),
         L3B=gl.DistributedLinearLayout([[0, 0, 1 << i] for i in range(log2(R))] + reps,

@@ -152,5 +152,8 @@ def _int8_gemv_is_kernel(
 
 def candidate_configs(K: int) -> list:
     """The input-stationary configs a step's tuning may time for rows of K weights: triton.Config({"R", "PPS"})
-    for each of SHAPES, none where `takes(K)` is False."""
-    return [triton.Config({"R": r, "PPS": p}) for r, p in SHAPES] if takes(K) else []
+    for each of SHAPES (num_warps as `launch` sets them), none where `takes(K)` is False."""
+    if not takes(K):
+        return []
+    warps = max(1, min(16, triton.next_power_of_2(K // 16) // 32))  # as `launch` sets them
+    return [triton.Config({"R": r, "PPS": p}, num_warps=warps) for r, p in SHAPES]

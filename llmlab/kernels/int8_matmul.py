@@ -150,12 +150,14 @@ def check_gemv_tile(config) -> None:
     """A `config=` for the M = 1 GEMV, of either kind: the K-walking GEMV's, a triton.Config whose kwargs are exactly
     BLOCK_N and BLOCK_K (powers of 2, BLOCK_K >= 4: whole 32-bit words), SPLIT_K (1..split_k.MAX_SPLIT_K) and STAGES
     (>= 1); or the input-stationary GEMV's (`int8_gemv`), exactly R (rows per chunk, a power of 2) and PPS
-    (programs per SM, >= 1). TypeError otherwise, naming what is wrong."""
-    if isinstance(config, triton.Config) and set(config.kwargs) == {"R", "PPS"}:
-        r, p = config.kwargs["R"], config.kwargs["PPS"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (r, p)) or r < 1 or r & (r - 1) or p < 1:
-            raise TypeError(f"int8 GEMV: an input-stationary config's R must be a power of 2 and PPS >= 1, got "
-                            f"R={r!r}, PPS={p!r}")
+    (programs per SM, >= 1), or R and GLUON=True for its Gluon build (`int8_gemv_gluon`). TypeError otherwise,
+    naming what is wrong."""
+    if input_stationary(config):
+        r, p = config.kwargs["R"], config.kwargs.get("PPS", 1)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (r, p)) or r < 1 or r & (r - 1) or p < 1 \
+                or config.kwargs.get("GLUON", True) is not True:
+            raise TypeError(f"int8 GEMV: an input-stationary config's R must be a power of 2, PPS >= 1 and GLUON "
+                            f"True, got {config.kwargs}")
         return
     keys = {"BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"}
     if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
@@ -173,8 +175,9 @@ def check_gemv_tile(config) -> None:
 
 
 def input_stationary(config) -> bool:
-    """Is `config` (checked by `check_gemv_tile`) one of the input-stationary GEMV's (`int8_gemv`)?"""
-    return config is not None and set(config.kwargs) == {"R", "PPS"}
+    """Is `config` one of the input-stationary GEMV's: R and PPS (`int8_gemv`), or R and GLUON
+    (`int8_gemv_gluon`)?"""
+    return isinstance(config, triton.Config) and set(config.kwargs) in ({"R", "PPS"}, {"R", "GLUON"})
 
 
 def check_gemv_config(config, rmsnorm: bool = False) -> None:
@@ -190,10 +193,17 @@ def check_gemv_config(config, rmsnorm: bool = False) -> None:
 def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for the M = 1 GEMV of an N x K int8 weight: the
     K-walking GEMV's tiles the autotuner would time (`GEMV1_CONFIGS` after `_gemv1_fused_prune`; with the RMSNorm
-    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K).
+    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K)
+    and, on a CUDA GPU whose Triton has Gluon, its Gluon build's (`int8_gemv_gluon.candidate_configs`).
     One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0)."""
     tiles = _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
-    return tiles + int8_gemv.candidate_configs(K) if len(GEMV1_CONFIGS) > 1 else tiles
+    if len(GEMV1_CONFIGS) == 1:
+        return tiles
+    gluon = []
+    if torch.cuda.is_available():  # the Gluon build's, where this GPU's Triton has Gluon
+        from . import int8_gemv_gluon
+        gluon = int8_gemv_gluon.candidate_configs(K)
+    return tiles + int8_gemv.candidate_configs(K) + gluon
 
 
 def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,
@@ -201,8 +211,9 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
     """Launch `_int8_gemv_kernel` for one row of x: y = [residual +] x' @ (w_q * scales)^T with x' = x, its
     RMSNorm (`norm_weight`) or silu(gate) * up (`swiglu`: x is [gate | up]), over cdiv(N, BLOCK_N) row blocks x
     SPLIT_K splits (the autotuned config's, or `config`'s) with the split-K scratch of this N. The callers check
-    the arguments (`int8_matmul`, `fused_quant_gemv`). An input-stationary `config` (R, PPS) runs `int8_gemv`'s
-    GEMV instead (ValueError where it cannot take K: `int8_gemv.takes`)."""
+    the arguments (`int8_matmul`, `fused_quant_gemv`). An input-stationary `config` runs that GEMV instead: R and
+    PPS `int8_gemv`'s, R and GLUON `int8_gemv_gluon`'s where it can run (else `int8_gemv`'s with R, which computes
+    the same sums); ValueError where it cannot take K (`int8_gemv.takes`)."""
     N, K = w_q.shape
     if input_stationary(config):
         check_gemv_tile(config)
@@ -210,8 +221,11 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
             raise ValueError(f"int8 GEMV: the input-stationary config {config} takes rows of a multiple of 16 "
                              f"weights up to {int8_gemv.MAX_K}, not {K}; use a K-walking config (BLOCK_N, BLOCK_K, "
                              f"SPLIT_K, STAGES) or config=None")
-        int8_gemv.launch(x, w_q, scales, y, config.kwargs["R"], config.kwargs["PPS"], norm_weight=norm_weight,
-                         eps=eps, swiglu=swiglu, residual=residual)
+        fused = dict(norm_weight=norm_weight, eps=eps, swiglu=swiglu, residual=residual)
+        if "GLUON" in config.kwargs and _launch_gluon(x, w_q, scales, y, config.kwargs["R"], fused):
+            return
+        int8_gemv.launch(x, w_q, scales, y, config.kwargs["R"], config.kwargs.get("PPS", int8_gemv.DEFAULT[1]),
+                         **fused)
         return
     ws, cnt = split_k.scratch(x.device, N)
     kernel, meta = _int8_gemv_kernel, {}
@@ -230,6 +244,22 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
             PROLOGUE=2 if swiglu else 1 if norm_weight is not None else 0, HAS_RES=residual is not None,
             **pdl_kwargs(x.device), **meta,
         )
+
+
+def _launch_gluon(x, w_q, scales, y, R: int, fused: dict) -> bool:
+    """Run the Gluon GEMV (`int8_gemv_gluon`) into y; False where it cannot run on x's device, or once it failed
+    to build there (said once, as `int4_matmul` does for its own Gluon GEMV, whose on/off state it shares)."""
+    from .int4_matmul import _gluon_failed, _gluon_gemv
+
+    if not _gluon_gemv(x.device):
+        return False
+    from . import int8_gemv_gluon
+    try:
+        int8_gemv_gluon.int8_gemv(x, w_q, scales, y, R, pdl_kwargs(x.device), **fused)
+        return True
+    except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton GEMV
+        _gluon_failed(x.device, tuple(w_q.shape), e)
+        return False
 
 
 def int8_matmul(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,8 @@ fingerprint changes). Tuning takes seconds (about 100 captures of a 1B step); wh
 A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: for each int8
 GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.candidate_configs`: the K-walking
 GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
-needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`), and the
-attention's split. The int4 GEMVs run one config
+needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`, or rows per
+chunk of its Gluon build, `int8_gemv_gluon.py`), and the attention's split. The int4 GEMVs run one config
 (`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
@@ -245,8 +245,8 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
         gemv = role != attention
         what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
                 if not gemv else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
-                if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES, or R and PPS (as "
-                                          "int8_matmul.candidate_configs returns)")
+                if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES, or R with PPS "
+                                          "or GLUON (as int8_matmul.candidate_configs returns)")
         check = (decode_attention._check_split_config if not gemv else fused_gemv._check_tile if scheme == "float"
                  else functools.partial(int8_matmul.check_gemv_config, rmsnorm=role in ("qkv", "gate_up")))
         if not isinstance(cands, (list, tuple)):
