@@ -80,6 +80,22 @@ def test_fp16_activations_with_long_rows_stay_finite_and_match_an_fp32_reference
     torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("config", [{"R": 4, "PPS": 1}, {"R": 8, "GLUON": True}], ids=str)
+def test_bytes_at_both_ends_of_the_int8_range(config):
+    """-128 (0x80, which XOR 0x80 makes 0) and 127 (0x7F -> 255): a file's codes may hold -128 though the
+    quantizer writes -127..127."""
+    from llmlab.quant import Int8Linear
+
+    g = torch.Generator().manual_seed(13)
+    w_q = torch.randint(-128, 128, (11, 48), generator=g, dtype=torch.int8)
+    w_q[0], w_q[1, ::2], w_q[2] = -128, 127, -128
+    layer = Int8Linear(w_q, torch.rand(11, generator=g) * 0.01 + 1e-3).to(DEV)
+    x, _, res = _inputs(11, 48, False, seed=13)
+    got = fused_quant_gemv(x, layer, config=triton.Config(config), residual=res)
+    want = res + x @ (w_q.float() * layer.scales.cpu()[:, None]).to(DEV).T
+    torch.testing.assert_close(got, want, **TOL)
+
+
 def test_rows_it_cannot_take_are_refused_with_the_fix_and_the_gemv_stays_usable():
     layer = _layer(8, 84)  # K = 84: whole words, not whole 16-byte quads
     x, _, _ = _inputs(8, 84, False)
@@ -91,7 +107,9 @@ def test_rows_it_cannot_take_are_refused_with_the_fix_and_the_gemv_stays_usable(
 
 
 @pytest.mark.parametrize("bad,match", [({"R": 3, "PPS": 1}, "power of 2"), ({"R": 8, "PPS": 0}, "PPS >= 1"),
-                                       ({"R": 8, "PPS": 1.5}, "PPS >= 1"), ({"R": 8}, "R and PPS")])
+                                       ({"R": 8, "PPS": 1.5}, "PPS >= 1"), ({"R": 8}, "R and PPS"),
+                                       ({"R": 64, "GLUON": True}, r"power of 2 in 1\.\.32"),
+                                       ({"R": 8, "PPS": 1, "GLUON": True}, "R and GLUON")])
 def test_a_malformed_input_stationary_config_is_refused(bad, match):
     layer = _layer(16, 64)
     x, _, _ = _inputs(16, 64, False)
@@ -106,8 +124,9 @@ def test_the_candidates_hold_both_gemvs_where_autotuning_is_on(monkeypatch):
             for n, k, sk, w, st in quant_tiles._GEMV1_SHAPES]
     monkeypatch.setattr(int8_module, "GEMV1_CONFIGS", full)
     cands = int8_module.candidate_configs(6144, 4096, rmsnorm=True)
-    stationary = [c for c in cands if int8_module.input_stationary(c)]
+    stationary = [c for c in cands if int8_module.input_stationary(c) and "PPS" in c.kwargs]
     assert len(stationary) == len(int8_gemv.SHAPES) and len(cands) > len(stationary)
+    assert all(c.num_warps == 8 for c in stationary)  # as the kernel launches: 256 slots of 16 at K = 4096
     for c in cands:
         int8_module.check_gemv_config(c, rmsnorm=True)  # each one the launcher takes
     # rows of 14348 weights: the K-walking tiles only
@@ -199,7 +218,7 @@ def test_the_gluon_build_equals_the_unfused_ops(N, K, prologue, R, dtype):
     assert gluon_gemv_status("cuda") == "gluon"
     calls = []
     real = int8_gemv_gluon.int8_gemv
-    int8_gemv_gluon.int8_gemv = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    int8_gemv_gluon.int8_gemv = lambda *a, **k: (real(*a, **k), calls.append(1))[0]  # counted once it returned
     try:
         layer = _layer(N, K, seed=N % 97)
         x, nw, res = (t.to(dtype) for t in _inputs(N, K, prologue == "swiglu", seed=K % 89))
@@ -208,7 +227,7 @@ def test_the_gluon_build_equals_the_unfused_ops(N, K, prologue, R, dtype):
         got = fused_quant_gemv(x, layer, config=triton.Config({"R": R, "GLUON": True}), **args).float()
     finally:
         int8_gemv_gluon.int8_gemv = real
-    assert calls == [1]  # the Gluon kernel ran, not the Triton fallback
+    assert calls == [1] and int8_gemv_gluon.usable(x.device)  # the Gluon kernel ran, not the Triton fallback
     want = fused_quant_gemv_reference(x.float(), layer, **{k: v if not torch.is_tensor(v) else v.float()
                                                            for k, v in args.items()}).float()
     scale = float(want.abs().max())

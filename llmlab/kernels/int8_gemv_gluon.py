@@ -17,6 +17,8 @@ Gluon.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 
@@ -142,12 +144,35 @@ def layout(K: int) -> tuple[int, int]:
     return NW, Q // (32 * NW)
 
 
+_FAILED: dict = {}  # device -> why its Gluon build failed there (then the Triton build runs its configs)
+
+
+def usable(device: torch.device) -> bool:
+    """Does a GLUON config run this kernel on `device`: a CUDA GPU whose Triton has Gluon, the Gluon GEMVs not
+    switched off (`int4_matmul.USE_GLUON`) and no earlier failure to build it there."""
+    from .int4_matmul import _cuda_index, _gluon_gemv
+
+    return _gluon_gemv(device) and _cuda_index(device) not in _FAILED
+
+
+def failed(device: torch.device, shape: tuple, e: Exception) -> None:
+    """The kernel raised for a weight of `shape` on `device`: say so once and run the Triton build of the
+    input-stationary GEMV for GLUON configs there from now on (the int4 Gluon GEMV is not affected)."""
+    from .int4_matmul import _cuda_index
+
+    device = _cuda_index(device)
+    _FAILED[device] = f"{type(e).__name__}: {str(e)[:200]}"
+    warnings.warn(f"int8 GEMV: the Gluon build failed for a {shape[0]} x {shape[1]} weight ({_FAILED[device]}); "
+                  f"its configs run the Triton input-stationary GEMV on {device} from now on (correct, slower)",
+                  stacklevel=3)
+
+
 def candidate_configs(K: int, device: torch.device | None = None) -> list:
     """The Gluon GEMV's configs a step's tuning may time for rows of K weights: triton.Config({"R", "GLUON"}) for
-    each R of SHAPES (num_warps as the kernel launches it); none where it cannot take K or cannot run on `device`
-    (None: the current CUDA device)."""
+    each R of SHAPES (num_warps as the kernel launches it); none where it cannot take K or does not run on `device`
+    (`usable`; None: the current CUDA device)."""
     dev = torch.device("cuda") if device is None else torch.device(device)
-    if not takes(K) or not g4.available(dev)[0]:
+    if not takes(K) or not usable(dev):
         return []
     return [triton.Config({"R": r, "GLUON": True}, num_warps=layout(K)[0]) for r in SHAPES]
 

@@ -149,21 +149,22 @@ def _int8_gemv_kernel(
 def check_gemv_tile(config) -> None:
     """A `config=` for the M = 1 GEMV, of either kind: the K-walking GEMV's, a triton.Config whose kwargs are exactly
     BLOCK_N and BLOCK_K (powers of 2, BLOCK_K >= 4: whole 32-bit words), SPLIT_K (1..split_k.MAX_SPLIT_K) and STAGES
-    (>= 1); or the input-stationary GEMV's (`int8_gemv`), exactly R (rows per chunk, a power of 2) and PPS
-    (programs per SM, >= 1), or R and GLUON=True for its Gluon build (`int8_gemv_gluon`). TypeError otherwise,
-    naming what is wrong."""
+    (>= 1); or the input-stationary GEMV's (`int8_gemv`), exactly R (rows per chunk, a power of 2 up to
+    MAX_R) and PPS (programs per SM, >= 1), or R and GLUON=True for its Gluon build (`int8_gemv_gluon`). TypeError
+    otherwise, naming what is wrong."""
     if input_stationary(config):
         r, p = config.kwargs["R"], config.kwargs.get("PPS", 1)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (r, p)) or r < 1 or r & (r - 1) or p < 1 \
-                or config.kwargs.get("GLUON", True) is not True:
-            raise TypeError(f"int8 GEMV: an input-stationary config's R must be a power of 2, PPS >= 1 and GLUON "
-                            f"True, got {config.kwargs}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (r, p)) or not 1 <= r <= MAX_R \
+                or r & (r - 1) or p < 1 or config.kwargs.get("GLUON", True) is not True:
+            raise TypeError(f"int8 GEMV: an input-stationary config's R must be a power of 2 in 1..{MAX_R}, PPS >= 1 "
+                            f"and GLUON True, got {config.kwargs}")
         return
     keys = {"BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"}
     if not isinstance(config, triton.Config) or set(config.kwargs) != keys:
         got = f"{type(config).__name__} {config}" if isinstance(config, triton.Config) else repr(config)
         raise TypeError(f"int8 GEMV: config must be a triton.Config with BLOCK_N, BLOCK_K, SPLIT_K and STAGES and "
-                        f"nothing else, or with R and PPS (see candidate_configs), got {got}; a tile chosen for "
+                        f"nothing else, or with R and PPS, or R and GLUON (see candidate_configs), got {got}; a "
+                        f"tile chosen for "
                         f"another weight format (a float model's) does not fit: clear the step's tiles or tune again")
     bn, bk, sk, st = (config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"))
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (bn, bk, sk, st))
@@ -172,6 +173,11 @@ def check_gemv_tile(config) -> None:
         raise TypeError(f"int8 GEMV: config's BLOCK_N and BLOCK_K must be powers of 2 (BLOCK_K >= 4), SPLIT_K in "
                         f"1..{split_k.MAX_SPLIT_K} and STAGES >= 1, got BLOCK_N={bn!r}, BLOCK_K={bk!r}, "
                         f"SPLIT_K={sk!r}, STAGES={st!r}")
+
+
+# The most rows an input-stationary chunk holds: the Gluon build puts a chunk's rows on the 32 lanes of a warp for
+# its cross-thread sums (`int4_gemv_gluon`), so more than 32 cannot be laid out.
+MAX_R = 32
 
 
 def input_stationary(config) -> bool:
@@ -190,11 +196,12 @@ def check_gemv_config(config, rmsnorm: bool = False) -> None:
                          f"which one program walks), got the config {config}")
 
 
-def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
+def candidate_configs(N: int, K: int, rmsnorm: bool = False, device: torch.device | None = None) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for the M = 1 GEMV of an N x K int8 weight: the
     K-walking GEMV's tiles the autotuner would time (`GEMV1_CONFIGS` after `_gemv1_fused_prune`; with the RMSNorm
     prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K)
-    and, on a CUDA GPU whose Triton has Gluon, its Gluon build's (`int8_gemv_gluon.candidate_configs`).
+    and, on a CUDA GPU whose Triton has Gluon, its Gluon build's (`int8_gemv_gluon.candidate_configs` for
+    `device`, None: the current CUDA device).
     One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0)."""
     tiles = _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
     if len(GEMV1_CONFIGS) == 1:
@@ -202,7 +209,7 @@ def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
     gluon = []
     if torch.cuda.is_available():  # the Gluon build's, where this GPU's Triton has Gluon
         from . import int8_gemv_gluon
-        gluon = int8_gemv_gluon.candidate_configs(K)
+        gluon = int8_gemv_gluon.candidate_configs(K, device)
     return tiles + int8_gemv.candidate_configs(K) + gluon
 
 
@@ -247,18 +254,17 @@ def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: 
 
 
 def _launch_gluon(x, w_q, scales, y, R: int, fused: dict) -> bool:
-    """Run the Gluon GEMV (`int8_gemv_gluon`) into y; False where it cannot run on x's device, or once it failed
-    to build there (said once, as `int4_matmul` does for its own Gluon GEMV, whose on/off state it shares)."""
-    from .int4_matmul import _gluon_failed, _gluon_gemv
-
-    if not _gluon_gemv(x.device):
-        return False
+    """Run the Gluon GEMV (`int8_gemv_gluon`) into y; False where it does not run on x's device
+    (`int8_gemv_gluon.usable`), or after it failed to build there (said once; the Triton build from then on)."""
     from . import int8_gemv_gluon
+
+    if not int8_gemv_gluon.usable(x.device):
+        return False
     try:
         int8_gemv_gluon.int8_gemv(x, w_q, scales, y, R, pdl_kwargs(x.device), **fused)
         return True
     except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton GEMV
-        _gluon_failed(x.device, tuple(w_q.shape), e)
+        int8_gemv_gluon.failed(x.device, tuple(w_q.shape), e)
         return False
 
 

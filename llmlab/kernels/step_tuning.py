@@ -223,7 +223,8 @@ def gemv_candidates(step: KernelDecodeStep) -> dict:
     if float_projections(step.model):
         return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
     return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
-                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else []
+                                                 rmsnorm=role in ("qkv", "gate_up"), device=layer.scales.device)
+            if layer.scheme == "int8" else []
             for role, layer in step.quantized_gemv_layers().items()}
 
 
