@@ -9,10 +9,11 @@ sum, and the row's scale multiplies the partial sums before they cross the threa
 int4 kernel's (an in-warp transpose, a butterfly, one trip through shared memory: that module's notes), and so
 are the chunk loads, the store with the RMSNorm's rstd and the residual, and PDL.
 
-A decode step runs it where its tuning chose it (`step_tuning`): a `triton.Config` with the keys R and GLUON
-(`candidate_configs`), on a CUDA GPU whose Triton has Gluon (`int4_gemv_gluon.available`); elsewhere such a config
-runs `int8_gemv.py`'s Triton kernel, which computes the same sums. Not in the CPU interpreter, which does not run
-Gluon.
+A config with the keys R and GLUON (`candidate_configs`) runs it, on a CUDA GPU whose Triton has Gluon (`usable`);
+elsewhere such a config runs `int8_gemv.py`'s Triton kernel, which computes the same sums. Not in the CPU
+interpreter, which does not run Gluon. Step tuning times its configs when they are given as candidates
+(`step_tuning.tune_decode_step(step, candidates={role: int8_matmul.candidate_configs(N, K) +
+int8_gemv_gluon.candidate_configs(K)})`); the default candidates are the Triton GEMVs'.
 """
 
 from __future__ import annotations

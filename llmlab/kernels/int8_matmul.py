@@ -196,21 +196,15 @@ def check_gemv_config(config, rmsnorm: bool = False) -> None:
                          f"which one program walks), got the config {config}")
 
 
-def candidate_configs(N: int, K: int, rmsnorm: bool = False, device: torch.device | None = None) -> list:
+def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for the M = 1 GEMV of an N x K int8 weight: the
     K-walking GEMV's tiles the autotuner would time (`GEMV1_CONFIGS` after `_gemv1_fused_prune`; with the RMSNorm
-    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K)
-    and, on a CUDA GPU whose Triton has Gluon, its Gluon build's (`int8_gemv_gluon.candidate_configs` for
-    `device`, None: the current CUDA device).
+    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K).
+    The Gluon build's configs (`int8_gemv_gluon.candidate_configs`) are not among them: a caller adds them
+    (`step_tuning.tune_decode_step(step, candidates=...)`).
     One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0)."""
     tiles = _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
-    if len(GEMV1_CONFIGS) == 1:
-        return tiles
-    gluon = []
-    if torch.cuda.is_available():  # the Gluon build's, where this GPU's Triton has Gluon
-        from . import int8_gemv_gluon
-        gluon = int8_gemv_gluon.candidate_configs(K, device)
-    return tiles + int8_gemv.candidate_configs(K) + gluon
+    return tiles + int8_gemv.candidate_configs(K) if len(GEMV1_CONFIGS) > 1 else tiles
 
 
 def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,
