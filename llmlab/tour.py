@@ -84,7 +84,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     """Run every setting `repeats` times (after one warm-up) and print a table of medians.
 
     Returns one dict per setting: name, ttft_ms, tpot_ms, tokens_per_s (medians), quantized, batching (a batching
-    side rung, which serves the one prompt as a batch of one), same_tokens (greedy tokens equal the first setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
+    side rung, which serves the one prompt as a batch of one), same_tokens (greedy tokens equal the first
+    setting's), tpot_spread (slowest / fastest run's TPOT: a note is printed when > 1.5), text. With
     max_new_tokens=1 there is no decode step: tpot_ms and tpot_spread are NaN, and the table shows TPOT "-".
     Raises ValueError for a prompt that is empty or only whitespace, before the model loads.
     """

@@ -134,7 +134,7 @@ def test_the_candidates_hold_both_gemvs_where_autotuning_is_on(monkeypatch):
 
 
 @torch.no_grad()
-def test_a_quantized_decode_step_with_the_input_stationary_gemv_in_every_role_matches_the_model():
+def test_a_quantized_decode_step_with_the_input_stationary_gemv_in_every_role_matches_the_model(monkeypatch):
     from llmlab.kernels.decode_step import GEMV_ROLES, KernelDecodeStep
     from llmlab.kernels.modules import swap_in
 
@@ -146,11 +146,8 @@ def test_a_quantized_decode_step_with_the_input_stationary_gemv_in_every_role_ma
         step = KernelDecodeStep(swap_in(model), tiles={role: _is(4, 1) for role in GEMV_ROLES})
     calls = []
     real = int8_gemv.launch
-    try:
-        int8_gemv.launch = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
-        got = greedy_on_static_cache(step, model, ids, steps=3)
-    finally:
-        int8_gemv.launch = real
+    monkeypatch.setattr(int8_gemv, "launch", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = greedy_on_static_cache(step, model, ids, steps=3)
     assert len(calls) == 3 * 4 * model.config.n_layers  # every GEMV of the 3 decode steps ran it
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
@@ -211,22 +208,20 @@ def test_the_gluon_build_compiles_for_hopper_with_each_fusion():
 @pytest.mark.parametrize("N, K, prologue, R", [(6144, 4096, "rmsnorm", 8), (4096, 4096, "none", 16),
                                                (4096, 14336, "swiglu", 4), (28672, 4096, "rmsnorm", 8),
                                                (1001, 96, "swiglu", 8), (7, 16, "none", 4)])
-def test_the_gluon_build_equals_the_unfused_ops(N, K, prologue, R, dtype):
+def test_the_gluon_build_equals_the_unfused_ops(monkeypatch, N, K, prologue, R, dtype):
     from llmlab.kernels import int8_gemv_gluon
     from llmlab.kernels.int4_matmul import gluon_gemv_status
 
     assert gluon_gemv_status("cuda") == "gluon"
     calls = []
     real = int8_gemv_gluon.int8_gemv
-    int8_gemv_gluon.int8_gemv = lambda *a, **k: (real(*a, **k), calls.append(1))[0]  # counted once it returned
-    try:
-        layer = _layer(N, K, seed=N % 97)
-        x, nw, res = (t.to(dtype) for t in _inputs(N, K, prologue == "swiglu", seed=K % 89))
-        args = dict(norm_weight=nw if prologue == "rmsnorm" else None, swiglu=prologue == "swiglu",
-                    residual=None if prologue == "rmsnorm" else res)
-        got = fused_quant_gemv(x, layer, config=triton.Config({"R": R, "GLUON": True}), **args).float()
-    finally:
-        int8_gemv_gluon.int8_gemv = real
+    monkeypatch.setattr(int8_gemv_gluon, "int8_gemv",
+                        lambda *a, **k: (real(*a, **k), calls.append(1))[0])  # counted once it returned
+    layer = _layer(N, K, seed=N % 97)
+    x, nw, res = (t.to(dtype) for t in _inputs(N, K, prologue == "swiglu", seed=K % 89))
+    args = dict(norm_weight=nw if prologue == "rmsnorm" else None, swiglu=prologue == "swiglu",
+                residual=None if prologue == "rmsnorm" else res)
+    got = fused_quant_gemv(x, layer, config=triton.Config({"R": R, "GLUON": True}), **args).float()
     assert calls == [1] and int8_gemv_gluon.usable(x.device)  # the Gluon kernel ran, not the Triton fallback
     want = fused_quant_gemv_reference(x.float(), layer, **{k: v if not torch.is_tensor(v) else v.float()
                                                            for k, v in args.items()}).float()

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from llmlab.batching.engine import BatchEngine
+from llmlab.batching.engine import BatchEngine, model_of
 from llmlab.batching.scheduler import check_positive_int
 from llmlab.batching.static import check_prompts
 from llmlab.generate import Generation
@@ -61,9 +61,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     Raises:
         ValueError / TypeError: as `BatchEngine` and its `make_request` (each names the field), on_token given.
     """
-    llm_or_model, model = model, getattr(model, "model", model)
-    if not hasattr(model, "config") or not callable(model):
-        raise TypeError(f"model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
+    llm_or_model, model = model, model_of(model, "model")
     if on_token is not None:
         raise ValueError("on_token: continuous batching advances each request at its own step; stream tokens with "
                          "llmlab.batching.requests.Server instead, or leave on_token out")

@@ -96,6 +96,14 @@ class StepResult:
     read_back: dict = field(default_factory=dict)
 
 
+def model_of(llm_or_model, name: str = "llm_or_model") -> torch.nn.Module:
+    """The Transformer of an `llmlab.LLM`, or the Transformer given; TypeError naming `name` for anything else."""
+    model = getattr(llm_or_model, "model", llm_or_model)
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"{name}={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
+    return model
+
+
 class BatchEngine:
     """Continuous batching of many requests on one model over a paged KV cache of `num_blocks` blocks.
 
@@ -135,9 +143,7 @@ class BatchEngine:
                  token_budget: int = 256, chunk: int = 64, max_seq_len: int | None = None,
                  clock=time.perf_counter, cuda_graphs: bool | None = None, overlap: bool | None = False,
                  admit_delay: float = 0.0, prefill_graphs: bool = False):
-        model = getattr(llm_or_model, "model", llm_or_model)
-        if not hasattr(model, "config") or not callable(model):
-            raise TypeError(f"llm_or_model={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
+        model = model_of(llm_or_model)
         self.llm = llm_or_model if model is not llm_or_model else None
         self.model, config = model, model.config
         context = config.max_seq_len

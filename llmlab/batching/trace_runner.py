@@ -43,7 +43,7 @@ import torch
 
 from llmlab.batching import curve_file
 from llmlab.batching.curve_file import CURVE_FORMAT, CURVE_KEYS, latest_curve, list_curves, load_curve, save_curve
-from llmlab.batching.engine import BatchEngine
+from llmlab.batching.engine import BatchEngine, model_of
 from llmlab.batching.scheduler import check_admit_delay, check_positive_int
 from llmlab.batching.static import PaddingStats, generate_static
 from llmlab.batching.workload import TraceRequest, make_trace, trace_prompts
@@ -90,13 +90,6 @@ class TraceRun:
 
 
 # -- checks ----------------------------------------------------------------------------------------------------------
-
-
-def _model_of(llm_or_model) -> torch.nn.Module:
-    model = getattr(llm_or_model, "model", llm_or_model)
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise TypeError(f"llm={llm_or_model!r}: give an llmlab.LLM or an llmlab.model.Transformer")
-    return model
 
 
 def _check_trace(trace, prompts, context: int) -> None:
@@ -157,7 +150,7 @@ def serve_trace(llm, trace: list[TraceRequest], prompts: list[list[int]], mode: 
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is unknown; use one of {', '.join(MODES)}")
-    model = _model_of(llm)
+    model = model_of(llm, "llm")
     max_batch = check_positive_int("max_batch", max_batch)
     if isinstance(static_wait_s, bool) or not isinstance(static_wait_s, numbers.Real) or not static_wait_s >= 0:
         raise ValueError(f"static_wait_s={static_wait_s!r}: give the batcher's wait in seconds (>= 0)")
@@ -187,7 +180,7 @@ def _wall_s(requests: list[RequestTimes]) -> float:
 def _serve_static(llm, trace, prompts, max_batch, wait_s, pad_id, clock, sleep, mode="static") -> TraceRun:
     """The static batcher: FIFO queue; a batch goes when max_batch are queued or the oldest waited wait_s, or when
     the next request would make the batch's longest prompt + longest answer exceed the model's context."""
-    model = _model_of(llm)
+    model = model_of(llm, "llm")
     context = model.config.max_seq_len
     runners = None
     if mode != "static":
@@ -341,7 +334,7 @@ def throughput_latency_curve(llm, rates, n: int = 24, seed: int = 0, modes=("con
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"modes={modes!r}: choose from {', '.join(MODES)}")
-    config = _model_of(llm).config
+    config = model_of(llm, "llm").config
     rows = []
     for rate in rates:
         trace = make_trace(n, rate, mix=mix, seed=seed, max_context=max_context or config.max_seq_len)

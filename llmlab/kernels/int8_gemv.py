@@ -43,6 +43,11 @@ DEFAULT = (8, 2)
 MAX_K = 16384
 
 
+def _warps(K: int) -> int:
+    """Warps a program of rows of K weights runs: one slot of 16 weights a thread, at most 16 warps."""
+    return max(1, min(16, triton.next_power_of_2(K // 16) // 32))
+
+
 def takes(K: int) -> bool:
     """Can this GEMV run rows of K int8 weights? K a positive multiple of 16 (whole 16-byte quads) up to MAX_K."""
     return 0 < K <= MAX_K and K % 16 == 0
@@ -62,7 +67,7 @@ def launch(x, w_q, scales, y, R: int = DEFAULT[0], pps: int = DEFAULT[1], norm_w
         N, K, float(eps),
         x.stride(-1), w_q.stride(0) // 4, scales.stride(0), y.stride(-1),
         Q=Q, R=R, PROLOGUE=2 if swiglu else 1 if norm_weight is not None else 0, HAS_RES=residual is not None,
-        num_warps=max(1, min(16, Q // 32)), **pdl_kwargs(x.device),
+        num_warps=_warps(K), **pdl_kwargs(x.device),
     )
 
 
@@ -155,5 +160,4 @@ def candidate_configs(K: int) -> list:
     for each of SHAPES (num_warps as `launch` sets them), none where `takes(K)` is False."""
     if not takes(K):
         return []
-    warps = max(1, min(16, triton.next_power_of_2(K // 16) // 32))  # as `launch` sets them
-    return [triton.Config({"R": r, "PPS": p}, num_warps=warps) for r, p in SHAPES]
+    return [triton.Config({"R": r, "PPS": p}, num_warps=_warps(K)) for r, p in SHAPES]

@@ -23,8 +23,7 @@ GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.can
 GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
 needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`; its Gluon
 build's rows per chunk, `int8_gemv_gluon.candidate_configs`, when given as `candidates`), and the attention's
-split. The int4 GEMVs run one config
-(`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
+split. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
     step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
@@ -224,8 +223,7 @@ def gemv_candidates(step: KernelDecodeStep) -> dict:
     if float_projections(step.model):
         return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
     return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
-                                                 rmsnorm=role in ("qkv", "gate_up"))
-            if layer.scheme == "int8" else []
+                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else []
             for role, layer in step.quantized_gemv_layers().items()}
 
 
