@@ -191,6 +191,29 @@ def test_the_quantized_decode_step_runs_four_fused_gemvs_a_layer_and_matches_the
     assert calls == {"fused_quant_gemv": 3 * 4 * L, "rmsnorm": (2 * L + 1) + 3, "swiglu": swiglu}
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("down", [{"R": 8, "PPS": 2}, {"BLOCK_N": 8, "BLOCK_K": 64, "SPLIT_K": 1, "STAGES": 1}])
+def test_an_int8_step_runs_swiglu_inside_an_input_stationary_down_gemv(monkeypatch, down):
+    """With an input-stationary config for the down role, SwiGLU is that GEMV's prologue (no launch of its own);
+    with a K-walking one it keeps its launch. The greedy tokens equal the model's either way."""
+    from llmlab.kernels.decode_step import KernelDecodeStep
+    from llmlab.kernels.modules import swap_in
+
+    model = quantize_model(tiny_model(seed=7), "int8").to(DEV)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(7)).to(DEV)
+    want = greedy_on_static_cache(model, model, ids, steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = KernelDecodeStep(swap_in(model), tiles={"down": triton.Config(down)})
+    calls = _count_calls(monkeypatch, ("fused_quant_gemv", "swiglu"))
+    got = greedy_on_static_cache(step, model, ids, steps=3)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    L = model.config.n_layers
+    inside = "R" in down
+    assert calls == {"fused_quant_gemv": 3 * 4 * L, "swiglu": L + (0 if inside else 3 * L)}
+
+
 def test_a_model_with_padded_quantized_rows_keeps_the_per_module_step():
     from llmlab.kernels.decode_step import quantized_projections
 

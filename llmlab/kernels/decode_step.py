@@ -166,9 +166,10 @@ class KernelDecodeStep:
         epilogue instead, the step was slower (`docs/results.md`).
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
-        `fused_quant_gemv`; SwiGLU is the int4 down GEMV's prologue and an int8 step's own launch (eight launches
-        a layer; see there). The int8 GEMVs run the step-tuned tiles of their roles; the int4 GEMVs run one
-        config."""
+        `fused_quant_gemv`; SwiGLU is the down GEMV's prologue where that GEMV is input-stationary (int4's, and
+        int8's when step tuning chose an input-stationary config for the down role), else a launch of its own
+        (eight launches a layer; see there). The int8 GEMVs run the step-tuned tiles of their roles; the int4
+        GEMVs run one config."""
         K = ops()
         model, tiles = self.model, self.tiles
         if not float_projections(model):
@@ -192,10 +193,15 @@ class KernelDecodeStep:
     def _quantized_token(self, h: torch.Tensor, positions: torch.Tensor, kv_cache) -> torch.Tensor:
         """`one_token` for a weight-only quantized model: the norms, SwiGLU and residual adds inside the quantized
         GEMVs (`llmlab/kernels/fused_quant_gemv.py`). h: (1, 1, D) -> logits (1, 1, V)."""
+        from . import int8_matmul
+
         K = ops()
         model, tiles = self.model, self.tiles
         attention_tile = tiles.get(attention_role(kv_cache.k[0].shape[2]))
         int8 = model.layers[0].mlp.down_proj.scheme == "int8"  # one scheme throughout (`quantized_projections`)
+        # SwiGLU as the down GEMV's prologue: int4's GEMV, and int8's input-stationary one, run one wave of programs
+        # that compute the sigmoids once each; the int8 K-walking GEMV keeps it a launch of its own (module notes)
+        swiglu_inside = not int8 or int8_matmul.input_stationary(tiles.get("down"))
 
         def gemv(x, layer, role, **fused):  # the int8 GEMVs take the step-tuned tiles; int4 runs one config
             return K.fused_quant_gemv(x, layer, config=tiles.get(role) if int8 else None, **fused)
@@ -208,7 +214,7 @@ class KernelDecodeStep:
                                    inv_freq=model.rope.inv_freq, config=attention_tile)  # (1, H, hd)
             h = gemv(y.view(1, 1, -1), attn.o_proj, "o", residual=h)  # h + o(y)
             gate_up = gemv(h, mlp.quantized_gate_up(), "gate_up", norm_weight=n2.weight, eps=n2.eps)  # (1, 1, 2 I)
-            if not int8:
+            if swiglu_inside:
                 h = gemv(gate_up, mlp.down_proj, "down", swiglu=True, residual=h)  # h + down(silu(gate) * up)
             else:  # SwiGLU in a launch of its own (`fused_quant_gemv`'s notes)
                 n_gate = gate_up.shape[-1] // 2
