@@ -241,12 +241,19 @@ def test_an_int8_gemv_tile_given_as_config_computes_the_same_result(config, prol
                                fused_quant_gemv_reference(x, layer, **args), **TOL)
 
 
-def test_a_config_is_refused_for_int4_and_when_it_is_not_an_int8_tile():
+def test_a_config_of_the_other_format_is_refused_and_each_format_takes_its_own():
     x, _, _ = _inputs(16, 128, False)
     good = triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1})
-    with pytest.raises(ValueError, match="int4 GEMVs run one config"):
-        fused_quant_gemv(x, _layer("int4", 16, 128), config=good)
+    int4_config = triton.Config({"R": 4, "DEPTH": 2})
+    layer4 = _layer("int4", 16, 128)
+    with pytest.raises(TypeError, match="R and DEPTH"):
+        fused_quant_gemv(x, layer4, config=good)
+    # the int4 Gluon GEMV's config (where the Triton int4 GEMV runs instead, the same sums with its own config)
+    torch.testing.assert_close(fused_quant_gemv(x, layer4, config=int4_config), fused_quant_gemv_reference(x, layer4),
+                               **TOL)
     layer = _layer("int8", 16, 128)
+    with pytest.raises(TypeError, match="BLOCK_N, BLOCK_K, SPLIT_K and STAGES"):
+        fused_quant_gemv(x, layer, config=int4_config)
     for bad, match in [({"BLOCK_N": 8}, "triton.Config"),
                        (triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "STAGES": 1}), "SPLIT_K"),
                        (triton.Config({"BLOCK_N": 6, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1}), "powers of 2"),

@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from llmlab.kernels import int4_gemv_gluon as gg  # noqa: E402
 from llmlab.kernels import int4_matmul as int4_module  # noqa: E402
@@ -204,3 +204,76 @@ def test_gluon_gemv_reads_strided_x_sliced_weights_and_other_scale_layouts():
         ref = dequant_matmul_reference(x.float(), dequantize_int4(packed, s.float()))
         assert torch.isnan(buf[:, N:]).all() and torch.isfinite(y).all()
         torch.testing.assert_close(y.float(), ref, **TOL[torch.bfloat16])
+
+
+def test_a_config_is_r_and_depth_and_anything_else_is_refused_by_name():
+    assert gg.check_config(triton.Config({"R": 4, "DEPTH": 2})) == (4, 2)
+    for bad, match in [({"R": 4, "DEPTH": 2}, "triton.Config with R and DEPTH"),
+                       (triton.Config({"R": 4, "PPS": 2}), "another weight format"),
+                       (triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1}), "R and DEPTH"),
+                       (triton.Config({"R": 3, "DEPTH": 1}), "power of 2"),
+                       (triton.Config({"R": 64, "DEPTH": 1}), "1..32"),
+                       (triton.Config({"R": 4, "DEPTH": gg.MAX_DEPTH + 1}), "DEPTH in"),
+                       (triton.Config({"R": 4, "DEPTH": True}), "DEPTH")]:
+        with pytest.raises(TypeError, match=match):
+            gg.check_config(bad)
+
+
+def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_need_the_gluon_gemv(monkeypatch):
+    assert gg.candidate_configs(4096, "cpu") == []  # no Gluon GEMV on a CPU: nothing to time
+    monkeypatch.setattr(int4_module, "gluon_gemv_status", lambda device: "gluon")
+    monkeypatch.delenv("LLMLAB_TRITON_AUTOTUNE", raising=False)
+    from llmlab.kernels import _util
+    monkeypatch.setattr(_util, "interpret_mode", lambda: False)
+    for K in (4096, 14336):
+        cands = gg.candidate_configs(K, "cpu")
+        R, NW, S = gg.config(K)
+        assert cands[0].kwargs == {"R": R, "DEPTH": 1} and len(cands) > 3
+        assert len({str(c) for c in cands}) == len(cands)
+        for c in cands:
+            r, d = gg.check_config(c)
+            assert (d + 1) * r * 4 * S <= gg.MAX_AHEAD_WORDS and c.num_warps == NW
+    assert gg.candidate_configs(gg.MAX_K + 32, "cpu") == [] and gg.candidate_configs(100, "cpu") == []
+    monkeypatch.setattr(_util, "interpret_mode", lambda: True)  # autotuning off: the default alone
+    assert [c.kwargs for c in gg.candidate_configs(4096, "cpu")] == [{"R": 8, "DEPTH": 1}]
+
+
+def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_depth_grows():
+    """Each config step tuning may time compiles (in a fresh process, as above) with the fusions the step runs it
+    with; a deeper config requests its extra chunks before the loop, so it has more 16-byte load sites."""
+    if gg.GLUON_ERROR:
+        pytest.skip(f"this Triton has no Gluon: {gg.GLUON_ERROR}")
+    code = (
+        "from llmlab.kernels import int4_gemv_gluon as gg, int4_matmul, _util\n"
+        "int4_matmul.gluon_gemv_status = lambda d: 'gluon'\n"
+        "_util.interpret_mode = lambda: False\n"
+        "for K, pro, res in ((4096, 1, False), (14336, 2, True)):\n"
+        "    for c in gg.candidate_configs(K, 'cpu'):\n"
+        "        ptx = gg.build_offline(K, group=128, prologue=pro, residual=res, tile=c).asm['ptx']\n"
+        "        print(K, c.kwargs['R'], c.kwargs['DEPTH'], ptx.count('ld.global.v4.b32'))\n")
+    rows = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
+    assert {K for K, *_ in rows} == {4096, 14336} and len(rows) >= 8
+    loads = {(K, R, D): n for K, R, D, n in rows}
+    for (K, R, D), n in loads.items():
+        if (K, R, D + 1) in loads:
+            assert loads[(K, R, D + 1)] > n, (K, R, D)
+
+
+@gpu
+@pytest.mark.parametrize("K, prologue", [(4096, "rmsnorm"), (14336, "swiglu")])
+def test_every_candidate_config_computes_the_same_gemv(K, prologue):
+    """Each config step tuning may choose, with the fusion the decode step runs it with, against the unfused ops;
+    N = 1001 leaves a partial last chunk for every R."""
+    from llmlab.kernels.fused_quant_gemv import fused_quant_gemv, fused_quant_gemv_reference
+    from tiny_models import one_token_inputs, quantized_layer
+
+    N = 1001
+    layer = quantized_layer("int4", N, K, 128, 3, False, device="cuda")
+    x, nw, res = (t.to(torch.bfloat16) for t in one_token_inputs(N, K, prologue == "swiglu", 4, device="cuda"))
+    args = dict(norm_weight=nw if prologue == "rmsnorm" else None, swiglu=prologue == "swiglu", residual=res)
+    want = fused_quant_gemv_reference(x, layer, **args).float()
+    cands = gg.candidate_configs(K, "cuda")
+    assert len(cands) > 1 or os.environ.get("LLMLAB_TRITON_AUTOTUNE") == "0"
+    for c in cands:
+        got = fused_quant_gemv(x, layer, config=c, **args).float()
+        torch.testing.assert_close(got, want, atol=2e-2 * float(want.abs().max()), rtol=2e-2, msg=str(c))

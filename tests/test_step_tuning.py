@@ -600,20 +600,36 @@ def test_an_int8_models_gemv_tiles_are_chosen_in_its_step_and_the_decode_is_unch
         swap_out(model)
 
 
-def test_an_int4_model_gets_only_the_attentions_split_and_gemv_tiles_are_refused():
+I4 = [triton.Config({"R": r, "DEPTH": d}) for r, d in ((8, 1), (4, 2), (2, 3))]
+
+
+def test_an_int4_models_gemv_configs_are_chosen_in_its_step_and_other_formats_tiles_are_refused():
+    """On a CPU the int4 Gluon GEMV does not run, so no GEMV config is offered (only the attention's split is
+    timed); given ones are checked (an int8 or float tile is refused by name, the tiles unchanged), and chosen
+    by a stand-in clock while the greedy tokens stay the same (the Triton int4 GEMV runs the same sums)."""
     model = _quantized("int4")
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(22)).to(DEV)
     step = KernelDecodeStep(model)
     try:
         assert step_tuning.fusable(model) == (True, "")
         assert step_tuning.gemv_candidates(step) == {role: [] for role in GEMV_ROLES}
-        for given in (I8[:2], TILES[:2]):  # int8- or float-shaped: the same answer, naming what to do
-            with pytest.raises(ValueError, match="int4 GEMVs run one config"):
+        for given in (I8[:2], TILES[:2]):  # int8- or float-shaped: refused, naming the int4 configs
+            with pytest.raises(TypeError, match="R and DEPTH"):
                 step_tuning.tune_decode_step(step, measure=lambda s: 1.0, candidates={"down": given})
         assert step.tiles == {}
-        role = attention_role(step_tuning.runner_slots(model))
-        splits = step_tuning._attention_candidates(model, step_tuning.runner_slots(model))
-        report = step_tuning.tune_decode_step(step, measure=lambda s: 1.0, candidates={role: splits * 2}, rounds=1)
-        assert set(report) <= {role}  # nothing else is timed
+        before = _greedy(step, ids, 24, 4)
+        attention = attention_role(step_tuning.runner_slots(model))
+        cands = {role: I4 for role in GEMV_ROLES}
+        cands[attention] = []
+        winners = {"qkv": I4[1], "o": I4[2], "gate_up": I4[0], "down": I4[2]}
+        costs = {(role, str(t)): 0.1 for role in GEMV_ROLES for t in I4}
+        costs.update({(role, None): 0.05 for role in GEMV_ROLES})
+        costs.update({(role, str(t)): 0.0 for role, t in winners.items()})
+        measure, _ = _fake_clock(costs)
+        step_tuning.tune_decode_step(step, measure=lambda s: (_greedy(s, ids, 24, 1), measure(s))[1],
+                                     candidates=cands, rounds=1)
+        assert {r: str(c) for r, c in step.tiles.items()} == {r: str(c) for r, c in winners.items()}
+        assert _greedy(step, ids, 24, 4) == before
     finally:
         swap_out(model)
 

@@ -168,8 +168,8 @@ class KernelDecodeStep:
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
         `fused_quant_gemv`; SwiGLU is the down GEMV's prologue where that GEMV is input-stationary (int4's, and
         int8's when step tuning chose an input-stationary config for the down role), else a launch of its own
-        (eight launches a layer; see there). The int8 GEMVs run the step-tuned tiles of their roles; the int4
-        GEMVs run one config."""
+        (eight launches a layer; see there). The GEMVs run the step-tuned configs of their roles (int8: the
+        K-walking or input-stationary GEMV and its tile; int4: the Gluon GEMV's rows per chunk and depth)."""
         K = ops()
         model, tiles = self.model, self.tiles
         if not float_projections(model):
@@ -203,8 +203,8 @@ class KernelDecodeStep:
         # that compute the sigmoids once each; the int8 K-walking GEMV keeps it a launch of its own (module notes)
         swiglu_inside = not int8 or int8_matmul.input_stationary(tiles.get("down"))
 
-        def gemv(x, layer, role, **fused):  # the int8 GEMVs take the step-tuned tiles; int4 runs one config
-            return K.fused_quant_gemv(x, layer, config=tiles.get(role) if int8 else None, **fused)
+        def gemv(x, layer, role, **fused):  # each GEMV runs its role's step-tuned config, if one was chosen
+            return K.fused_quant_gemv(x, layer, config=tiles.get(role), **fused)
 
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp

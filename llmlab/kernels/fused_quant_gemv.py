@@ -93,9 +93,11 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
         norm_weight: (K,) RMSNorm weight in x's dtype: x is normalized first (eps `eps`).
         swiglu: x is [gate | up]: silu(gate) * up is the input. Not together with norm_weight.
         residual: (..., N) one row in x's dtype, contiguous: added to the output.
-        config: int8 only, a triton.Config for its GEMV (`int8_matmul.candidate_configs`; with norm_weight, one
-            split); None: the autotuner's pick. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes). Rows
-            the kernel does not take (below) run the unfused ops, without it.
+        config: a triton.Config for the GEMV, as step tuning chooses it: int8, the K-walking or input-stationary
+            GEMV's (`int8_matmul.candidate_configs`; with norm_weight, one split); int4, the Gluon GEMV's R and
+            DEPTH (`int4_gemv_gluon.candidate_configs`; where the Triton int4 GEMV runs instead, it runs its own
+            config and computes the same sums). None: the autotuner's pick (int8), `int4_gemv_gluon.config`
+            (int4). Rows the kernel does not take (below) run the unfused ops, without it.
 
     Returns:
         (..., N) in x's dtype.
@@ -106,17 +108,18 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
 
     Raises:
         TypeError: a layer that is not Int8Linear / Int4Linear; dtypes that differ or are not supported; swiglu
-            not True/False; a config that is not an int8 GEMV tile (`int8_matmul.check_gemv_config`).
+            not True/False; a config that is not one of the layer's format (`int8_matmul.check_gemv_config`,
+            `int4_gemv_gluon.check_config`).
         ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
-            of the wrong shape; both prologues; a config for an int4 layer, or a split config with norm_weight.
+            of the wrong shape; both prologues; a split int8 config with norm_weight.
     """
     scheme = _layer_check(layer)
-    if config is not None:
-        if scheme != "int8":
-            raise ValueError("fused_quant_gemv: config is for int8 layers; the int4 GEMVs run one config "
-                             "(leave config=None)")
+    if config is not None and scheme == "int8":  # checked before the fallback below could skip it
         from .int8_matmul import check_gemv_config
-        check_gemv_config(config, rmsnorm=norm_weight is not None)  # before the fallback below could skip it
+        check_gemv_config(config, rmsnorm=norm_weight is not None)
+    elif config is not None:
+        from .int4_gemv_gluon import check_config
+        check_config(config)
     tensors = {"x": x, **({"norm_weight": norm_weight} if norm_weight is not None else {}),
                **({"residual": residual} if residual is not None else {})}
     check_tensors("fused_quant_gemv", DTYPES, **tensors)
@@ -174,7 +177,7 @@ def _launch(scheme: str, layer, x, y, fused: dict, config=None) -> bool:
         return False
     if _gluon_gemv(x.device) and K <= _gluon().MAX_K:
         try:
-            _gluon().int4_gemv(x, packed, scales, y, pdl_kwargs(x.device), **fused)
+            _gluon().int4_gemv(x, packed, scales, y, pdl_kwargs(x.device), **fused, tile=config)
             return True
         except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton GEMV below
             _gluon_failed(x.device, (layer.out_features, K), e)

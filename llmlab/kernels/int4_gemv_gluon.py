@@ -31,7 +31,12 @@ one program fills an SM and the configs barely differ there; the same bytes as s
 Configs (`config`): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many persistent
 programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or one per chunk
 when there are fewer chunks — the best program count, or close to it, at every shape; fewer programs (the fewest
-that keep one wave's chunks per program) leave less in flight.
+that keep one wave's chunks per program) leave less in flight. Each program keeps DEPTH chunks requested ahead of
+the one it sums (default 1). With one 16-warp program an SM (K = 14336), one chunk of 4 rows ahead is ~29 KB in
+flight per SM, near what the memory's latency needs to keep copy speed; DEPTH 2-3, or more rows a chunk, put more
+in flight at the cost of registers. A decode step's tuning (`step_tuning`) times R and DEPTH per role inside the
+captured step (`candidate_configs`, `check_config`); the chosen config reaches the kernel as `int4_gemv(...,
+tile=)`.
 """
 
 from __future__ import annotations
@@ -235,6 +240,8 @@ if GLUON_ERROR is None:
         GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
         # the small ops inside (`fused_quant_gemv`): 0 none, 1 RMSNorm, 2 SwiGLU; the residual add
         PROLOGUE: gl.constexpr, HAS_RES: gl.constexpr,
+        # chunks requested ahead of the one being summed (1..3)
+        DEPTH: gl.constexpr,
         # register layouts, built by `_layouts` (a jit function cannot loop over layout bases)
         LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
         LT: gl.constexpr,
@@ -248,20 +255,39 @@ if GLUON_ERROR is None:
         step = gl.num_programs(0)
         if PDL:
             _pdl(False)
-        # the first chunk depends on no earlier kernel: request it before waiting for x
+        # the first DEPTH chunks depend on no earlier kernel: request them before waiting for x. In flight from
+        # then on: DEPTH chunks ahead of the one being summed (w, s; then w1, s1; then w2, s2)
         w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+        if DEPTH >= 2:
+            w1, s1 = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
+        if DEPTH >= 3:
+            w2, s2 = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
         if PDL:
             _pdl(True)
         rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q, LX, LQ, PROLOGUE)
         turn = 0
         for c in range(c, n_chunks, step):
-            w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp,
-                                    R, LW, LA)
+            w_new, s_new = _chunk(w_words, s_ptr, c + DEPTH * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok,
+                                  grp, R, LW, LA)
             p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
             _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
                         HAS_RES)
-            w = w_next
-            s = s_next
+            if DEPTH == 1:
+                w = w_new
+                s = s_new
+            if DEPTH == 2:
+                w = w1
+                s = s1
+                w1 = w_new
+                s1 = s_new
+            if DEPTH == 3:
+                w = w1
+                s = s1
+                w1 = w2
+                s1 = s2
+                w2 = w_new
+                s2 = s_new
             turn += 1
 
 
@@ -295,6 +321,50 @@ def config(K: int) -> tuple[int, int, int]:
     return (8 if Q <= 128 else 4), NW, Q // (32 * NW)
 
 
+# The most chunks a program keeps requested ahead of the one it sums (DEPTH), and the most words of weights a thread
+# may hold: (DEPTH + 1) chunks of R rows x 4 words a slot. A 16-warp program has at most 128 registers a thread
+# (65,536 an SM); half of them stay for x's 32 partners a slot, the sums and the addresses.
+MAX_DEPTH = 3
+MAX_AHEAD_WORDS = 64
+
+
+def check_config(config) -> tuple[int, int]:
+    """(R, DEPTH) of a config for this GEMV: a triton.Config whose kwargs are exactly R (rows per chunk, a power of
+    2 in 1..32, as the cross-thread sums lay out) and DEPTH (chunks requested ahead, 1..MAX_DEPTH). TypeError
+    otherwise, naming what is wrong."""
+    if not isinstance(config, triton.Config) or set(config.kwargs) != {"R", "DEPTH"}:
+        got = f"triton.Config {config}" if isinstance(config, triton.Config) else repr(config)
+        raise TypeError(f"int4 GEMV: config must be a triton.Config with R and DEPTH and nothing else (see "
+                        f"int4_gemv_gluon.candidate_configs), got {got}; a tile chosen for another weight format "
+                        f"(int8, float) does not fit: clear the step's tiles or tune again")
+    r, d = config.kwargs["R"], config.kwargs["DEPTH"]
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, d))
+    if not ints or not 1 <= r <= 32 or r & (r - 1) or not 1 <= d <= MAX_DEPTH:
+        raise TypeError(f"int4 GEMV: a config's R must be a power of 2 in 1..32 and DEPTH in 1..{MAX_DEPTH}, got "
+                        f"R={r!r}, DEPTH={d!r}")
+    return r, d
+
+
+def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
+    """The configs a decode step's tuning (`step_tuning`) times for rows of K weights: triton.Config({"R",
+    "DEPTH"}) for R in 2..16 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
+    `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off
+    (`_util.autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
+    switched off or failed: `int4_matmul.gluon_gemv_status`; None: the current CUDA device) or cannot take K
+    (K > MAX_K, or not a multiple of 32)."""
+    from ._util import autotune_configs
+    from .int4_matmul import gluon_gemv_status
+
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if not 0 < K <= MAX_K or K % 32 or gluon_gemv_status(dev) != "gluon":
+        return []
+    R0, NW, S = config(K)
+    shapes = [(R0, 1)] + [(r, d) for r in (2, 4, 8, 16) for d in range(1, MAX_DEPTH + 1)
+                          if (r, d) != (R0, 1) and (d + 1) * r * 4 * S <= MAX_AHEAD_WORDS]
+    configs = [triton.Config({"R": r, "DEPTH": d}, num_warps=NW) for r, d in shapes]
+    return autotune_configs(configs, configs[0])
+
+
 @functools.lru_cache(maxsize=None)
 def _programs_per_sm(n_regs: int, NW: int) -> int:
     """Programs of NW warps and n_regs registers a thread that fit one SM at once (65536 registers, 64 warps)."""
@@ -306,7 +376,7 @@ _LAUNCH: dict = {}  # what a launch depends on -> (its meta-parameters, programs
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, pdl: dict,
               norm_weight: torch.Tensor | None = None, eps: float = 1e-5, swiglu: bool = False,
-              residual: torch.Tensor | None = None) -> None:
+              residual: torch.Tensor | None = None, tile=None) -> None:
     """y = [residual +] x' @ dequant(packed, scales)^T for ONE row of x, on a CUDA GPU, with the Gluon kernel
     (writes y in place); x' = x, RMSNorm(x) with `norm_weight`, or silu(gate) * up with `swiglu`
     (`fused_quant_gemv` says what each does and checks the arguments).
@@ -320,23 +390,26 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
         y: (1, N) in x's dtype, any stride along N.
         pdl: `pdl_kwargs(device)` from _util.py.
         norm_weight: (K,) contiguous, x's dtype, or None. residual: (1, N) contiguous, x's dtype, or None.
+        tile: a triton.Config with R and DEPTH (`check_config`, `candidate_configs`), or None: `config(K)`'s R
+            and DEPTH 1.
 
     int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
     built (int4_matmul then falls back to the Triton GEMV)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
     prologue = 2 if swiglu else 1 if norm_weight is not None else 0
+    R, depth = (config(K)[0], 1) if tile is None else check_config(tile)
     args = (x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
             N, K, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(-1))
     # what the meta-parameters and the compiled kernel's registers depend on (Triton also specializes on strides of
     # 1 and 16-byte alignment, which change no register count that matters here: the wave only sizes the grid)
     key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), scales.shape[1],
-           pdl.get("PDL"), prologue, residual is not None)
+           pdl.get("PDL"), prologue, residual is not None, R, depth)
     launch = _LAUNCH.get(key)
-    if launch is None:  # once per shape: the layouts (~0.1 ms of Python to build) and a compile
-        R, NW, S = config(K)
-        meta = dict(GROUP=K // scales.shape[1], R=R, num_warps=NW, PROLOGUE=prologue, HAS_RES=residual is not None,
-                    **_layouts(R, NW, S), **pdl)
+    if launch is None:  # once per shape and config: the layouts (~0.1 ms of Python to build) and a compile
+        _, NW, S = config(K)
+        meta = dict(GROUP=K // scales.shape[1], R=R, DEPTH=depth, num_warps=NW, PROLOGUE=prologue,
+                    HAS_RES=residual is not None, **_layouts(R, NW, S), **pdl)
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -345,9 +418,10 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]), wave),)](*args, **meta)  # one wave (module notes)
 
 
-def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False):
+def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False,
+                  tile=None):
     """Compile the kernel for rows of K weights for a CUDA GPU of compute capability `arch` (90: Hopper) without one
-    (bf16 x and y; `prologue` 0 / 1 RMSNorm / 2 SwiGLU and `residual` as `int4_gemv` sets them): the
+    (bf16 x and y; `prologue` 0 / 1 RMSNorm / 2 SwiGLU, `residual` and `tile` as `int4_gemv` takes them): the
     CompiledKernel, whose .asm holds its "ttgir", "ptx" and "cubin". A layout conversion asserted trivial that
     would move data fails here. Not under TRITON_INTERPRET=1, which swaps Triton's library functions for
     interpreted ones."""
@@ -359,8 +433,9 @@ def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, r
     if K % 32 or group % 32 or K % group:
         raise ValueError(f"build_offline: K = {K} and group = {group} must be multiples of 32, the group dividing K")
     R, NW, S = config(K)
+    R, depth = (R, 1) if tile is None else check_config(tile)
     fn = _int4_gemv_gluon_kernel
-    constexprs = {"GROUP": group, "R": R, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual, "stride_xk": 1,
+    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual, "stride_xk": 1,
                   "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "nw_ptr": "*bf16",
              "res_ptr": "*bf16", "eps": "fp32"}

@@ -22,8 +22,9 @@ A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tu
 GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.candidate_configs`: the K-walking
 GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
 needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`; its Gluon
-build's rows per chunk, `int8_gemv_gluon.candidate_configs`, when given as `candidates`), and the attention's
-split. The int4 GEMVs run one config (`int4_gemv_gluon`'s notes), so an int4 step gets only the attention's.
+build's rows per chunk, `int8_gemv_gluon.candidate_configs`, when given as `candidates`); for each int4 role, the
+Gluon GEMV's rows per chunk and chunks requested ahead (`int4_gemv_gluon.candidate_configs`; none where the Gluon
+GEMV does not run, e.g. on a CPU); and the attention's split.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
     step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
@@ -44,7 +45,7 @@ import weakref
 
 import torch
 
-from . import _util, decode_attention, fused_gemv, int8_matmul
+from . import _util, decode_attention, fused_gemv, int4_gemv_gluon, int8_matmul
 from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, float_projections, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
@@ -108,8 +109,7 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
     Args:
         step: the Triton kernels' decode step (`KernelDecodeStep`, `LLM.kernels`) of an `llmlab.model.Transformer`,
             Llama-shaped (the fused batch-1 step runs it: no biases, no sliding window, one dtype), with float or
-            weight-only quantized projections (int8: its GEMV tiles are chosen; int4: its GEMVs run one config,
-            and only the attention's split is chosen).
+            weight-only quantized projections (int8: its GEMV tiles; int4: its Gluon GEMV's R and DEPTH).
         context, steps: the step is timed `steps` times with `context` tokens cached (default 256: between a chat
             turn's 128-token prompt and its end), on a static cache of `runner_slots(model, context, steps)` slots;
             the attention's choice is made for caches of that size (role `attention_role(slots)`).
@@ -134,11 +134,11 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
     Raises:
         ValueError: not a KernelDecodeStep (the Triton kernels are not on); a model the fused batch-1 step does
             not run; rounds or
-            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role, for
-            a GEMV role of an int4 model, or split int8 tiles for q/k/v or gate/up (their prologue is the RMSNorm);
-            `measure` returning anything but a finite number > 0.
+            finalists not whole numbers >= 1; keep_margin outside [0, 1); candidates with an unknown role, or
+            split int8 tiles for q/k/v or gate/up (their prologue is the RMSNorm); `measure` returning anything but
+            a finite number > 0.
         TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]} (an int8 model:
-            BLOCK_N, BLOCK_K, SPLIT_K, STAGES).
+            BLOCK_N, BLOCK_K, SPLIT_K, STAGES, or R with PPS or GLUON; an int4 model: R and DEPTH).
         RuntimeError: no `measure` given and no CUDA GPU.
         On any error (or an interrupt) the step keeps the tiles it had before the call.
     """
@@ -218,19 +218,22 @@ def _attention_candidates(model, slots: int) -> list:
 
 def gemv_candidates(step: KernelDecodeStep) -> dict:
     """{role: [config, ...]} the GEMV tiles step tuning times for each role of `step`'s batch-1 step: the float
-    GEMV's (`fused_gemv.candidate_configs`) or the int8 GEMV's (`int8_matmul.candidate_configs`; one split where the
-    RMSNorm is its prologue: q/k/v and gate/up); none for int4, whose GEMVs run one config (`int4_gemv_gluon`)."""
+    GEMV's (`fused_gemv.candidate_configs`), the int8 GEMV's (`int8_matmul.candidate_configs`; one split where the
+    RMSNorm is its prologue: q/k/v and gate/up) or the int4 Gluon GEMV's (`int4_gemv_gluon.candidate_configs`: none
+    where it does not run)."""
     if float_projections(step.model):
         return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
+    device = next(step.model.parameters()).device
     return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
-                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else []
+                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else
+            int4_gemv_gluon.candidate_configs(layer.in_features, device)
             for role, layer in step.quantized_gemv_layers().items()}
 
 
 def _check_candidates(candidates, attention: str, scheme: str = "float") -> None:
     """Refuse candidates this step cannot run: unknown roles, configs of the wrong kind for the role and the
-    weights' format ("float", "int8", "int4"), any GEMV candidate for int4, a split int8 tile where the RMSNorm is
-    the GEMV's prologue (q/k/v, gate/up)."""
+    weights' format ("float", "int8", "int4"), a split int8 tile where the RMSNorm is the GEMV's prologue (q/k/v,
+    gate/up)."""
     if candidates is None:
         return
     if not isinstance(candidates, dict):
@@ -246,16 +249,14 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
         what = ("a split config (BLOCK_N, SPLIT_N, FUSED_MERGE) as decode_attention.candidate_configs returns"
                 if not gemv else "BLOCK_N, BLOCK_K and STAGES (as fused_gemv.candidate_configs returns)"
                 if scheme == "float" else "BLOCK_N, BLOCK_K, SPLIT_K and STAGES, or R with PPS "
-                                          "or GLUON (as int8_matmul.candidate_configs returns)")
+                                          "or GLUON (as int8_matmul.candidate_configs returns)" if scheme == "int8"
+                else "R and DEPTH (as int4_gemv_gluon.candidate_configs returns)")
         check = (decode_attention._check_split_config if not gemv else fused_gemv._check_tile if scheme == "float"
-                 else functools.partial(int8_matmul.check_gemv_config, rmsnorm=role in ("qkv", "gate_up")))
+                 else functools.partial(int8_matmul.check_gemv_config, rmsnorm=role in ("qkv", "gate_up"))
+                 if scheme == "int8" else int4_gemv_gluon.check_config)
         if not isinstance(cands, (list, tuple)):
             raise TypeError(f"tune_decode_step: candidates[{role!r}] must be a list of triton.Config with {what}, "
                             f"got {cands!r}")
-        if gemv and scheme == "int4" and cands:
-            raise ValueError(f"tune_decode_step: candidates[{role!r}]: this model's int4 GEMVs run one config "
-                             f"(int4_gemv_gluon); only the attention's split can be chosen (leave the GEMV roles "
-                             f"out)")
         for c in cands:
             try:
                 check(c)
