@@ -649,6 +649,11 @@ def test_int8_candidates_follow_the_autotuners_pruning(monkeypatch):
     assert normed and all(c.kwargs["SPLIT_K"] == 1 for c in normed) and len(normed) < len(full)
     for c in plain:
         int8_matmul.check_gemv_tile(c)  # every candidate is a tile the GEMV takes
+    assert not any("GLUON" in c.kwargs for c in plain)  # no Gluon GEMV here (a CPU): none of its configs
+    from llmlab.kernels import int8_gemv_gluon
+    monkeypatch.setattr(int8_gemv_gluon, "usable", lambda device: True)  # where it runs, its configs come too
+    gluon = [c for c in int8_matmul.candidate_configs(4096, 14336, device="cuda") if "GLUON" in c.kwargs]
+    assert [c.kwargs["R"] for c in gluon] == list(int8_gemv_gluon.SHAPES)
 
 
 def test_the_tuning_key_names_the_weight_format():

@@ -11,9 +11,8 @@ are the chunk loads, the store with the RMSNorm's rstd and the residual, and PDL
 
 A config with the keys R and GLUON (`candidate_configs`) runs it, on a CUDA GPU whose Triton has Gluon (`usable`);
 elsewhere such a config runs `int8_gemv.py`'s Triton kernel, which computes the same sums. Not in the CPU
-interpreter, which does not run Gluon. Step tuning times its configs when they are given as candidates
-(`step_tuning.tune_decode_step(step, candidates={role: int8_matmul.candidate_configs(N, K) +
-int8_gemv_gluon.candidate_configs(K)})`); the default candidates are the Triton GEMVs'.
+interpreter, which does not run Gluon. Step tuning times its configs beside the Triton GEMVs' where it runs
+(`int8_matmul.candidate_configs(N, K, device=...)`).
 """
 
 from __future__ import annotations

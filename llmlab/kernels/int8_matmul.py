@@ -196,15 +196,19 @@ def check_gemv_config(config, rmsnorm: bool = False) -> None:
                          f"which one program walks), got the config {config}")
 
 
-def candidate_configs(N: int, K: int, rmsnorm: bool = False) -> list:
+def candidate_configs(N: int, K: int, rmsnorm: bool = False, device: torch.device | str | None = None) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for the M = 1 GEMV of an N x K int8 weight: the
     K-walking GEMV's tiles the autotuner would time (`GEMV1_CONFIGS` after `_gemv1_fused_prune`; with the RMSNorm
-    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K).
-    The Gluon build's configs (`int8_gemv_gluon.candidate_configs`) are not among them: a caller adds them
-    (`step_tuning.tune_decode_step(step, candidates=...)`).
-    One config where autotuning is off (the interpreter, LLMLAB_TRITON_AUTOTUNE=0)."""
+    prologue one split only), then the input-stationary GEMV's (`int8_gemv.candidate_configs`, where it takes K),
+    in Triton and, where it runs on `device` (None: the current CUDA device), in Gluon
+    (`int8_gemv_gluon.candidate_configs`). One config where autotuning is off (the interpreter,
+    LLMLAB_TRITON_AUTOTUNE=0)."""
+    from . import int8_gemv_gluon
+
     tiles = _gemv1_fused_prune(list(GEMV1_CONFIGS), {"N": N, "K": K}, PROLOGUE=1 if rmsnorm else 0)
-    return tiles + int8_gemv.candidate_configs(K) if len(GEMV1_CONFIGS) > 1 else tiles
+    if len(GEMV1_CONFIGS) == 1:
+        return tiles
+    return tiles + int8_gemv.candidate_configs(K) + int8_gemv_gluon.candidate_configs(K, device)
 
 
 def launch_gemv(x, w_q, scales, y, norm_weight=None, eps: float = 1e-5, swiglu: bool = False, residual=None,

@@ -21,10 +21,10 @@ fingerprint changes). Tuning takes seconds (about 100 captures of a 1B step); wh
 A weight-only quantized model's step (`KernelDecodeStep._quantized_token`) is tuned the same way: for each int8
 GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.candidate_configs`: the K-walking
 GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
-needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`; its Gluon
-build's rows per chunk, `int8_gemv_gluon.candidate_configs`, when given as `candidates`); for each int4 role, the
-Gluon GEMV's rows per chunk and chunks requested ahead (`int4_gemv_gluon.candidate_configs`; none where the Gluon
-GEMV does not run, e.g. on a CPU); and the attention's split.
+needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`, and its Gluon
+build's rows per chunk where it runs, `int8_gemv_gluon.py`); for each int4 role, the Gluon GEMV's rows per chunk
+and chunks requested ahead (`int4_gemv_gluon.candidate_configs`; none where the Gluon GEMV does not run, e.g. on a
+CPU); and the attention's split.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
     step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
@@ -225,7 +225,8 @@ def gemv_candidates(step: KernelDecodeStep) -> dict:
         return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
     device = next(step.model.parameters()).device
     return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
-                                                 rmsnorm=role in ("qkv", "gate_up")) if layer.scheme == "int8" else
+                                                 rmsnorm=role in ("qkv", "gate_up"), device=device)
+            if layer.scheme == "int8" else
             int4_gemv_gluon.candidate_configs(layer.in_features, device)
             for role, layer in step.quantized_gemv_layers().items()}
 
