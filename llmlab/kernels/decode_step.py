@@ -9,8 +9,8 @@ boundaries lives here:
   pair goes into the final norm the same way. One kernel per layer fewer;
 * `one_token`: a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) with the RMSNorms, SwiGLU
   and residual adds inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`; for a weight-only
-  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten (int8: eight,
-  its SwiGLU a launch of its own);
+  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten (eight for an
+  int8 step whose down GEMV walks K: its SwiGLU is a launch of its own);
 * `greedy`: the decode step's greedy token in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels;
 * `tiles`: the kernel configs `llmlab.kernels.step_tuning` chose by timing the whole captured step, by role.
 

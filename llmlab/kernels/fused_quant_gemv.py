@@ -12,13 +12,13 @@ its GEMVs and has seven. Here the quantized GEMV kernels do the same:
 * SwiGLU prologue: x is the gate/up GEMV's output [gate | up] and the input is silu(gate) * up, computed as x is
   loaded. A prologue, not the float step's epilogue on the gate/up GEMV: an epilogue needs gate row n and up row
   n in one program, which the persistent int4 programs, walking chunks of consecutive rows, do not have. It pays
-  in the int4 GEMV, whose one wave of programs each compute the K sigmoids once; the int8 GEMV's thousands of
-  programs would each compute them for their K tiles, so an int8 step keeps SwiGLU as a launch of its own
-  (`KernelDecodeStep.one_token`);
+  in the input-stationary GEMVs (int4's, and int8's `int8_gemv` configs), whose one wave of programs each compute
+  the K sigmoids once; the int8 K-walking GEMV's thousands of programs would each compute them for their K tiles,
+  so an int8 step whose down GEMV walks K keeps SwiGLU as a launch of its own (`KernelDecodeStep.one_token`);
 * residual epilogue: y = residual + W x, the output rounded to the activation dtype first, as the unfused add.
 
 The step per layer: norm + q/k/v GEMV, RoPE + K/V write, attention, o GEMV + add, norm + gate/up GEMV, SwiGLU +
-down GEMV + add: six launches and the attention's merge (int8: seven). Every GEMV also loads its first weights
+down GEMV + add: six launches and the attention's merge (seven where SwiGLU has its own). Every GEMV also loads its first weights
 before it waits for the kernel before it (PDL, `pdl_enabled` in _util.py). What the fusion gains, and what SwiGLU
 as the int8 down GEMV's prologue cost, is in `docs/results.md` ("The quantized step with its small ops inside").
 
@@ -112,6 +112,9 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
             `int4_gemv_gluon.check_config`).
         ValueError: a layer with a bias or padded rows; x not one contiguous row of K_in; norm_weight or residual
             of the wrong shape; both prologues; a split int8 config with norm_weight.
+        An int4 config the Gluon GEMV fails to build or launch raises what Triton raised (step tuning records the
+        config as failed); without a config such a failure turns the Gluon GEMV off on that GPU, with a warning,
+        and the Triton GEMV answers.
     """
     scheme = _layer_check(layer)
     if config is not None and scheme == "int8":  # checked before the fallback below could skip it
@@ -158,7 +161,7 @@ def fused_quant_gemv(x: torch.Tensor, layer, norm_weight: torch.Tensor | None = 
 
 
 def _launch(scheme: str, layer, x, y, fused: dict, config=None) -> bool:
-    """Run the fused kernel for this layer into y (int8: with `config`, or the autotuner's pick), or return False
+    """Run the fused kernel for this layer into y with `config` (None: the kernel's own pick), or return False
     when no kernel takes its rows."""
     from .weight_quant import word_rows
 
@@ -180,6 +183,8 @@ def _launch(scheme: str, layer, x, y, fused: dict, config=None) -> bool:
             _gluon().int4_gemv(x, packed, scales, y, pdl_kwargs(x.device), **fused, tile=config)
             return True
         except Exception as e:  # noqa: BLE001 - a Triton whose Gluon cannot build it: the Triton GEMV below
+            if config is not None:  # a config being tried (step tuning): the failure is the config's, not the GPU's
+                raise
             _gluon_failed(x.device, (layer.out_features, K), e)
     if K <= int4_gemv.IS_MAX_K:
         int4_gemv.launch_input_stationary(x, packed, scales, y, layer.out_features, K, G, **fused)

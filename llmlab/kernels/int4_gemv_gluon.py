@@ -246,6 +246,7 @@ if GLUON_ERROR is None:
         LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
         LT: gl.constexpr,
     ):
+        gl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the loop below rotates 1 to 3 chunks ahead (MAX_DEPTH)")
         LQ: gl.constexpr = gl.SliceLayout(0, LA)
         buf = gl.allocate_shared_memory(gl.float32, [2, R, Q // 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         rw, q_ok, grp = _slots(K, GROUP, Q, LW, LQ)
@@ -347,7 +348,7 @@ def check_config(config) -> tuple[int, int]:
 
 def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for rows of K weights: triton.Config({"R",
-    "DEPTH"}) for R in 2..16 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
+    "DEPTH"}) for R in 2..8 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
     `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off
     (`_util.autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
     switched off or failed: `int4_matmul.gluon_gemv_status`; None: the current CUDA device) or cannot take K
@@ -359,7 +360,7 @@ def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     if not 0 < K <= MAX_K or K % 32 or gluon_gemv_status(dev) != "gluon":
         return []
     R0, NW, S = config(K)
-    shapes = [(R0, 1)] + [(r, d) for r in (2, 4, 8, 16) for d in range(1, MAX_DEPTH + 1)
+    shapes = [(R0, 1)] + [(r, d) for r in (2, 4, 8) for d in range(1, MAX_DEPTH + 1)
                           if (r, d) != (R0, 1) and (d + 1) * r * 4 * S <= MAX_AHEAD_WORDS]
     configs = [triton.Config({"R": r, "DEPTH": d}, num_warps=NW) for r, d in shapes]
     return autotune_configs(configs, configs[0])
@@ -435,8 +436,9 @@ def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, r
     R, NW, S = config(K)
     R, depth = (R, 1) if tile is None else check_config(tile)
     fn = _int4_gemv_gluon_kernel
-    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual, "stride_xk": 1,
-                  "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group, **_layouts(R, NW, S)}
+    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual,
+                  "stride_xk": 1, "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group,
+                  **_layouts(R, NW, S)}
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "nw_ptr": "*bf16",
              "res_ptr": "*bf16", "eps": "fp32"}
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}

@@ -19,7 +19,8 @@ holds the whole row of x, so the RMSNorm's rstd is computed in each program, wit
 
 Which of the two int8 GEMVs a decode step runs for each of its roles is chosen by timing the captured step
 (`step_tuning`): an input-stationary config is a `triton.Config` with the keys R and PPS (`candidate_configs`), a
-K-walking one has BLOCK_N, BLOCK_K, SPLIT_K and STAGES (`int8_matmul.candidate_configs` returns both kinds).
+K-walking one has BLOCK_N, BLOCK_K, SPLIT_K and STAGES, and one with R and GLUON runs this GEMV's Gluon build
+(`int8_gemv_gluon.py`); `int8_matmul.candidate_configs` returns all three kinds.
 
 Shapes: x (1, K), or (1, 2K) [gate | up] with SwiGLU; w_q (N, K) int8 with K a multiple of 16 and rows 4-byte
 aligned; scales (N,) float; y (1, N). Numerics as the K-walking GEMV's (`int8_matmul.int8_matmul`): exact products

@@ -45,7 +45,7 @@ import weakref
 
 import torch
 
-from . import _util, decode_attention, fused_gemv, int4_gemv_gluon, int8_matmul
+from . import _util, decode_attention, fused_gemv, int8_matmul
 from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, float_projections, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
@@ -223,6 +223,8 @@ def gemv_candidates(step: KernelDecodeStep) -> dict:
     where it does not run)."""
     if float_projections(step.model):
         return {role: fused_gemv.candidate_configs(w, swiglu_out=glu) for role, (w, glu) in step.gemv_weights().items()}
+    from . import int4_gemv_gluon  # imports Gluon: only for a quantized model
+
     device = next(step.model.parameters()).device
     return {role: int8_matmul.candidate_configs(layer.out_features, layer.in_features,
                                                  rmsnorm=role in ("qkv", "gate_up"), device=device)
@@ -237,6 +239,8 @@ def _check_candidates(candidates, attention: str, scheme: str = "float") -> None
     gate/up)."""
     if candidates is None:
         return
+    from . import int4_gemv_gluon  # imports Gluon: only when candidates are given
+
     if not isinstance(candidates, dict):
         raise TypeError(f"tune_decode_step: candidates must be a dict {{role: [triton.Config, ...]}}, got "
                         f"{type(candidates).__name__}")
