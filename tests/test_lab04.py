@@ -301,12 +301,37 @@ def test_the_lab_replays_the_8b_run_this_repository_ships(monkeypatch, capsys):
     assert ns["doc"] is not None, out
     assert "workload chat | model llama-3.1-8b" in out and "no recorded GPU run" not in out
     assert "TPOT speed-up over" in out
+    _assert_bytes_agree(out, lm_head=False)
+
+
+def _assert_bytes_agree(out: str, lm_head: bool) -> None:
+    """The lab's roofline table: for every rung this lab's byte count agrees with the bench's; with `lm_head`, it
+    has rungs with a quantized lm_head."""
     table = out[out.index("roofline per rung"):].splitlines()[2:]
     rows = [line for line in table if line.startswith("+")]
-    assert rows and any("+lm_head" in line for line in rows)
-    for line in rows:  # this lab's byte count agrees with the bench's for every rung, the lm_head ones too
+    assert rows and (not lm_head or any("+lm_head" in line for line in rows))
+    for line in rows:
         lab_gb, bench_gb = line.split("ms")[0].split()[-3:-1]
         assert lab_gb == bench_gb, line
+
+
+def test_the_lab_counts_a_quantized_lm_heads_bytes_as_the_bench_did(tmp_path, monkeypatch, capsys):
+    """The newest shipped 8B chat run that has rungs with a quantized lm_head, replayed alone: the lab's bytes agree
+    with the bench's for those rungs too."""
+    import shutil
+
+    def has_lm_head(path: Path) -> bool:
+        doc = json.loads(path.read_text())
+        return any("lm_head" in str(r.get("step")) and r.get("weights") != "bf16" for r in doc.get("results", []))
+
+    shipped = sorted(Path(bench_file.DEFAULT_OUT).glob("*_chat_llama-3.1-8b_*.json"), key=lambda p: p.stem[-16:])
+    with_lm_head = [p for p in shipped if has_lm_head(p)]
+    assert with_lm_head, "no shipped 8B chat run has a quantized-lm_head rung"
+    shutil.copy(with_lm_head[-1], tmp_path / with_lm_head[-1].name)
+    ns = _run_replay_cells(monkeypatch, tmp_path)
+    out = capsys.readouterr().out
+    assert ns["doc"] is not None, out
+    _assert_bytes_agree(out, lm_head=True)
 
 
 def test_the_lab_shows_the_recorded_quality_table(tmp_path, monkeypatch, capsys):
