@@ -18,9 +18,10 @@ its GEMVs and has seven. Here the quantized GEMV kernels do the same:
 * residual epilogue: y = residual + W x, the output rounded to the activation dtype first, as the unfused add.
 
 The step per layer: norm + q/k/v GEMV, RoPE + K/V write, attention, o GEMV + add, norm + gate/up GEMV, SwiGLU +
-down GEMV + add: six launches and the attention's merge (seven where SwiGLU has its own). Every GEMV also loads its first weights
-before it waits for the kernel before it (PDL, `pdl_enabled` in _util.py). What the fusion gains, and what SwiGLU
-as the int8 down GEMV's prologue cost, is in `docs/results.md` ("The quantized step with its small ops inside").
+down GEMV + add: six launches and the attention's merge (seven where SwiGLU has its own). Every GEMV also loads its
+first weights before it waits for the kernel before it (PDL, `pdl_enabled` in _util.py). What the fusion gains, and
+what SwiGLU as the int8 K-walking down GEMV's prologue cost, is in `docs/results.md` ("The quantized step with its
+small ops inside").
 
 Numerics: as `fused_gemv`'s (the normalized x is not rounded to the activation dtype; SwiGLU and the residual add
 round where the unfused ops round), with the quantized GEMVs' own range (`int8_matmul`'s notes: exact for

@@ -164,8 +164,8 @@ def check_gemv_tile(config) -> None:
         got = f"{type(config).__name__} {config}" if isinstance(config, triton.Config) else repr(config)
         raise TypeError(f"int8 GEMV: config must be a triton.Config with BLOCK_N, BLOCK_K, SPLIT_K and STAGES and "
                         f"nothing else, or with R and PPS, or R and GLUON (see candidate_configs), got {got}; a "
-                        f"tile chosen for another weight format (a float or int4 model's) does not fit: clear the step's "
-                        f"tiles or tune again")
+                        f"tile chosen for another weight format (a float or int4 model's) does not fit: clear the "
+                        f"step's tiles or tune again")
     bn, bk, sk, st = (config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "STAGES"))
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (bn, bk, sk, st))
     if not ints or bn < 1 or bk < 4 or bn & (bn - 1) or bk & (bk - 1) or not 1 <= sk <= split_k.MAX_SPLIT_K \
