@@ -373,6 +373,16 @@ def test_cli_errors(capsys, tmp_path):
     assert "names no ladder step" in capsys.readouterr().err
 
 
+def test_rows_that_convert_the_weights_get_a_memory_note():
+    rows = [{"step": "+prefill_graphs", "weights": "bf16", "peak_mem_GB": 17.6, "weights_allocated_GB": 16.1},
+            {"step": "+int8", "weights": "int8", "peak_mem_GB": 26.8, "weights_allocated_GB": 9.09},
+            {"step": "torchao_int8", "weights": "int8", "peak_mem_GB": 25.8},
+            {"step": "+int4", "weights": "int4", "peak_mem_GB": None, "weights_allocated_GB": 5.8}]
+    note = bench_table.converted_weights_mem_note(rows, "bf16")
+    assert "loaded bf16 model" in note and note.endswith("+int8 9.09")  # not the peer, not a CPU row
+    assert bench_table.converted_weights_mem_note(rows[:1], "bf16") is None
+
+
 def test_mbu_above_the_roofline_gets_a_note():
     rows = [{"step": "eager", "mbu": 1.3}, {"step": "+cuda_graphs", "mbu": 0.4}, {"step": "roofline", "mbu": 1.0}]
     note = bench_table.mbu_above_roofline_note(rows)

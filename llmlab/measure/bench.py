@@ -39,7 +39,8 @@ from llmlab.ladder import LadderStep, ResolvedStep, available_steps, get_step, w
 from llmlab.measure import roofline
 from llmlab.measure.bench_file import DEFAULT_OUT, bench_document, bench_filename, peaks_record, result_row, save_bench
 from llmlab.measure.bench_metrics import AS_LOADED, Call, Run, decode_work, median_metrics, run_metrics
-from llmlab.measure.bench_table import format_table, mbu_above_roofline_note, peaks_line, roofline_mfu_note, row_line
+from llmlab.measure.bench_table import (converted_weights_mem_note, format_table, mbu_above_roofline_note, peaks_line,
+                                       roofline_mfu_note, row_line)
 from llmlab.measure.model_bytes import (allocated_weight_bytes, bytes_per_param_read, describe_weights, loaded_weights,
                                        step_weight_bytes)
 from llmlab.measure.peers import (TORCHAO_PEERS, close_hf_continuous, hf_peer_model, peers_that_run, run_hf,
@@ -462,7 +463,8 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
              "fewer sequences reads less KV cache and can be shorter)"
              + ("; mfu > 1: the arithmetic, not the bandwidth, is the tighter limit here (see "
                 "compute_ceiling_tokens_per_s)" if mfu_at_ceiling > 1 else "")))
-    table_notes = [n for n in (mbu_above_roofline_note(doc["results"]), roofline_mfu_note(doc["results"])) if n]
+    table_notes = [n for n in (mbu_above_roofline_note(doc["results"]), roofline_mfu_note(doc["results"]),
+                               converted_weights_mem_note(doc["results"], _weights(AS_LOADED, llm))) if n]
     doc["notes"] += table_notes
     doc["complete"] = True
     doc["elapsed_s"] = time.perf_counter() - t_start

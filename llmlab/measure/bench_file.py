@@ -43,7 +43,9 @@ UNITS = {"tokens_per_s": "generated tokens per second, summed over the batch, pr
          "mbu": "fraction (0.25 = 25%) of peaks.copy_GBps", "mfu": "fraction of peaks.bf16_TFLOPs",
          "gpu_util": "fraction: NVML GPU-Util (time >= 1 kernel ran), mean over the timed runs",
          "sm_active": "fraction: NVML GPM SM activity, mean over the timed runs",
-         "peak_mem_GB": "torch.cuda.max_memory_allocated during the timed runs, 1e9 bytes",
+         "peak_mem_GB": "torch.cuda.max_memory_allocated during the timed runs, 1e9 bytes: the whole process's, so a "
+                        "row that converts the weights (+int8, +int4, ...) counts the loaded model beside its copy; "
+                        "weights_allocated_GB is the row's own weights",
          "warmup_s": "seconds of the untimed warm-up run (compilation, CUDA-graph capture included)"}
 
 

@@ -58,6 +58,19 @@ def mbu_above_roofline_note(results: list[dict]) -> str | None:
             f"bound it")
 
 
+def converted_weights_mem_note(results: list[dict], loaded: str | None) -> str | None:
+    """A note for rows whose weights differ from the loaded model's `loaded` format and that measured memory (None if
+    there are none): their "mem GB" is the process's peak, which counts the loaded model kept beside the converted
+    copy; the row's own weights are its `weights_allocated_GB`."""
+    rows = [r for r in results if r.get("peak_mem_GB") is not None and r.get("weights_allocated_GB") is not None
+            and r.get("weights") != loaded]
+    if not rows:
+        return None
+    own = ", ".join(f"{r['step']} {r['weights_allocated_GB']:.2f}" for r in rows)
+    return (f"mem GB is the process's peak: a row that converts the weights runs on a copy, so it counts the loaded "
+            f"{loaded} model too; the rows' own weights (GB, allocated): {own}")
+
+
 def roofline_mfu_note(results: list[dict]) -> str | None:
     """A note for a roofline row with MFU above 100% (None otherwise): the row is a bandwidth-only ceiling, and
     doing this workload's arithmetic at its speed would take more than the measured matmul rate, so the compute
