@@ -319,8 +319,26 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
 
 
 def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it."""
+    """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it.
+
+    Raises ValueError, writing nothing, for a model with quantized layers (`llmlab.quant.save_quantized` writes
+    those, with the quant_config.json that says how to read them) and for a folder that holds a quantized save
+    (its quant_config.json would describe tensors no longer there)."""
+    from llmlab.quant import quantized_layers
+
     folder = Path(folder)
+    if quantized_layers(model):
+        raise ValueError("save_model writes float weights, but this model's linear layers are quantized: save it "
+                         "with llmlab.quant.save_quantized(llm, folder), or save the float model it came from")
+    if (folder / "quant_config.json").is_file():
+        raise ValueError(f"save_model: {folder} holds a quantized save (quant_config.json); save the float model "
+                         f"into another folder, or delete this one first")
+    return write_model(model, folder, dtype)
+
+
+def write_model(model: Transformer, folder: Path, dtype: torch.dtype | None = None) -> Path:
+    """What `save_model` writes, unchecked: config.json and model.safetensors with the model's tensors as they are
+    (`save_quantized` writes a quantized model's packed weights and scales through it)."""
     folder.mkdir(parents=True, exist_ok=True)
     state = {}
     for name, t in model.state_dict().items():

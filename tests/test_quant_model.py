@@ -143,6 +143,8 @@ def test_perplexity_and_agreement_refuse_bad_input():
         perplexity(model, list(range(20)), context=16, stride=16)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         perplexity(model, [1, 2, 999])
+    with pytest.raises(TypeError, match=r"got text \('hello world'\); encode it first: llm.encode\(text\)"):
+        perplexity(model, "hello world")
     with pytest.raises(ValueError, match="n_tokens"):
         greedy_agreement(model, model, [[1, 2]], n_tokens=0)
     with pytest.raises(ValueError, match="non-empty list of prompts"):

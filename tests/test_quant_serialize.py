@@ -253,6 +253,19 @@ def test_save_refuses_what_it_cannot_load_back_and_never_overwrites_a_float_mode
     assert is_quantized(load_quantized(tmp_path / "q", device="cpu").model)
 
 
+def test_save_model_refuses_a_quantized_model_and_a_quantized_folder(tmp_path):
+    q = quantize_model(tiny_model(), "int8")
+    with pytest.raises(ValueError, match="quantized: save it with llmlab.quant.save_quantized"):
+        save_model(q, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    folder = save_quantized(q, tmp_path / "q")
+    before = (folder / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"holds a quantized save \(quant_config.json\); save the float model"):
+        save_model(tiny_model(), folder)
+    assert (folder / "model.safetensors").read_bytes() == before
+    assert is_quantized(load_quantized(folder, device="cpu").model)  # still loads
+
+
 def test_llmlab_load_reads_a_saved_quantized_folder(tmp_path):
     """`llmlab.load(folder)` routes a folder with quant_config.json to load_quantized: the same logits, and the
     method recorded by LLM.quantize."""

@@ -22,6 +22,9 @@ __all__ = ["perplexity", "greedy_agreement"]
 
 def _as_ids(op: str, token_ids, vocab_size: int | None) -> torch.Tensor:
     """token ids (a list of ints, a (T,) or (1, T) integer tensor) -> (T,) int64 CPU tensor, checked."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError(f"{op}: token_ids must be token ids, got text ({token_ids[:40]!r}); encode it first: "
+                        f"llm.encode(text), or llmlab.quant.evaluation_ids(llm) for the held-out text")
     ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.as_tensor(list(token_ids))
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]

@@ -119,10 +119,11 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
 
     Raises:
         TypeError: model is not an nn.Module (an `LLM`: pass llm.model); group_size not an int.
-        ValueError: an unknown scheme; a model already quantized (dequantize_model first, or reload it); a model
-            whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out first); an int4
-            group size that is not a positive multiple of 32 (the message names group_size, the usual choices and
-            those that need no padding for this model); no linear layer to quantize; a weight with NaN or inf.
+        ValueError: an unknown scheme; a model already quantized (dequantize_model first, or load the float
+            checkpoint); a model whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out
+            first); an int4 group size that is not a positive multiple of 32 (the message names group_size, the
+            usual choices and those that need no padding for this model); no linear layer to quantize; a weight
+            with NaN or inf.
     """
     _check_model("quantize_model", model)
     if scheme not in SCHEMES:
@@ -130,7 +131,8 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     if is_quantized(model):
         raise ValueError(f"quantize_model: the model is already quantized ({len(quantized_layers(model))} layers); "
                          f"quantizing twice would round the rounded weights again. Call "
-                         f"llmlab.quant.dequantize_model(model) first, or reload the model")
+                         f"llmlab.quant.dequantize_model(model) first (it keeps the rounding), or load the float "
+                         f"checkpoint it came from")
     check_not_swapped("quantize_model", model)
     targets = _targets(model, include_lm_head)
     if not targets:

@@ -6,7 +6,7 @@ quant_config.json that says how they were made, so a quantized model loads witho
 
 The folder:
 
-    config.json        the model's Hugging Face config (written by `llmlab.checkpoint.save_model`)
+    config.json        the model's Hugging Face config (as `llmlab.checkpoint.save_model` writes it)
     model.safetensors  every tensor of the model's state_dict, named as `save_model` names them ("model." + the
                        llmlab name; a float lm_head.weight bare, as Hugging Face names it; a quantized lm_head's
                        tensors take the prefix like every other layer's): a quantized layer stores <layer>.w_q int8
@@ -45,7 +45,7 @@ from safetensors import SafetensorError, safe_open
 
 from llmlab import __version__
 from llmlab.cache.sizing import check_fits
-from llmlab.checkpoint import _check_finite, _not_safetensors, load_config, load_tokenizer, save_model
+from llmlab.checkpoint import _check_finite, _not_safetensors, load_config, load_tokenizer, write_model
 from llmlab.kernels.weight_quant import SCALE_LIMIT
 from llmlab.model import Transformer
 
@@ -255,7 +255,7 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
         raise ValueError(f"save_quantized: {folder} already holds a model ({', '.join(others) or WEIGHTS}); save into "
                          f"a new or empty folder (a quantized save there is overwritten, never a float checkpoint)")
     (folder / QUANT_CONFIG).unlink(missing_ok=True)  # until the new one is written, the folder is no quantized save
-    save_model(model, folder)
+    write_model(model, folder)
     if tokenizer is not None and hasattr(tokenizer, "save"):
         tokenizer.save(str(folder / "tokenizer.json"))
     (folder / QUANT_CONFIG).write_text(json.dumps(qc, indent=2) + "\n")
