@@ -208,13 +208,16 @@ def test_gluon_gemv_reads_strided_x_sliced_weights_and_other_scale_layouts():
 
 def test_a_config_is_r_and_depth_and_anything_else_is_refused_by_name():
     assert gg.check_config(triton.Config({"R": 4, "DEPTH": 2})) == (4, 2)
+    assert gg.check_config(triton.Config({"R": 4, "DEPTH": 1}, maxnreg=88)) == (4, 1)
     for bad, match in [({"R": 4, "DEPTH": 2}, "triton.Config with R and DEPTH"),
                        (triton.Config({"R": 4, "PPS": 2}), "another weight format"),
                        (triton.Config({"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 1, "STAGES": 1}), "R and DEPTH"),
                        (triton.Config({"R": 3, "DEPTH": 1}), "power of 2"),
                        (triton.Config({"R": 64, "DEPTH": 1}), "1..32"),
                        (triton.Config({"R": 4, "DEPTH": gg.MAX_DEPTH + 1}), "DEPTH in"),
-                       (triton.Config({"R": 4, "DEPTH": True}), "DEPTH")]:
+                       (triton.Config({"R": 4, "DEPTH": True}), "DEPTH"),
+                       (triton.Config({"R": 4, "DEPTH": 1}, maxnreg=16), "maxnreg must be None or an int in 32"),
+                       (triton.Config({"R": 4, "DEPTH": 1}, maxnreg=88.0), "maxnreg")]:
         with pytest.raises(TypeError, match=match):
             gg.check_config(bad)
 
@@ -233,6 +236,12 @@ def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_ne
         for c in cands:
             r, d = gg.check_config(c)
             assert (d + 1) * r * 4 * S <= gg.MAX_AHEAD_WORDS and c.num_warps == NW
+        capped = [c for c in cands if c.maxnreg]
+        if NW == 16:  # one program an SM: one capped default, leaving a 4-warp program of 144 registers its room
+            assert [(c.kwargs, c.maxnreg) for c in capped] == [({"R": R, "DEPTH": 1}, 88)]
+            assert 65536 - 88 * 32 * NW >= gg.NEXT_PROGRAM_REGS > 65536 - 96 * 32 * NW
+        else:
+            assert capped == []
     assert gg.candidate_configs(gg.MAX_K + 32, "cpu") == [] and gg.candidate_configs(100, "cpu") == []
     monkeypatch.setattr(_util, "interpret_mode", lambda: True)  # autotuning off: the default alone
     assert [c.kwargs for c in gg.candidate_configs(4096, "cpu")] == [{"R": 8, "DEPTH": 1}]
@@ -250,10 +259,12 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
         "for K, pro, res in ((4096, 1, False), (14336, 2, True)):\n"
         "    for c in gg.candidate_configs(K, 'cpu'):\n"
         "        ptx = gg.build_offline(K, group=128, prologue=pro, residual=res, tile=c).asm['ptx']\n"
-        "        print(K, c.kwargs['R'], c.kwargs['DEPTH'], ptx.count('ld.global.v4.b32'))\n")
+        "        print(K, c.kwargs['R'], c.kwargs['DEPTH'], ptx.count('ld.global.v4.b32'), c.maxnreg or 0,\n"
+        "              ptx.count(f'.maxnreg {c.maxnreg}'))\n")
     rows = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
     assert {K for K, *_ in rows} == {4096, 14336} and len(rows) >= 8
-    loads = {(K, R, D): n for K, R, D, n in rows}
+    assert [(K, cap, n) for K, _, _, _, cap, n in rows if cap] == [(14336, 88, 1)]  # the cap reaches ptxas
+    loads = {(K, R, D): n for K, R, D, n, cap, _ in rows if not cap}
     for (K, R, D), n in loads.items():
         if (K, R, D + 1) in loads:
             assert loads[(K, R, D + 1)] > n, (K, R, D)

@@ -35,7 +35,9 @@ that keep one wave's chunks per program) leave less in flight. Each program keep
 the one it sums (default 1). With one 16-warp program an SM (K = 14336), one chunk of 4 rows ahead is ~29 KB in
 flight per SM, near what the memory's latency needs to keep copy speed; DEPTH 2-3, or more rows a chunk, put more
 in flight at the cost of registers. A decode step's tuning (`step_tuning`) times R and DEPTH per role inside the
-captured step (`candidate_configs`, `check_config`); the chosen config reaches the kernel as `int4_gemv(...,
+captured step (`candidate_configs`, `check_config`), and for the 16-warp programs the default with its registers
+capped (`maxnreg`) so that the next GEMV's first program fits on the SM beside it and, under PDL, starts loading
+its weights before this one ends (NEXT_PROGRAM_REGS); the chosen config reaches the kernel as `int4_gemv(...,
 tile=)`.
 """
 
@@ -327,12 +329,18 @@ def config(K: int) -> tuple[int, int, int]:
 # (65,536 an SM); half of them stay for x's 32 partners a slot, the sums and the addresses.
 MAX_DEPTH = 3
 MAX_AHEAD_WORDS = 64
+# Under PDL the next kernel's programs start (and request their first weights) on an SM with room for them while this
+# kernel still runs. A 16-warp program (K > 8192: the down projection) at its natural ~96 registers a thread leaves
+# ~16K of an SM's 65,536, less than one 4-warp program of the GEMVs that follow it (q/k/v, gate/up at K = 4096: up to
+# 144 registers a thread, 18,432 in all). The capped candidate limits it to the registers that leave that room.
+NEXT_PROGRAM_REGS = 4 * 32 * 144
 
 
 def check_config(config) -> tuple[int, int]:
     """(R, DEPTH) of a config for this GEMV: a triton.Config whose kwargs are exactly R (rows per chunk, a power of
-    2 in 1..32, as the cross-thread sums lay out) and DEPTH (chunks requested ahead, 1..MAX_DEPTH). TypeError
-    otherwise, naming what is wrong."""
+    2 in 1..32, as the cross-thread sums lay out) and DEPTH (chunks requested ahead, 1..MAX_DEPTH), and whose
+    maxnreg (registers a thread, for ptxas) is None or an int in 32..255. TypeError otherwise, naming what is
+    wrong."""
     if not isinstance(config, triton.Config) or set(config.kwargs) != {"R", "DEPTH"}:
         got = f"triton.Config {config}" if isinstance(config, triton.Config) else repr(config)
         raise TypeError(f"int4 GEMV: config must be a triton.Config with R and DEPTH and nothing else (see "
@@ -343,13 +351,17 @@ def check_config(config) -> tuple[int, int]:
     if not ints or not 1 <= r <= 32 or r & (r - 1) or not 1 <= d <= MAX_DEPTH:
         raise TypeError(f"int4 GEMV: a config's R must be a power of 2 in 1..32 and DEPTH in 1..{MAX_DEPTH}, got "
                         f"R={r!r}, DEPTH={d!r}")
+    cap = getattr(config, "maxnreg", None)
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or not 32 <= cap <= 255):
+        raise TypeError(f"int4 GEMV: a config's maxnreg must be None or an int in 32..255, got {cap!r}")
     return r, d
 
 
 def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for rows of K weights: triton.Config({"R",
     "DEPTH"}) for R in 2..8 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
-    `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off
+    `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off; for 16-warp programs
+    also the default with its registers capped (`maxnreg`) to leave NEXT_PROGRAM_REGS free on the SM
     (`_util.autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
     switched off or failed: `int4_matmul.gluon_gemv_status`; None: the current CUDA device) or cannot take K
     (K > MAX_K, or not a multiple of 32)."""
@@ -363,6 +375,9 @@ def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     shapes = [(R0, 1)] + [(r, d) for r in (2, 4, 8) for d in range(1, MAX_DEPTH + 1)
                           if (r, d) != (R0, 1) and (d + 1) * r * 4 * S <= MAX_AHEAD_WORDS]
     configs = [triton.Config({"R": r, "DEPTH": d}, num_warps=NW) for r, d in shapes]
+    if NW == 16:  # one program an SM: cap it so that the next GEMV's first program fits beside it (see above)
+        cap = (65536 - NEXT_PROGRAM_REGS) // (32 * NW) // 8 * 8  # registers are allocated 8 a thread at a time
+        configs.append(triton.Config({"R": R0, "DEPTH": 1}, num_warps=NW, maxnreg=cap))
     return autotune_configs(configs, configs[0])
 
 
@@ -391,8 +406,8 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
         y: (1, N) in x's dtype, any stride along N.
         pdl: `pdl_kwargs(device)` from _util.py.
         norm_weight: (K,) contiguous, x's dtype, or None. residual: (1, N) contiguous, x's dtype, or None.
-        tile: a triton.Config with R and DEPTH (`check_config`, `candidate_configs`), or None: `config(K)`'s R
-            and DEPTH 1.
+        tile: a triton.Config with R and DEPTH, and maxnreg or None (`check_config`, `candidate_configs`), or
+            None: `config(K)`'s R and DEPTH 1.
 
     int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
@@ -400,17 +415,18 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     N, K = packed.shape[0], 2 * packed.shape[1]
     prologue = 2 if swiglu else 1 if norm_weight is not None else 0
     R, depth = (config(K)[0], 1) if tile is None else check_config(tile)
+    cap = getattr(tile, "maxnreg", None)
     args = (x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
             N, K, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(-1))
     # what the meta-parameters and the compiled kernel's registers depend on (Triton also specializes on strides of
     # 1 and 16-byte alignment, which change no register count that matters here: the wave only sizes the grid)
     key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), scales.shape[1],
-           pdl.get("PDL"), prologue, residual is not None, R, depth)
+           pdl.get("PDL"), prologue, residual is not None, R, depth, cap)
     launch = _LAUNCH.get(key)
     if launch is None:  # once per shape and config: the layouts (~0.1 ms of Python to build) and a compile
         _, NW, S = config(K)
         meta = dict(GROUP=K // scales.shape[1], R=R, DEPTH=depth, num_warps=NW, PROLOGUE=prologue,
-                    HAS_RES=residual is not None, **_layouts(R, NW, S), **pdl)
+                    HAS_RES=residual is not None, **_layouts(R, NW, S), **pdl, **({"maxnreg": cap} if cap else {}))
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -446,5 +462,7 @@ def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, r
     # weight loads are then 16 bytes wide, as on the GPU)
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if a in types and a != "eps" or a == "K"}
+    cap = getattr(tile, "maxnreg", None)
     return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": NW})
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": NW, **({"maxnreg": cap} if cap else {})})
