@@ -194,6 +194,29 @@ def test_batch_one_decode_on_a_static_cache_fuses_the_small_ops_into_the_gemvs(m
     assert "fused_gemv" not in calls and calls["rmsnorm"] == 5 * (2 * L + 1)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("inside", [True, False], ids=["rope-in-attention", "rope-launch"])
+def test_batch_one_step_applies_rope_in_the_attention_launch_or_before_it(monkeypatch, inside):
+    """The batch-1 step's RoPE and K/V write: inside the attention's launch (`rope_cache_attention`, the default)
+    or in a launch of their own (`rope_and_cache_`, ROPE_IN_ATTENTION = False); the same greedy logits as the
+    PyTorch path either way, over enough steps that the attention reads keys the kernel itself wrote."""
+    model = tiny_model(seed=6).to(DEV)
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6)).to(DEV)
+
+    def run(fwd):
+        return greedy_on_static_cache(fwd, model, ids, steps=6)
+
+    ref = run(model)
+    monkeypatch.setattr(modules, "ROPE_IN_ATTENTION", inside)
+    calls = _count_calls(monkeypatch, ("rope_cache_attention", "rope_and_cache_", "decode_attention"))
+    for a, b in zip(_run_swapped(model, run, "step"), ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    decode_layers = 6 * model.config.n_layers
+    want = ({"rope_cache_attention": decode_layers} if inside
+            else {"rope_and_cache_": decode_layers, "decode_attention": decode_layers})
+    assert calls == want
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for tensors the interpreter cannot take")
 @torch.no_grad()
 def test_unsupported_dtype_falls_back_to_pytorch_with_one_warning():

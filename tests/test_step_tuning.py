@@ -499,14 +499,14 @@ def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_
         assert report[role]["chosen"] == str(SPLITS[1])
         assert step.tiles == {role: SPLITS[1]}
         calls = []
-        real = ops().decode_attention
+        real = ops().rope_cache_attention  # the step's attention, RoPE inside
 
         def spy(*a, **kw):
             calls.append(kw.get("config"))
             return real(*a, **kw)
 
         ns = ops()
-        ns.decode_attention = spy
+        ns.rope_cache_attention = spy
         try:
             assert greedy(256) == before  # the chosen split: the same tokens
             assert calls and all(c is SPLITS[1] for c in calls)
@@ -514,7 +514,7 @@ def test_the_attention_split_config_is_chosen_for_its_cache_size_and_the_decode_
             greedy(64)  # a 64-slot cache is another size: the autotuner's pick
             assert calls and all(c is None for c in calls)
         finally:
-            ns.decode_attention = real
+            ns.rope_cache_attention = real
         for config in SPLITS:  # every candidate computes the same attention
             step.tiles = {role: config}
             assert greedy(256) == before

@@ -13,10 +13,10 @@ ps = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ps)
 
 
-def _layer(t: float, swiglu: bool) -> tuple[list[dict], float]:
+def _layer(t: float, swiglu: bool, rope: bool = True) -> tuple[list[dict], float]:
     """One layer's kernels from time t: each starts 1 us before the previous one ends (overlap) and ends 10 us
-    after it, except the down GEMV, which ends 20 us after."""
-    names = ["_int8_gemv_kernel", "_rope_cache_kernel", "_decode_split_kernel", "_merge_kernel",
+    after it, except the down GEMV, which ends 20 us after. rope=False: RoPE inside the attention's split kernel."""
+    names = ["_int8_gemv_kernel"] + (["_rope_cache_kernel"] if rope else []) + ["_decode_split_kernel", "_merge_kernel",
              "_int8_gemv_kernel", "_int8_gemv_kernel"] + (["_swiglu_kernel"] if swiglu else []) + ["_int8_gemv_kernel"]
     out = []
     for i, n in enumerate(names):
@@ -26,28 +26,29 @@ def _layer(t: float, swiglu: bool) -> tuple[list[dict], float]:
     return out, t
 
 
-def _step(t: float, layers: int, swiglu: bool) -> tuple[list[dict], float]:
+def _step(t: float, layers: int, swiglu: bool, rope: bool = True) -> tuple[list[dict], float]:
     ks = [{"name": "indexSelectSmallIndex", "ts": t, "dur": 2.0}]
     t += 2.0
     for _ in range(layers):
-        lk, t = _layer(t, swiglu)
+        lk, t = _layer(t, swiglu, rope)
         ks += lk
     ks += [{"name": "nvjet_lm_head", "ts": t, "dur": 30.0}, {"name": "_argmax_kernel", "ts": t + 30.0, "dur": 4.0}]
     return ks, t + 34.0
 
 
+@pytest.mark.parametrize("rope", [True, False], ids=["rope-launch", "rope-in-attention"])
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_roles_and_marginal_times(swiglu):
+def test_roles_and_marginal_times(swiglu, rope):
     kernels, t = [], 0.0
     for _ in range(5):
-        ks, t = _step(t + 5.0, 3, swiglu)  # 5 us of host gap between steps
+        ks, t = _step(t + 5.0, 3, swiglu, rope)  # 5 us of host gap between steps
         kernels += ks
     steps = ps.split_steps(kernels)
     assert len(steps) == 2  # five greedy picks: four steps between them, the first and last dropped
     marg = ps.marginal_us(steps[0])
     assert marg[0] == pytest.approx(2.0)  # the first kernel's own time (the host's gap before it is not the step's)
     per = ps.roles_of_step(steps[0], 3)
-    assert per["qkv"] == pytest.approx(30.0) and per["rope"] == pytest.approx(30.0)
+    assert per["qkv"] == pytest.approx(30.0) and per["rope"] == pytest.approx(30.0 if rope else 0.0)
     assert per["attention"] == pytest.approx(60.0) and per["down"] == pytest.approx(60.0)
     assert per["swiglu"] == pytest.approx(30.0 if swiglu else 0.0)
     assert per["head+tail"] == pytest.approx(2.0 + 34.0)
@@ -56,7 +57,7 @@ def test_roles_and_marginal_times(swiglu):
 
 def test_a_step_without_the_fused_layers_is_refused():
     ks, _ = _step(0.0, 2, False)
-    with pytest.raises(ValueError, match="RoPE launches"):
+    with pytest.raises(ValueError, match="attention split kernels"):
         ps.roles_of_step(ks, 3)
     broken = [k for k in ks if not (k["name"] == "_int8_gemv_kernel" and k is ks[5])]
     with pytest.raises(ValueError, match="GEMVs after the attention"):

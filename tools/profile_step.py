@@ -8,12 +8,14 @@ the kernel before it still runs and then wait, so a kernel's own duration overla
 ADDS to the step is its marginal time: from the latest end of the kernels before it to its own end. The marginal
 times of one step add up to the step's span.
 
-Each layer's kernels are given roles by their order: the kernel before RoPE is the q/k/v GEMV; RoPE (with the K/V
-write); the attention's kernels (split, merge); then the o, gate/up and down GEMVs ("gemv" in the kernel name) and
-SwiGLU where it has a launch of its own. What lies before the first layer (the embedding, the token's copies) and
-after the last (the final norm, lm_head, the greedy pick) is "head+tail". Per role the JSON has the median over
-steps of the marginal time per layer (us), the bytes of that role's weights (packed values and scales for a
-quantized layer), and the GB/s those give, next to the measured copy bandwidth (`llmlab.measure.peaks`).
+Each layer's kernels are given roles by their order, around the attention's split kernel ("decode_split" in its
+name): before it RoPE with the K/V write, where that is a launch of its own (else the split kernel does that work
+and the role stays 0), and before that the q/k/v GEMV; the attention's kernels (split, merge); then the o, gate/up
+and down GEMVs ("gemv" in the kernel name) and SwiGLU where it has a launch of its own. What lies before the first
+layer (the embedding, the token's copies) and after the last (the final norm, lm_head, the greedy pick) is
+"head+tail". Per role the JSON has the median over steps of the marginal time per layer (us), the bytes of that
+role's weights (packed values and scales for a quantized layer), and the GB/s those give, next to the measured copy
+bandwidth (`llmlab.measure.peaks`).
 
 MODEL is a preset with random weights (e.g. llama-3.1-8b), 'default' or a model folder, as for `llmlab bench`.
 --weights quantizes first, as the `weights` switch does; --step-tuning uses the tiles `step_tuning` chooses (timed
@@ -67,25 +69,27 @@ def marginal_us(step: list[dict]) -> list[float]:
 
 def roles_of_step(step: list[dict], n_layers: int) -> dict[str, float]:
     """{role: marginal us in this step, summed over layers} (`ROLES` and "head+tail"). Raises ValueError when the
-    step does not hold n_layers RoPE launches (not the fused batch-1 step)."""
+    step does not hold n_layers attention split kernels after a GEMV (not the fused batch-1 step)."""
     names = [e["name"] for e in step]
     marg = marginal_us(step)
-    ropes = [i for i, n in enumerate(names) if "rope" in n.lower()]
-    if len(ropes) != n_layers or ropes[0] < 1:
-        raise ValueError(f"expected {n_layers} RoPE launches in a decode step, found {len(ropes)}: not the fused "
-                         f"batch-1 step (are the Triton kernels on?)")
+    splits = [i for i, n in enumerate(names) if "decode_split" in n.lower()]
+    has_rope = [i >= 1 and "rope" in names[i - 1].lower() for i in splits]  # RoPE + K/V write in a launch of its own
+    firsts = [i - 1 if rope else i for i, rope in zip(splits, has_rope)]  # each layer's first kernel after q/k/v
+    if len(splits) != n_layers or firsts[0] < 1:
+        raise ValueError(f"expected {n_layers} attention split kernels in a decode step, found {len(splits)}: not "
+                         f"the fused batch-1 step (are the Triton kernels on?)")
     per = dict.fromkeys(ROLES, 0.0)
     counted = set()
-    for li, r in enumerate(ropes):
-        per["qkv"] += marg[r - 1]
-        per["rope"] += marg[r]
-        counted |= {r - 1, r}
-        stop = ropes[li + 1] - 1 if li + 1 < len(ropes) else len(step)
-        gemvs = [i for i in range(r + 1, stop) if "gemv" in names[i].lower()][:3]
+    for li, (r, first) in enumerate(zip(splits, firsts)):
+        per["qkv"] += marg[first - 1]
+        per["rope"] += marg[r - 1] if first < r else 0.0
+        counted |= set(range(first - 1, r))
+        stop = firsts[li + 1] - 1 if li + 1 < len(splits) else len(step)
+        gemvs = [i for i in range(r, stop) if "gemv" in names[i].lower()][:3]
         if len(gemvs) != 3:
             raise ValueError(f"layer {li}: expected the o, gate/up and down GEMVs after the attention, found "
                              f"{len(gemvs)} kernels named 'gemv'")
-        for i in range(r + 1, gemvs[0]):
+        for i in range(r, gemvs[0]):
             per["attention"] += marg[i]
             counted.add(i)
         for role, i in zip(("o", "gate_up", "down"), gemvs):

@@ -10,6 +10,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     rope_cache.py              one decode step's RoPE and static-KV-cache write, fused into one launch
     decode_attention.py        GQA decode attention over a contiguous KV cache, flash-decoding (split + LSE merge)
     split_attention.py         flash-decoding's first step: one program's attention over a slice of the keys
+    rope_attention.py          the decode step's RoPE, K/V write and attention in the attention's own launch
     paged_decode_attention.py  the same over a paged KV cache, through block tables
     attention_splits.py        how decode attention splits the sequence: the split configs, which are worth timing
     lse_merge.py               the merge of the splits' partial outputs by their log-sum-exp (a kernel, or in-kernel)

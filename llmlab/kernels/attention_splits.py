@@ -81,6 +81,19 @@ def candidate_split_configs(configs, s_bucket: int, bhkv_bucket: int, has_lens: 
             or (not has_lens and 1 < splits(c) <= FUSED_MAX_SPLITS)] or keep
 
 
+def with_fused_merge(configs, s_bucket: int) -> list:
+    """`configs` plus, for each that makes 2..FUSED_MAX_SPLITS splits of an S of `s_bucket` without the fused
+    merge, its twin with FUSED_MERGE: one launch fewer. Rule 4 above keeps these from the autotuner where lengths
+    are given, since it times the attention alone; step tuning times the whole decode step, so it may offer them
+    and keep one only where the step is faster."""
+    configs = list(configs)
+    twins = [triton.Config({**c.kwargs, "FUSED_MERGE": True}, num_warps=c.num_warps, num_stages=c.num_stages)
+             for c in configs if not c.kwargs.get("FUSED_MERGE")
+             and 1 < triton.cdiv(s_bucket, c.kwargs["SPLIT_N"]) <= FUSED_MAX_SPLITS]
+    known = {(tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages) for c in configs}
+    return configs + [c for c in twins if (tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages) not in known]
+
+
 def kv_bytes_per_key(k: torch.Tensor, hd: int) -> int:
     """Bytes of K and V per cached key of one KV head."""
     return 2 * hd * k.element_size()

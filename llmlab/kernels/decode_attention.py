@@ -160,10 +160,14 @@ _TUNED_AT_CAPACITY: set = set()
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None, scale: float,
             num_splits: int | None = None, config: triton.Config | None = None,
-            trigger_next: bool = False, prefetch_kv: bool = False) -> torch.Tensor:
+            trigger_next: bool = False, prefetch_kv: bool = False,
+            rope_freq: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the split kernel, then the merge (skipped when there is one split), on checked inputs.
 
     q: (B, H, hd); k, v: (B, Hkv, S, hd); seq_lens: None or (B,) int32/int64 -> (B, H, hd) in q's dtype.
+    rope_freq: RoPE's (hd/2,) fp32 inverse frequencies: q is the q heads of the new token's fused projection, not
+    yet rotated, whose k and v heads follow them, and the kernel applies RoPE and writes the cache itself
+    (`rope_attention.rope_cache_attention`).
     Neither num_splits nor config: the autotuned kernel (`_decode_split_tuned`). Otherwise the plain jit kernel
     with `config` (default `NUM_SPLITS_CONFIG`) — how the tests run configs the GPU autotuner may choose — and,
     if num_splits is given, SPLIT_N = 0: S shared out over that many programs per (sequence, KV head).
@@ -210,7 +214,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
     with zero_on_error(counters):
         kernel[grid](
             q, k, v, q if seq_lens is None else seq_lens, o_part, lse, out,  # no lengths: q stands in, never read
-            counters,
+            counters, lse if rope_freq is None else rope_freq,  # no RoPE: an fp32 stand-in (one autotuning key)
             Hkv, n_rep, hd, S, s_bucket, bhkv_bucket, scale,
             q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), k.stride(2),
@@ -221,7 +225,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.T
             HAS_LENS=has_lens, BLOCK_H=max(16, triton.next_power_of_2(n_rep)),  # tl.dot needs >= 16 rows (masked)
             BLOCK_D=block_d, IEEE=q.dtype == torch.float32, **_pdl_kwargs(q.device),
             BLOCK_HM=block_hm, BLOCK_S=max(1, FUSED_MERGE_TILE // (block_hm * block_d)), PREFETCH=prefetch_kv,
-            **meta,
+            ROPE=rope_freq is not None, **meta,
         )
     # the split count of THIS launch: the autotuner sets `best_config` to the config it ran for this call's key
     # (Triton 3.x `Autotuner.run`), host state only — nothing is read back from the GPU

@@ -9,8 +9,9 @@ boundaries lives here:
   pair goes into the final norm the same way. One kernel per layer fewer;
 * `one_token`: a batch-1 decode step on a static cache (the CUDA-graph path at batch 1) with the RMSNorms, SwiGLU
   and residual adds inside the GEMVs that read their outputs (`llmlab/kernels/fused_gemv.py`; for a weight-only
-  quantized model `llmlab/kernels/fused_quant_gemv.py`): seven launches per layer instead of ten (eight for an
-  int8 step whose down GEMV walks K: its SwiGLU is a launch of its own);
+  quantized model `llmlab/kernels/fused_quant_gemv.py`) and RoPE with the K/V write inside the attention's launch:
+  six launches per layer instead of ten (five where the attention's splits merge themselves; one more for an int8
+  step whose down GEMV walks K: its SwiGLU is a launch of its own);
 * `greedy`: the decode step's greedy token in one launch (`llmlab/kernels/argmax.py`) instead of ~6 PyTorch kernels;
 * `tiles`: the kernel configs `llmlab.kernels.step_tuning` chose by timing the whole captured step, by role.
 
@@ -156,19 +157,20 @@ class KernelDecodeStep:
         """A batch-1 decode step on a static cache with every small op inside a GEMV. h: (1, 1, D) the embedded
         token -> logits (1, 1, V).
 
-        Per layer, seven launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel) + K/V
-        cache write; attention (split and merge); o GEMV + residual add; RMSNorm + gate/up GEMV + SwiGLU (the
-        epilogue writes silu(gate) * up: each sigmoid is computed once, where a SwiGLU prologue in the down GEMV
-        would recompute all of them in every program); down GEMV + residual add. The q/k/v and o GEMVs load their
-        weights before they wait for the kernel before them (`fused_gemv`'s whole-row configs), the attention lets
-        the o GEMV launch during its merge and loads its first K/V tile before it waits for the RoPE launch
-        (`TritonAttention.static_decode`). RoPE and the K/V write keep a launch of their own: as the q/k/v GEMV's
-        epilogue instead, the step was slower (`docs/results.md`).
+        Per layer, six launches instead of ten: RMSNorm + q/k/v GEMV; RoPE (angles computed in the kernel), the
+        K/V cache write and the attention's splits in one launch (`rope_attention.py`), then their merge (none
+        where step tuning chose a split config that merges in the split kernel); o GEMV + residual add; RMSNorm +
+        gate/up GEMV + SwiGLU (the epilogue writes silu(gate) * up: each sigmoid is computed once, where a SwiGLU
+        prologue in the down GEMV would recompute all of them in every program); down GEMV + residual add. The
+        q/k/v and o GEMVs load their weights before they wait for the kernel before them (`fused_gemv`'s whole-row
+        configs); the attention lets the o GEMV launch during its merge and, since nothing before it writes the
+        cache, loads its first K/V tile before it waits for the q/k/v GEMV (`TritonAttention.static_decode`).
+        RoPE as the q/k/v GEMV's epilogue instead made the step slower (`docs/results.md`).
 
         A weight-only quantized model (`quantized_projections`) runs the same step with the quantized GEMVs of
         `fused_quant_gemv`; SwiGLU is the down GEMV's prologue where that GEMV is input-stationary (int4's, and
         int8's when step tuning chose an input-stationary config for the down role), else a launch of its own
-        (eight launches a layer; see there). The GEMVs run the step-tuned configs of their roles (int8: the
+        (seven launches a layer; see there). The GEMVs run the step-tuned configs of their roles (int8: the
         K-walking or input-stationary GEMV and its tile; int4: the Gluon GEMV's rows per chunk and depth)."""
         K = ops()
         model, tiles = self.model, self.tiles

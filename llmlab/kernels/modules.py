@@ -45,6 +45,9 @@ from llmlab.quant.fused import FusedQuantized, all_quantized, fuse_quantized
 from ._util import interpret_mode, triton_status
 
 _warned: set[str] = set()
+# The decode step's RoPE and K/V write inside the attention's launch (True), or in a launch of their own before it
+# (False: the baseline it is measured against, docs/results.md). Read when a step runs or is captured.
+ROPE_IN_ATTENTION = True
 
 
 def _warn_once(reason: str) -> None:
@@ -71,13 +74,15 @@ def ops() -> types.SimpleNamespace:
     """The kernel wrappers the modules and the decode step call, imported on first use (importing this module needs
     no triton). Each is wrapped in `torch.compiler.disable`: the wrappers read shapes and device properties in
     Python, which torch.compile must not trace into."""
-    from . import argmax, decode_attention, fused_gemv, fused_quant_gemv, rmsnorm, rope, rope_cache, swiglu
+    from . import (argmax, decode_attention, fused_gemv, fused_quant_gemv, rmsnorm, rope, rope_attention,
+                   rope_cache, swiglu)
 
     disable = torch.compiler.disable
     return types.SimpleNamespace(rmsnorm=disable(rmsnorm.rmsnorm), swiglu=disable(swiglu.swiglu),
                                  rope_=disable(rope.rope_), rope_one=disable(rope.rope_one),
                                  rope_and_cache_=disable(rope_cache.rope_and_cache_),
                                  decode_attention=disable(decode_attention.decode_attention),
+                                 rope_cache_attention=disable(rope_attention.rope_cache_attention),
                                  fused_gemv=disable(fused_gemv.fused_gemv),
                                  fused_quant_gemv=disable(fused_quant_gemv.fused_quant_gemv),
                                  argmax=disable(argmax.argmax))
@@ -215,16 +220,22 @@ class TritonAttention(Attention):
 
     def static_decode(self, qkv: torch.Tensor, positions, kv_cache, cos=None, sin=None, inv_freq=None,
                       config=None) -> torch.Tensor:
-        """One decode step's attention on a static cache: RoPE and the K/V write in one launch, then
-        flash-decoding attention over the filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd).
+        """One decode step's attention on a static cache: RoPE, the K/V write and flash-decoding attention over the
+        filled slots. qkv: (B, H + 2 Hkv, hd), one token per row -> (B, H, hd).
 
-        The angles come as cos/sin, or (cos = sin = None) as `inv_freq` for the kernel to compute. config: the
-        attention's split config chosen by step tuning (None: the autotuner's)."""
+        The angles come as cos/sin, or (cos = sin = None) as `inv_freq` for the kernels to compute: then, with
+        `ROPE_IN_ATTENTION`, the attention's own launch applies RoPE and writes the cache
+        (`rope_attention.rope_cache_attention`); otherwise RoPE and the K/V write take a launch of their own
+        (`rope_cache.rope_and_cache_`) before the attention. config: the attention's split config chosen by step
+        tuning (None: the autotuner's)."""
         K = ops()
         B, hd, H = qkv.shape[0], self.head_dim, self.n_heads
         k_all, v_all = kv_cache.k[self.layer_idx][:B], kv_cache.v[self.layer_idx][:B]  # (B, Hkv, S, hd) views
-        pos = row_positions(positions, B)
         lens = kv_cache.decode_lengths(positions, B)  # first: it checks the positions before anything is written
+        if inv_freq is not None and ROPE_IN_ATTENTION:  # trigger_next and prefetch_kv: as below
+            return K.rope_cache_attention(qkv, inv_freq, lens, k_all, v_all, n_heads=H, config=config,
+                                          trigger_next=True, prefetch_kv=True)  # (B, H, hd)
+        pos = row_positions(positions, B)
         if inv_freq is None:
             cos, sin = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)  # one angle row per row
         K.rope_and_cache_(qkv, cos, sin, pos, k_all, v_all, n_heads=H, inv_freq=inv_freq)

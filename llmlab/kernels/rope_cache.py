@@ -44,6 +44,21 @@ def rope_and_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 @triton.jit
+def rope_angles(pos, freq_ptr, i, mask, like):
+    """cos and sin of the angles pos * inv_freq[i] (freq_ptr: inv_freq, (hd/2,) fp32; i: frequency indices), as
+    `RotaryEmbedding` computes them: the angle in fp32, cos and sin rounded to `like`'s dtype (the activations'),
+    returned in fp32 for the rotation. Masked lanes get angle 0. Shared with the attention that applies RoPE itself
+    (`split_attention.py`, ROPE)."""
+    ang = pos.to(tl.float32) * tl.load(freq_ptr + i, mask=mask, other=0.0)
+    # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0, and at
+    # position 100K the angle is ~1e5 rad
+    a64 = ang.to(tl.float64)
+    two_pi = tl.full((), 6.283185307179586, tl.float64)
+    red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
+    return tl.cos(red).to(like.dtype).to(tl.float32), tl.sin(red).to(like.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rope_cache_kernel(
     # pointers
     x_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr,
@@ -71,14 +86,7 @@ def _rope_cache_kernel(
     mask = mask & (slot >= 0) & (slot < S)  # the callers check positions on the host and raise)
     if h < H + HKV:  # q or k: rotate
         if FROM_FREQ:  # cos_ptr holds inv_freq (HALF,) fp32: the angles as RotaryEmbedding computes them
-            ang = pos.to(tl.float32) * tl.load(cos_ptr + i, mask=mask, other=0.0)
-            # the same angle brought into [-pi, pi] in fp64 first: the GPU's fast sin/cos are accurate only near 0,
-            # and at position 100K the angle is ~1e5 rad
-            a64 = ang.to(tl.float64)
-            two_pi = tl.full((), 6.283185307179586, tl.float64)
-            red = (a64 - two_pi * tl.floor(a64 / two_pi + 0.5)).to(tl.float32)
-            c = tl.cos(red).to(x1.dtype).to(tl.float32)  # rounded to the activation dtype, as RotaryEmbedding's
-            s = tl.sin(red).to(x1.dtype).to(tl.float32)
+            c, s = rope_angles(pos, cos_ptr, i, mask, x1)
         else:
             c = tl.load(cos_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)
             s = tl.load(sin_ptr + b * stride_cb + i, mask=mask, other=0.0).to(tl.float32)

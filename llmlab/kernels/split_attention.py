@@ -21,12 +21,13 @@ import triton
 import triton.language as tl
 
 from .lse_merge import merge_last
+from .rope_cache import rope_angles
 
 
 @triton.jit(do_not_specialize=["S_BUCKET", "BHKV_BUCKET"])  # only the autotuner reads them: no recompiles
 def _decode_split_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
+    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr, freq_ptr,
     # sizes (S_BUCKET and BHKV_BUCKET only key the autotuner: S and B * Hkv rounded up to powers of 2)
     Hkv, N_REP, HD, S, S_BUCKET, BHKV_BUCKET, scale,
     # strides (elements)
@@ -40,6 +41,7 @@ def _decode_split_kernel(
     HAS_LENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, PDL: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_HM: tl.constexpr, BLOCK_S: tl.constexpr, PREFETCH: tl.constexpr = False,
+    ROPE: tl.constexpr = False,
 ):
     """Program (b * Hkv + kv head, split): attention of the n_rep query heads of one KV head over keys
     [split * SPLIT_N, (split + 1) * SPLIT_N) of sequence b. With one split in the grid it writes the final output
@@ -52,7 +54,13 @@ def _decode_split_kernel(
     so there is no merge kernel to launch.
     PREFETCH (with lengths; `decode_attention`'s prefetch_kv): the program's first K/V tile is loaded BEFORE the
     wait for the kernel before — which may write only each row's newest key and value (slot seq_len - 1), read
-    again after the wait."""
+    again after the wait.
+    ROPE (with lengths): q_ptr is the fused q/k/v projection of the new token, (B, H + 2 Hkv, hd) with the q heads
+    first, not yet rotated, and freq_ptr RoPE's inverse frequencies (hd/2,) fp32: each program rotates its q heads
+    itself, takes the newest key (rotated) and value (slot seq_len - 1, the token's position) from the projection
+    instead of the cache, and the program whose split holds that slot writes them into the cache — what
+    `rope_cache.py`'s launch did before this one. Nothing before this kernel then writes the cache, so with
+    PREFETCH every cached tile may be read before the wait."""
     if PDL:  # the next kernel may start now (it waits for this grid's end before reading); before reading
         tl.extra.cuda.gdc_launch_dependents()  # anything, wait for the kernel before this one to complete
         if not PREFETCH:
@@ -85,23 +93,41 @@ def _decode_split_kernel(
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     first = start
-    if PREFETCH:  # the first tile, then the wait, then the newest key/value again (the kernel before wrote it)
+    if PREFETCH:  # the first tile, then the wait, then the newest key/value (written by the kernel before, or ROPE)
         n = start + tl.arange(0, BLOCK_N)
         kv_mask = (n < end)[:, None] & dmask[None, :]
         k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        newest = (n == seq_len - 1) & (n < end)  # at most one lane
+    q_mask = hmask[:, None] & dmask[None, :]
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (BLOCK_H, BLOCK_D), after any wait
+    if ROPE:  # rotate q, and take the newest key (rotated) and value from the projection; write them to the cache
+        half = HD // 2
+        partner = tl.where(d < half, d + half, d - half)  # "rotate half": pairs (i, i + hd/2)
+        sign = tl.where(d < half, -1.0, 1.0)
+        c, s = rope_angles(seq_len - 1, freq_ptr, d % half, dmask, q)  # (BLOCK_D,) fp32: the new token's angles
+        q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * c[None, :] + sign[None, :] * q_pair * s[None, :]).to(q.dtype)
+        k_row = q_ptr + b * stride_qb + (Hkv * N_REP + kvh) * stride_qh  # the new token's k head, then its v head
+        k_new = tl.load(k_row + d, mask=dmask, other=0.0).to(tl.float32)
+        k_pair = tl.load(k_row + partner, mask=dmask, other=0.0).to(tl.float32)
+        k_new = (k_new * c + sign * k_pair * s).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(k_row + Hkv * stride_qh + d, mask=dmask, other=0.0).to(v_ptr.dtype.element_ty)
+        slot = seq_len - 1 + 0 * d  # the newest slot on every lane: does this program's split hold it?
+        owner = dmask & (slot >= start) & (slot < end)
+        tl.store(k_base + (seq_len - 1) * stride_ks + d, k_new, mask=owner)
+        tl.store(v_base + (seq_len - 1) * stride_vs + d, v_new, mask=owner)
+    elif PREFETCH:  # the newest key/value again, from the cache the kernel before wrote
         slot = seq_len - 1 + 0 * d  # the newest slot on every lane: is it in this tile?
         new_mask = dmask & (slot >= start) & (slot < start + BLOCK_N) & (slot < end)
         k_new = tl.load(k_base + (seq_len - 1) * stride_ks + d, mask=new_mask, other=0.0, cache_modifier=".cg")
         v_new = tl.load(v_base + (seq_len - 1) * stride_vs + d, mask=new_mask, other=0.0, cache_modifier=".cg")
+    if PREFETCH:  # the prefetched tile, its newest slot replaced, attended first
+        newest = (n == seq_len - 1) & (n < end)  # at most one lane
         k = tl.where(newest[:, None], k_new[None, :], k)
         v = tl.where(newest[:, None], v_new[None, :], v)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_H, BLOCK_D), after any wait
-    if PREFETCH:
         if start < end:
             p, alpha, m_i, l_i = _tile_scores(q, k, n < end, m_i, l_i, scale, IEEE)
             acc = _tile_output(p, v, alpha, acc, IEEE)
@@ -111,8 +137,12 @@ def _decode_split_kernel(
         nmask = n < end
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        if ROPE:  # the newest slot from the projection: this program's own store need not be visible yet
+            k = tl.where((n == seq_len - 1)[:, None], k_new[None, :], k)
         p, alpha, m_i, l_i = _tile_scores(q, k, nmask, m_i, l_i, scale, IEEE)
         v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+        if ROPE:
+            v = tl.where((n == seq_len - 1)[:, None], v_new[None, :], v)
         acc = _tile_output(p, v, alpha, acc, IEEE)
 
     has = l_i > 0  # an empty split (past this sequence's end) writes o = 0, lse = -inf: it weighs 0 in the merge

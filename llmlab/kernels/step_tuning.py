@@ -44,8 +44,9 @@ import time
 import weakref
 
 import torch
+import triton
 
-from . import _util, decode_attention, fused_gemv, int8_matmul
+from . import _util, attention_splits, decode_attention, fused_gemv, int8_matmul
 from .decode_step import GEMV_ROLES, KernelDecodeStep, attention_role, float_projections, fusable_shape
 
 # GEMV roles in the order they are tuned: the largest weights first (their tiles move the step most); the
@@ -208,12 +209,16 @@ def fusable(model) -> tuple[bool, str]:
 
 
 def _attention_candidates(model, slots: int) -> list:
-    """The attention's split configs the autotuner would time for the step's static cache (batch 1)."""
+    """The attention's split configs the autotuner would time for the step's static cache (batch 1), and their
+    fused-merge twins of a few splits (`attention_splits.with_fused_merge`: timed here inside the whole step)."""
     probe = next(model.parameters())
     cfg = model.config
     q = torch.empty(1, cfg.n_heads, cfg.head_dim, device=probe.device, dtype=probe.dtype)
     k = torch.empty(1, cfg.n_kv_heads, slots, cfg.head_dim, device="meta", dtype=probe.dtype)
-    return decode_attention.candidate_configs(q, k, has_lens=True)
+    configs = decode_attention.candidate_configs(q, k, has_lens=True)
+    if len(configs) < 2:  # autotuning off: the one config, as for the GEMVs
+        return configs
+    return attention_splits.with_fused_merge(configs, triton.next_power_of_2(slots))
 
 
 def gemv_candidates(step: KernelDecodeStep) -> dict:
