@@ -65,10 +65,13 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype {dtype} is not one llmlab runs a model in; use torch.float32, torch.bfloat16 or "
-                             f"torch.float16 (or 'fp32', 'bf16', 'fp16')")
+                             f"torch.float16 (or 'fp32', 'bf16', 'fp16'); for int8 / int4 weights: "
+                             f"llm.quantize('int8')")
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, bf16, fp16")
+        quant = (" (int8 / int4 are weight formats, not dtypes: llm.quantize('int8'), or the ladder's +int8 / +int4 "
+                 "rungs)") if isinstance(dtype, str) and dtype.lower().startswith(("int", "uint")) else ""
+        raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, bf16, fp16{quant}")
     return DTYPES[dtype]
 
 

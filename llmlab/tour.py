@@ -42,7 +42,14 @@ TOUR_SETTINGS: list[TourSetting] = tour_settings()  # every rung, as registered 
 
 
 def device_line(llm: LLM) -> str:
-    return f"device: {device_name(llm.device)} | dtype: {str(llm.dtype).removeprefix('torch.')} | torch {torch.__version__}"
+    """The tour's header line: device, activation dtype, weight format where it is not the dtype (a quantized
+    model's, e.g. "int4 g64"), torch version."""
+    from llmlab.measure.model_bytes import describe_weights
+    from llmlab.quant import is_quantized
+
+    weights = f" | weights: {describe_weights(llm.model, llm.dtype)}" if is_quantized(llm.model) else ""
+    return (f"device: {device_name(llm.device)} | dtype: {str(llm.dtype).removeprefix('torch.')}{weights} | "
+            f"torch {torch.__version__}")
 
 
 def default_model_note(llm: LLM) -> str:

@@ -286,6 +286,9 @@ def test_hf_peer_shares_the_weights():
         ours = llm.model(ids)
         theirs = hf(ids).logits
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="peers run a float model, and this one's weights are int8: bench the "
+                                           "float checkpoint"):
+        hf_peer_model(llm.quantize("int8"))
 
 
 def test_validate_bench_finds_the_problems():

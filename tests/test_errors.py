@@ -221,6 +221,8 @@ def test_unknown_preset_lists_presets(good):
 def test_bad_dtype_and_device(good):
     with pytest.raises(ValueError, match="fp32, bf16, fp16"):
         pick_dtype("fp8", torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"int8 / int4 are weight formats, not dtypes: llm.quantize\('int8'\)"):
+        pick_dtype("int8", torch.device("cpu"))
     for dt in (torch.int8, torch.float64):
         with pytest.raises(ValueError, match=rf"dtype {dt} is not one llmlab runs a model in.*torch.bfloat16"):
             pick_dtype(dt, torch.device("cpu"))

@@ -154,6 +154,14 @@ def test_perplexity_and_agreement_refuse_bad_input():
         perplexity(model, list(range(40)), context=300)
     with pytest.raises(TypeError, match="model_b must be a llmlab Transformer or an LLM"):
         greedy_agreement(model, "int8", [[1, 2]])
+    with pytest.raises(TypeError, match=r"a list holding text; encode each text first: llm.encode\(text\)"):
+        perplexity(model, ["hello", "world"])
+    for text in ("The list", ["The list"]):  # a prompt given as text, alone or in the list
+        with pytest.raises(TypeError, match=r"got text; encode it first: \[llm.encode\(text\)\]"):
+            greedy_agreement(model, model, text, n_tokens=2)
+    other = tiny_model(vocab_size=300)
+    with pytest.raises(ValueError, match="vocabularies of 256 and 300 tokens"):
+        greedy_agreement(model, other, [[1, 2]], n_tokens=2)
 
 
 def test_the_quality_functions_take_an_llm_as_its_model():
@@ -182,3 +190,12 @@ def test_llm_quantize_returns_a_quantized_copy_and_keeps_the_original():
     assert not is_quantized(llm.model)
     q4 = llm.quantize("int4", group_size=128)  # 704-wide MLP input: 128 does not divide it, padded to 768
     assert q4.model.layers[0].mlp.down_proj.padded_in_features == 768 and not is_quantized(llm.model)
+
+
+def test_the_tour_header_names_a_quantized_models_weight_format():
+    import llmlab
+    from llmlab.tour import device_line
+
+    llm = llmlab.load()
+    assert "weights:" not in device_line(llm)
+    assert "| dtype: float32 | weights: int4 g64 |" in device_line(llm.quantize("int4", group_size=64))

@@ -24,10 +24,18 @@ def hf_peer_model(llm: LLM):
 
     Built from `llm.config.to_hf_config()`, then `load_state_dict(..., assign=True)` with llmlab's parameters
     (names: 'model.' + llmlab's, lm_head tied where the config says so). Raises ImportError without transformers,
-    RuntimeError if a weight would be left at its random initialisation.
+    RuntimeError for a quantized model (no float weights to hand over) or if a weight would be left at its random
+    initialisation.
     """
     import transformers
 
+    from llmlab.measure.model_bytes import describe_weights
+    from llmlab.quant import is_quantized
+
+    if is_quantized(llm.model):  # its layers hold packed weights, no float `.weight` to hand over
+        raise RuntimeError(f"the Hugging Face peers run a float model, and this one's weights are "
+                           f"{describe_weights(llm.model, llm.dtype)}: bench the float checkpoint it came from, whose "
+                           f"+int8 / +int4 rungs and torchao peers compare quantized runs")
     hf_cfg = llm.config.to_hf_config()
     cfg = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     with torch.device(llm.device):

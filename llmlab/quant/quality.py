@@ -25,7 +25,12 @@ def _as_ids(op: str, token_ids, vocab_size: int | None) -> torch.Tensor:
     if isinstance(token_ids, (str, bytes)):
         raise TypeError(f"{op}: token_ids must be token ids, got text ({token_ids[:40]!r}); encode it first: "
                         f"llm.encode(text), or llmlab.quant.evaluation_ids(llm) for the held-out text")
-    ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.as_tensor(list(token_ids))
+    if not isinstance(token_ids, torch.Tensor):
+        token_ids = list(token_ids)
+        if any(isinstance(t, (str, bytes)) for t in token_ids):
+            raise TypeError(f"{op}: token_ids must be token ids, got a list holding text; encode each text first: "
+                            f"llm.encode(text)")
+    ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.as_tensor(token_ids)
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1:
@@ -136,8 +141,9 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
     too long for the context, ids outside the vocabulary: ValueError).
 
     Raises:
-        ValueError: no prompts; n_tokens < 1; bad prompts (see above).
-        TypeError: a model that is not a module or an LLM.
+        ValueError: no prompts; n_tokens < 1; bad prompts (see above); models of different vocabulary sizes (their
+            token ids name different tokens).
+        TypeError: a model that is not a module or an LLM; a prompt given as text.
     """
     from llmlab.generate import generate
 
@@ -147,9 +153,16 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
     if isinstance(prompts, torch.Tensor):
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     prompts = list(prompts)
+    if isinstance(prompts, (str, bytes)) or any(isinstance(p, (str, bytes)) for p in prompts):
+        raise TypeError("greedy_agreement: prompts must be token ids, got text; encode it first: "
+                        "[llm.encode(text)] (one prompt) or [llm.encode(t) for t in texts]")
     if not prompts or (prompts and isinstance(prompts[0], numbers.Integral)):
         raise ValueError("greedy_agreement: prompts must be a non-empty list of prompts, each a list of token ids "
                          "(one prompt: [ids])")
+    va, vb = (getattr(getattr(m, "config", None), "vocab_size", None) for m in (model_a, model_b))
+    if va is not None and vb is not None and va != vb:
+        raise ValueError(f"greedy_agreement: the models have vocabularies of {va} and {vb} tokens; compare two "
+                         f"versions of one model (e.g. llm and llm.quantize('int8')), whose token ids mean the same")
     equal = 0
     for p in prompts:
         ta = generate(model_a, p, max_new_tokens=int(n_tokens), temperature=0.0).token_ids[0]

@@ -131,7 +131,8 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     if is_quantized(model):
         raise ValueError(f"quantize_model: the model is already quantized ({len(quantized_layers(model))} layers); "
                          f"quantizing twice would round the rounded weights again. Call "
-                         f"llmlab.quant.dequantize_model(model) first (it keeps the rounding), or load the float "
+                         f"llmlab.quant.dequantize_model(model) first (for an LLM: dequantize_model(llm.model); it keeps "
+                         f"the rounding), or load the float "
                          f"checkpoint it came from")
     check_not_swapped("quantize_model", model)
     targets = _targets(model, include_lm_head)
