@@ -63,9 +63,15 @@ def test_the_stub_is_rejected():
 
 
 def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=False, strided=False, eps=0.0,
-              offset=8, in_dtype=False):
+              offset=8, in_dtype=False, scale_dtype=False):
     """Group-wise int4 with one deliberate mistake switched on."""
     N, K = w.shape
+    if scale_dtype:  # max |w| / 7 computed in w's own dtype (bf16), then made fp32
+        amax = w.reshape(N, K // g, g).abs().amax(dim=2).clamp(min=1e-12)
+        scales = (amax / divisor).float()
+        u = (torch.round(w.float().reshape(N, K // g, g) / scales[..., None]).clamp(-8, 7) + offset)
+        u = u.to(torch.uint8).reshape(N, K)
+        return u[:, 0::2] | (u[:, 1::2] << 4), scales.contiguous()
     if strided:  # "groups" of every (K // g)-th input: (N, g, K // g) reduced over dim 1
         amax = w.float().reshape(N, g, K // g).abs().amax(dim=1)
     else:
@@ -80,10 +86,11 @@ def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=Fal
     return lo | (hi << 4), scales.contiguous()
 
 
-def _dequantize(packed, scales, swap=False, offset=8, tile=False):
+def _dequantize(packed, scales, swap=False, offset=8, tile=False, wrap=False):
     N = packed.shape[0]
     lo, hi = (packed >> 4, packed & 0xF) if swap else (packed & 0xF, packed >> 4)
-    u = torch.stack([lo, hi], -1).reshape(N, -1).float()
+    u = torch.stack([lo, hi], -1).reshape(N, -1)
+    u = (u - offset).float() + offset if wrap else u.float()  # wrap: u - 8 in uint8 arithmetic
     G = u.shape[1] // scales.shape[1]
     return (u - offset) * (scales.repeat(1, G) if tile else scales.repeat_interleave(G, dim=1))
 
@@ -103,6 +110,7 @@ def test_the_test_helpers_are_right_when_no_mistake_is_on():
     (lambda w, g: _quantize(w, g, eps=1e-6), _dequantize, "close but not equal.*nothing added"),
     (lambda w, g: _quantize(w, g, offset=7), _dequantize, "one below round.*the offset is 8"),
     (lambda w, g: _quantize(w, g, in_dtype=True), _dequantize, "this weight is torch.bfloat16: divide in fp32"),
+    (lambda w, g: _quantize(w, g, scale_dtype=True), _dequantize, r"computed in torch.bfloat16.*w = w.float\(\)"),
     (lambda w, g: (_quantize(w, g)[0], _quantize(w, g)[1][:, :1]), _dequantize, "not one per row"),
     (lambda w, g: (_quantize(w, g)[0], _quantize(w, g)[1].bfloat16()), _dequantize, "float32"),
     (lambda w, g: (_quantize(w, g)[1], _quantize(w, g)[0]), _dequantize, "uint8"),
@@ -110,6 +118,7 @@ def test_the_test_helpers_are_right_when_no_mistake_is_on():
     (_quantize, lambda p, s: _dequantize(p, s, swap=True), "wrong order"),
     (_quantize, lambda p, s: _dequantize(p, s, offset=7), "offset is 8"),
     (_quantize, lambda p, s: _dequantize(p, s, tile=True), "repeat_interleave"),
+    (_quantize, lambda p, s: _dequantize(p, s, wrap=True), "uint8, where u - 8 wraps around"),
     (_quantize, lambda p, s: _dequantize(p, s).double(), "float32"),
 ])
 def test_wrong_answers_are_rejected_with_the_reason(quantize, dequantize, message):

@@ -56,7 +56,8 @@ def _call(fn, name: str, *args):
         raise AssertionError(_NOT_WRITTEN.format(name=name)) from e
 
 
-def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torch.Tensor, G: int) -> None:
+def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torch.Tensor, G: int,
+                  w_dtype: torch.dtype = torch.float32) -> None:
     N, K = w32.shape
     absmax = w32.view(N, K // G, G).abs().amax(dim=2)
     zero = absmax == 0
@@ -82,6 +83,10 @@ def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torc
     elif K // G > 1 and torch.allclose(scales, w32.view(N, G, K // G).abs().amax(dim=1) / 7, rtol=1e-5):
         why = ("these groups take every (K // group_size)-th input: a group is group_size CONSECUTIVE inputs of a "
                "row, so view the row as (K // group_size, group_size) and reduce the LAST dimension")
+    elif w_dtype != torch.float32 and torch.allclose(
+            scales, (w32.to(w_dtype).view(N, K // G, G).abs().amax(dim=2) / 7).float(), rtol=1e-6):
+        why = (f"these scales were computed in {w_dtype}: the weight is {w_dtype}, so convert it first "
+               f"(w = w.float()) and compute max |w| / 7 in fp32")
     elif abs(ratio - 1) < 0.05:
         why = ("close but not equal: the scale is exactly max |w| of the group / 7, in fp32, with nothing added "
                "(the clamp only lifts an all-zero group's max off 0)")
@@ -149,6 +154,8 @@ def _check_dequantize(what: str, dequantize_fn, ref_packed: torch.Tensor, ref_sc
          "the nibbles are read in the wrong order: the LOW nibble (packed & 0xF) is input 2j, the HIGH nibble "
          "(packed >> 4) is input 2j + 1"),
         (u.float() * per_col, "subtract 8 from each code before scaling: the code u stands for u - 8"),
+        (((u - 8) % 256).float() * per_col, "the codes are uint8, where u - 8 wraps around below 0 (3 - 8 = 251): "
+         "convert them first (codes.float() - 8, or .to(torch.int16))"),
         ((u.float() - 7) * per_col, "the offset is 8: the code u stands for u - 8"),
         ((u.float() - 8) * ref_scales.repeat(1, G), "group j's scale applies to inputs j * G .. (j + 1) * G - 1 "
          "(consecutive inputs): use scales.repeat_interleave(G, dim=1), not scales.repeat(1, G)"),
@@ -200,7 +207,7 @@ def check_int4_groupwise(quantize_fn, dequantize_fn) -> None:
         assert tuple(scales.shape) == (N, K // G), (
             f"{what}: scales have shape {tuple(scales.shape)}, expected (N, K // group_size) = {(N, K // G)}"
             + (": one scale per GROUP of group_size consecutive inputs of a row, not one per row" if per_row else ""))
-        _check_scales(what, w32, scales, ref_scales, G)
+        _check_scales(what, w32, scales, ref_scales, G, w.dtype)
         _check_codes(what, w32, packed, ref_packed, ref_scales, G, w.dtype)
         _check_dequantize(what, dequantize_fn, ref_packed, ref_scales, G)
         back = _call(dequantize_fn, "dequantize_int4_groupwise", packed, scales)
