@@ -10,7 +10,9 @@ kernels read when the step is captured, such as LLMLAB_PDL, or a temporary switc
 STEP_TUNING=1 (not an environment setting) captures that variant with the tiles `llmlab.kernels.step_tuning`
 chooses (tuned once, before its capture; the time taken and the report go into the JSON). FUSED_STEP=0 (not one
 either) captures the batch-1 step module by module (`KernelDecodeStep(fuse_step=False)`: RMSNorm and SwiGLU in
-launches of their own). --weights VALUE quantizes the model first, as the `weights` switch does (int8, int4,
+launches of their own). ROPE_IN_ATTENTION=0 (not one either) captures it with RoPE and the K/V write in a launch of
+their own before the attention (`llmlab.kernels.modules.ROPE_IN_ATTENTION`), the baseline of the attention that
+applies them itself. --weights VALUE quantizes the model first, as the `weights` switch does (int8, int4,
 int4-g64, ...): e.g. `... llama-3.1-8b /tmp/q.json --weights int4 fused= modules=FUSED_STEP=0`.
 
 Separate `llmlab bench` runs of one code differ by 1-3% (each process autotunes its kernels anew, clocks drift),
@@ -71,7 +73,7 @@ def main(argv: list[str]) -> None:
     import triton
 
     from llmlab.envinfo import git_commit
-    from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
+    from llmlab.kernels import KernelDecodeStep, modules, step_tuning, swap_in
     from llmlab.measure.bench import load_bench_model
     from llmlab.runtime.cuda_graphs import GraphDecoder
     from llmlab.runtime.fast_generate import generate_fast
@@ -98,6 +100,7 @@ def main(argv: list[str]) -> None:
     for name, env in variants.items():
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        modules.ROPE_IN_ATTENTION = env.get("ROPE_IN_ATTENTION") != "0"  # read while the step is captured
         try:
             tiles = {}
             if env.get("STEP_TUNING") == "1":  # the tiles chosen by timing the whole step (kernels/step_tuning.py)
@@ -115,6 +118,7 @@ def main(argv: list[str]) -> None:
             runners[name] = GraphDecoder(model, max_batch=1, max_seq_len=seq, kernels=step)
             generate_fast(model, prompt, max_new_tokens=8, runner=runners[name])  # warm-up
         finally:
+            modules.ROPE_IN_ATTENTION = True
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
