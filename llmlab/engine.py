@@ -299,11 +299,18 @@ class LLM:
             check_quantizable("quantize", self.model, scheme, group_size, include_lm_head, ids)
         llm = self if inplace else LLM(copy.deepcopy(self.model), self.tokenizer, name=self.name,
                                        random_weights=self.random_weights)
-        if method == "awq":
-            quantize_awq(llm.model, ids, scheme, group_size=group_size, include_lm_head=include_lm_head,
-                         progress=progress)
-        else:
-            quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
+        try:
+            if method == "awq":
+                quantize_awq(llm.model, ids, scheme, group_size=group_size, include_lm_head=include_lm_head,
+                             progress=progress)
+            else:
+                quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
+        except (ValueError, TypeError) as e:  # named as the call the user made, not the function behind it
+            msg = str(e)
+            for inner in ("quantize_model: ", "quantize_awq: "):
+                if msg.startswith(inner):
+                    raise type(e)("quantize: " + msg[len(inner):]) from None
+            raise
         llm.runners = RunnerCache()  # graphs captured before hold the old layers
         llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "") \
             + (" awq" if method == "awq" else "") + (" +lm_head" if include_lm_head else "")
