@@ -296,21 +296,15 @@ class LLM:
                 raise TypeError(f"quantize: calibration must be text (a str), token ids (a LongTensor (n_samples, "
                                 f"seq_len)) or None (the default model's held-out text); got "
                                 f"{type(calibration).__name__}")
-            check_quantizable("quantize", self.model, scheme, group_size, include_lm_head, ids)
+        # refused before the copy or any layer changes (RTN with inplace=True swaps layer by layer), named "quantize"
+        check_quantizable("quantize", self.model, scheme, group_size, include_lm_head, ids)
         llm = self if inplace else LLM(copy.deepcopy(self.model), self.tokenizer, name=self.name,
                                        random_weights=self.random_weights)
-        try:
-            if method == "awq":
-                quantize_awq(llm.model, ids, scheme, group_size=group_size, include_lm_head=include_lm_head,
-                             progress=progress)
-            else:
-                quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
-        except (ValueError, TypeError) as e:  # named as the call the user made, not the function behind it
-            msg = str(e)
-            for inner in ("quantize_model: ", "quantize_awq: "):
-                if msg.startswith(inner):
-                    raise type(e)("quantize: " + msg[len(inner):]) from None
-            raise
+        if method == "awq":
+            quantize_awq(llm.model, ids, scheme, group_size=group_size, include_lm_head=include_lm_head,
+                         progress=progress)
+        else:
+            quantize_model(llm.model, scheme, group_size=group_size, include_lm_head=include_lm_head)
         llm.runners = RunnerCache()  # graphs captured before hold the old layers
         llm.name = f"{self.name} {scheme}" + (f" g{group_size}" if scheme == "int4" else "") \
             + (" awq" if method == "awq" else "") + (" +lm_head" if include_lm_head else "")

@@ -109,3 +109,11 @@ def test_dequantize_model_takes_a_dtype_name_and_refuses_another_before_any_chan
     assert is_quantized(model)  # nothing changed
     dequantize_model(model, dtype="bf16")
     assert not is_quantized(model) and model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+
+
+def test_rtn_in_place_refuses_a_non_finite_weight_before_any_layer_is_swapped():
+    llm = llmlab.load()
+    llm.model.layers[1].mlp.up_proj.weight.data[0, 0] = float("nan")  # a layer after the first ones it would swap
+    with pytest.raises(ValueError, match=r"^quantize: the weight 'layers.1.mlp.up_proj.weight' is not finite"):
+        llm.quantize("int8", inplace=True)
+    assert not is_quantized(llm.model)  # no layer swapped: the model is still whole

@@ -131,12 +131,14 @@ def _check_grid(op: str, grid) -> int:
 
 
 def check_quantizable(op: str, model: nn.Module, scheme: str, group_size: int, include_lm_head: bool,
-                      calibration_ids: torch.Tensor) -> None:
+                      calibration_ids: torch.Tensor | None) -> None:
     """Everything `quantize_awq` checks before its search, for a caller that must refuse before changing anything
-    (`LLM.quantize`). `op` names the caller in the messages. Raises what `quantize_awq` raises for bad input."""
+    (`LLM.quantize`); calibration_ids None: the checks round-to-nearest needs too (no calibration). `op` names the
+    caller in the messages. Raises what `quantize_awq` raises for bad input."""
     _check_model(op, model)
     _check_scheme(op, model, scheme, group_size, include_lm_head)
-    _check_ids(op, model, calibration_ids)
+    if calibration_ids is not None:
+        _check_ids(op, model, calibration_ids)
     for name, _, _, lin in _targets(model, include_lm_head):  # NaN / inf weights, named before the search
         check_weight(op, lin.weight, f"{name}.weight")
 

@@ -153,7 +153,7 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
     if isinstance(prompts, torch.Tensor):
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     prompts = list(prompts)
-    if isinstance(prompts, (str, bytes)) or any(isinstance(p, (str, bytes)) for p in prompts):
+    if any(isinstance(p, (str, bytes)) for p in prompts):  # text, or a list of texts
         raise TypeError("greedy_agreement: prompts must be token ids, got text; encode it first: "
                         "[llm.encode(text)] (one prompt) or [llm.encode(t) for t in texts]")
     if not prompts or (prompts and isinstance(prompts[0], numbers.Integral)):
