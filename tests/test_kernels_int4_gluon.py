@@ -217,9 +217,30 @@ def test_a_config_is_r_and_depth_and_anything_else_is_refused_by_name():
                        (triton.Config({"R": 4, "DEPTH": gg.MAX_DEPTH + 1}), "DEPTH in"),
                        (triton.Config({"R": 4, "DEPTH": True}), "DEPTH"),
                        (triton.Config({"R": 4, "DEPTH": 1}, maxnreg=16), "maxnreg must be None or an int in 32"),
-                       (triton.Config({"R": 4, "DEPTH": 1}, maxnreg=88.0), "maxnreg")]:
+                       (triton.Config({"R": 4, "DEPTH": 1}, maxnreg=88.0), "maxnreg"),
+                       (triton.Config({"R": 4, "DEPTH": 1, "SPLITS": 3}), "SPLITS must be a power of 2"),
+                       (triton.Config({"R": 4, "DEPTH": 1, "SPLITS": 16}), "SPLITS must be a power of 2 in 1..8"),
+                       (triton.Config({"R": 4, "DEPTH": 1, "SPLITS": True}), "SPLITS"),
+                       (triton.Config({"R": 4, "DEPTH": 1, "SPLIT_K": 2}), "R and DEPTH")]:
         with pytest.raises(TypeError, match=match):
             gg.check_config(bad)
+    split = triton.Config({"R": 8, "DEPTH": 1, "SPLITS": 4})
+    assert gg.check_config(split) == (8, 1) and gg.splits_of(split) == 4
+    assert gg.splits_of(triton.Config({"R": 8, "DEPTH": 1})) == 1
+
+
+def test_a_split_tile_that_does_not_fit_the_layer_is_refused_before_any_launch():
+    """SPLITS needs whole scale groups in each split and no RMSNorm prologue (its rstd is over the whole row). The
+    check runs before the scratch or a launch, so it answers on a CPU."""
+    N, K, G = 8, 1024, 128
+    packed, s4 = quantize_int4(torch.randn(N, K), G)
+    x, y = torch.randn(1, K), torch.empty(1, N)
+    tile = triton.Config({"R": 4, "DEPTH": 1, "SPLITS": 8})  # 128 weights a split: whole groups, but the RMSNorm
+    with pytest.raises(ValueError, match="SPLITS=8 does not fit.*RMSNorm"):
+        gg.int4_gemv(x, packed, s4, y, {"PDL": False}, norm_weight=torch.ones(K), tile=tile)
+    packed, s4 = quantize_int4(torch.randn(N, K), 256)  # 128 weights a split: half a group
+    with pytest.raises(ValueError, match="whole groups of 256"):
+        gg.int4_gemv(x, packed, s4, y, {"PDL": False}, tile=tile)
 
 
 def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_need_the_gluon_gemv(monkeypatch):
@@ -235,13 +256,17 @@ def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_ne
         assert len({str(c) for c in cands}) == len(cands)
         for c in cands:
             r, d = gg.check_config(c)
-            assert (d + 1) * r * 4 * S <= gg.MAX_AHEAD_WORDS and c.num_warps == NW
+            _, nw, s = gg.config(K // gg.splits_of(c))  # a split's programs are sized for their share of the row
+            assert (d + 1) * r * 4 * s <= gg.MAX_AHEAD_WORDS and c.num_warps == nw
         capped = [c for c in cands if c.maxnreg]
+        split = [(c.kwargs["SPLITS"], c.kwargs["R"], c.num_warps) for c in cands if "SPLITS" in c.kwargs]
         if NW == 16:  # one program an SM: one capped default, leaving a 4-warp program of 144 registers its room
             assert [(c.kwargs, c.maxnreg) for c in capped] == [({"R": R, "DEPTH": 1}, 88)]
             assert 65536 - 88 * 32 * NW >= gg.NEXT_PROGRAM_REGS > 65536 - 96 * 32 * NW
+            # and split-K: halves in 8-warp programs, quarters in 4-warp ones (several programs an SM)
+            assert split == [(2, 4, 8), (4, 8, 4), (4, 4, 4)]
         else:
-            assert capped == []
+            assert capped == [] and split == []
     assert gg.candidate_configs(gg.MAX_K + 32, "cpu") == [] and gg.candidate_configs(100, "cpu") == []
     monkeypatch.setattr(_util, "interpret_mode", lambda: True)  # autotuning off: the default alone
     assert [c.kwargs for c in gg.candidate_configs(4096, "cpu")] == [{"R": 8, "DEPTH": 1}]
@@ -260,14 +285,20 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
         "    for c in gg.candidate_configs(K, 'cpu'):\n"
         "        ptx = gg.build_offline(K, group=128, prologue=pro, residual=res, tile=c).asm['ptx']\n"
         "        print(K, c.kwargs['R'], c.kwargs['DEPTH'], ptx.count('ld.global.v4.b32'), c.maxnreg or 0,\n"
-        "              ptx.count(f'.maxnreg {c.maxnreg}'))\n")
+        "              ptx.count(f'.maxnreg {c.maxnreg}'), gg.splits_of(c), ptx.count('atom.global.gpu.acq_rel'),\n"
+        "              ptx.count('ld.global.cg'))\n")
     rows = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
     assert {K for K, *_ in rows} == {4096, 14336} and len(rows) >= 8
-    assert [(K, cap, n) for K, _, _, _, cap, n in rows if cap] == [(14336, 88, 1)]  # the cap reaches ptxas
-    loads = {(K, R, D): n for K, R, D, n, cap, _ in rows if not cap}
+    assert [(K, cap, n) for K, _, _, _, cap, n, *_ in rows if cap] == [(14336, 88, 1)]  # the cap reaches ptxas
+    loads = {(K, R, D): n for K, R, D, n, cap, _, splits, _, _ in rows if not cap and splits == 1}
     for (K, R, D), n in loads.items():
         if (K, R, D + 1) in loads:
             assert loads[(K, R, D + 1)] > n, (K, R, D)
+    # whole rows count nothing; a split counts itself done and zeroes the counter (two acq_rel atomics), and the
+    # last split reads every split's partial row from L2
+    for K, R, D, n, cap, _, splits, atomics, cg in rows:
+        assert (atomics, cg) == ((0, 0) if splits == 1 else (2, splits)), (K, R, D, splits)
+    assert sorted(splits for *_, splits, _, _ in rows if splits > 1) == [2, 4, 4]
 
 
 @gpu
@@ -318,3 +349,47 @@ def test_a_failing_config_raises_and_leaves_the_gluon_gemv_on(monkeypatch):
             got = fused_quant_gemv(x, layer)
         assert any("out of registers" in str(c.message) for c in caught) and int4_module._GLUON_OFF
         torch.testing.assert_close(got, fused_quant_gemv_reference(x, layer), atol=1e-4, rtol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("splits, R", [(2, 4), (4, 8), (4, 4)])
+def test_split_k_tiles_equal_whole_rows_every_launch_and_under_graph_replay(splits, R):
+    """The split-K tiles (the down projection's shape, SwiGLU prologue and residual): every row written once, no
+    pad touched, the same numbers as whole rows within the bf16 rounding of the output, the SAME bits on every
+    launch (the last split adds the partials in split order, and zeroes the counters it used: a launch that left
+    one behind would break the next), also when launched from a captured CUDA graph with new inputs. N = 1001
+    leaves a partial last chunk."""
+    from llmlab.kernels.fused_quant_gemv import fused_quant_gemv_reference
+    from tiny_models import one_token_inputs, quantized_layer
+
+    N, K = 1001, 14336
+    layer = quantized_layer("int4", N, K, 128, 5, False, device="cuda")
+    x, _, res = (t.to(torch.bfloat16).view(1, -1) for t in one_token_inputs(N, K, True, 6, device="cuda"))
+    tile = triton.Config({"R": R, "DEPTH": 1, "SPLITS": splits})
+
+    def run(x_in, out):
+        gg.int4_gemv(x_in, layer.packed, layer.scales, out, {"PDL": False}, swiglu=True, residual=res, tile=tile)
+
+    buf, y = _poisoned(N, torch.bfloat16)
+    run(x, y)
+    want = fused_quant_gemv_reference(x, layer, swiglu=True, residual=res).float()
+    assert torch.isnan(buf[:, N:]).all() and torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), want, atol=2e-2 * float(want.abs().max()), rtol=2e-2)
+    whole = torch.empty_like(y)
+    gg.int4_gemv(x, layer.packed, layer.scales, whole, {"PDL": False}, swiglu=True, residual=res)
+    torch.testing.assert_close(y.float(), whole.float(), atol=1e-2 * float(whole.abs().max()), rtol=1e-2)
+    first = y.clone()
+    for _ in range(3):
+        y.fill_(float("nan"))
+        run(x, y)
+        assert torch.equal(y, first)
+    x2 = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(x2, y)
+    for seed in (7, 8):
+        x2.copy_(one_token_inputs(N, K, True, seed, device="cuda")[0].to(torch.bfloat16).view(1, -1))
+        y.fill_(float("nan"))
+        graph.replay()
+        want = fused_quant_gemv_reference(x2, layer, swiglu=True, residual=res).float()
+        torch.testing.assert_close(y.float(), want, atol=2e-2 * float(want.abs().max()), rtol=2e-2)

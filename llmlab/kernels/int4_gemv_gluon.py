@@ -34,11 +34,15 @@ when there are fewer chunks — the best program count, or close to it, at every
 that keep one wave's chunks per program) leave less in flight. Each program keeps DEPTH chunks requested ahead of
 the one it sums (default 1). With one 16-warp program an SM (K = 14336), one chunk of 4 rows ahead is ~29 KB in
 flight per SM, near what the memory's latency needs to keep copy speed; DEPTH 2-3, or more rows a chunk, put more
-in flight at the cost of registers. A decode step's tuning (`step_tuning`) times R and DEPTH per role inside the
-captured step (`candidate_configs`, `check_config`), and for the 16-warp programs the default with its registers
-capped (`maxnreg`) so that the next GEMV's first program fits on the SM beside it and, under PDL, starts loading
-its weights before this one ends (NEXT_PROGRAM_REGS); the chosen config reaches the kernel as `int4_gemv(...,
-tile=)`.
+in flight at the cost of registers. Split-K (SPLITS, offered for such rows): SPLITS programs of 8 or 4 warps share
+each chunk's rows, each summing a half or a quarter of every row, so several programs share an SM and each one's
+SwiGLU prologue covers only its share of x; each split writes its partial sums to `split_k.scratch`, and the last
+of a chunk's splits to finish adds them in split order and writes y (split_k.py's serial split-K; not with the
+RMSNorm prologue, whose rstd needs the whole row). A decode step's tuning (`step_tuning`) times R and DEPTH per
+role inside the captured step (`candidate_configs`, `check_config`), and for the 16-warp programs the split
+configs and the default with its registers capped (`maxnreg`) so that the next GEMV's first program fits on the SM
+beside it and, under PDL, starts loading its weights before this one ends (NEXT_PROGRAM_REGS); the chosen config
+reaches the kernel as `int4_gemv(..., tile=)`.
 """
 
 from __future__ import annotations
@@ -175,6 +179,32 @@ if GLUON_ERROR is None:
         gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @gluon.jit
+    def _store_split(p, buf, ws_ptr, cnt_ptr, y_ptr, res_ptr, j, c, N, stride_ws, stride_yn, LT: gl.constexpr,
+                     R: gl.constexpr, SPLITS: gl.constexpr, HAS_RES: gl.constexpr):
+        """Step 3 for split j of chunk c's rows: the warps' partial sums through shared memory `buf` into row j of
+        the scratch `ws_ptr`; then the split counts itself done on the chunk's counter, and the last of the
+        SPLITS adds the scratch rows in split order (the result does not depend on which finished first), adds
+        the residual as `_store_rows` does, writes y and zeroes the counter for the next launch (split_k.py's
+        serial split-K, and its memory order: the barrier puts every thread's store before the acq_rel count,
+        and the last split reads the other splits' rows from L2 with .cg loads, not from a stale L1)."""
+        buf.store(p)
+        _cta_barrier()
+        v = buf.load(LT)
+        rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
+        gl.store(ws_ptr + j * stride_ws + rn, gl.sum(v, axis=1) * 2.0 ** 32, mask=rn < N)
+        _cta_barrier()
+        done = gl.atomic_add(cnt_ptr + c, 1, sem="acq_rel")  # how many splits of this chunk finished before
+        if done == SPLITS - 1:
+            y = gl.load(ws_ptr + rn, mask=rn < N, other=0.0, cache_modifier=".cg")
+            for i in gl.static_range(1, SPLITS):
+                y += gl.load(ws_ptr + i * stride_ws + rn, mask=rn < N, other=0.0, cache_modifier=".cg")
+            if HAS_RES:
+                r = gl.load(res_ptr + rn, mask=rn < N, other=0.0).to(gl.float32)
+                y = y.to(y_ptr.dtype.element_ty).to(gl.float32) + r
+            gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+            gl.atomic_xchg(cnt_ptr + c, 0)
+
+    @gluon.jit
     def _slots(K, GROUP: gl.constexpr, Q: gl.constexpr, LW: gl.constexpr, LQ: gl.constexpr):
         """Per thread: its word columns of the (R, 4Q) tile (rw), which of them lie inside the row (whole slots, so
         the loads stay 16 bytes wide), and each slot's scale group (slots past K, when Q > K / 32, read a real
@@ -195,13 +225,14 @@ if GLUON_ERROR is None:
                                       is_pure=False, pack=1)
 
     @gluon.jit
-    def x_slots(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, SPAN: gl.constexpr, LX: gl.constexpr,
+    def x_slots(x_ptr, nw_ptr, K, k_up, eps, stride_xk, Q: gl.constexpr, SPAN: gl.constexpr, LX: gl.constexpr,
                 PROLOGUE: gl.constexpr):
         """x, once per program: each slot's SPAN values loaded into its thread as one (Q, SPAN) tile in layout LX
         (k = SPAN q + j; 0 past K), after the prologue (PROLOGUE 1: times the RMSNorm weight, and rstd = 1 /
-        sqrt(mean(x^2) + eps) over the whole row, which this program holds; 2: x is [gate | up], 2K numbers, and
-        the GEMV's input is silu(gate) * up, rounded where the unfused ops round). Returns (the tile, rstd: 1.0
-        without the RMSNorm). Shared with the int8 Gluon GEMV (`int8_gemv_gluon.py`)."""
+        sqrt(mean(x^2) + eps) over the whole row, which this program holds; 2: x is [gate | up] and the GEMV's
+        input is silu(gate) * up, rounded where the unfused ops round, the up value of k at k_up + k: K for a
+        whole row, the full row's K for a split of it). Returns (the tile, rstd: 1.0 without the RMSNorm). Shared
+        with the int8 Gluon GEMV (`int8_gemv_gluon.py`)."""
         rqx = gl.arange(0, Q, layout=gl.SliceLayout(1, LX))
         rk = gl.arange(0, SPAN, layout=gl.SliceLayout(0, LX))
         kk = SPAN * rqx[:, None] + rk[None, :]
@@ -213,18 +244,18 @@ if GLUON_ERROR is None:
             xt = xt * gl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(gl.float32)
         if PROLOGUE == 2:
             dt: gl.constexpr = x_ptr.dtype.element_ty
-            u = gl.load(x_ptr + (K + kk) * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
+            u = gl.load(x_ptr + (k_up + kk) * stride_xk, mask=k_ok, other=0.0).to(gl.float32)
             silu = (xt / (1.0 + gl.exp(-xt))).to(dt).to(gl.float32)
             xt = (silu * u).to(dt).to(gl.float32)
         return xt, rstd
 
     @gluon.jit
-    def _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr,
+    def _x_once(x_ptr, nw_ptr, K, k_up, eps, stride_xk, Q: gl.constexpr, LX: gl.constexpr, LQ: gl.constexpr,
                 PROLOGUE: gl.constexpr):
         """x, once per program, after the prologue (`x_slots`, slots of 32 values: k = 32 q + 8 J + i). Returns
         rstd (1.0 without the RMSNorm), 8 x each slot's sum (the codes' offset of 8) and the lifted partners of
         words J = 0..3, each a tuple of 8 (Q,) tensors in the slots' layout LQ."""
-        xt, rstd = x_slots(x_ptr, nw_ptr, K, eps, stride_xk, Q, 32, LX, PROLOGUE)
+        xt, rstd = x_slots(x_ptr, nw_ptr, K, k_up, eps, stride_xk, Q, 32, LX, PROLOGUE)
         off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (8.0 * 2.0 ** -64)
         xj = gl.reshape(xt, [Q, 2, 2, 8]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
         lo, hi = gl.split(xj)  # J1 = 0 / 1
@@ -235,6 +266,9 @@ if GLUON_ERROR is None:
     @gluon.jit
     def _int4_gemv_gluon_kernel(
         x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, res_ptr,
+        # split-K (SPLITS > 1): the scratch's partial rows (SPLITS, N) fp32 and one counter per chunk
+        ws_ptr, cnt_ptr, stride_ws,
+        # K: the weights of a row each program sums (a split's share of the row with SPLITS > 1)
         N, K, eps,
         # strides in elements (stride_wn in 32-bit words); the row strides are constants: per-row offsets then
         # fold into the loads' addresses
@@ -242,8 +276,9 @@ if GLUON_ERROR is None:
         GROUP: gl.constexpr, R: gl.constexpr, Q: gl.constexpr, PDL: gl.constexpr,
         # the small ops inside (`fused_quant_gemv`): 0 none, 1 RMSNorm, 2 SwiGLU; the residual add
         PROLOGUE: gl.constexpr, HAS_RES: gl.constexpr,
-        # chunks requested ahead of the one being summed (1..3)
-        DEPTH: gl.constexpr,
+        # chunks requested ahead of the one being summed (1..3); programs sharing each chunk's rows, each summing
+        # K weights of them (1: whole rows)
+        DEPTH: gl.constexpr, SPLITS: gl.constexpr,
         # register layouts, built by `_layouts` (a jit function cannot loop over layout bases)
         LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
         LT: gl.constexpr,
@@ -255,7 +290,16 @@ if GLUON_ERROR is None:
         w_words = w_ptr.to(gl.pointer_type(gl.int32))
         n_chunks = (N + R - 1) // R
         c = gl.program_id(0)
-        step = gl.num_programs(0)
+        step = gl.num_programs(0)  # a multiple of SPLITS
+        j = 0
+        if SPLITS > 1:  # program p sums split p % SPLITS of chunks p // SPLITS, + step / SPLITS, ...
+            gl.static_assert(PROLOGUE != 1, "the RMSNorm's rstd needs the whole row of x in one program")
+            j = c % SPLITS
+            c = c // SPLITS
+            step = step // SPLITS
+            w_words += j * (K // 8)
+            s_ptr += j * (K // GROUP) * stride_sg
+            x_ptr += j * K * stride_xk
         if PDL:
             _pdl(False)
         # the first DEPTH chunks depend on no earlier kernel: request them before waiting for x. In flight from
@@ -268,14 +312,18 @@ if GLUON_ERROR is None:
                             LA)
         if PDL:
             _pdl(True)
-        rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q, LX, LQ, PROLOGUE)
+        rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, K * SPLITS, eps, stride_xk, Q, LX, LQ, PROLOGUE)
         turn = 0
         for c in range(c, n_chunks, step):
             w_new, s_new = _chunk(w_words, s_ptr, c + DEPTH * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok,
                                   grp, R, LW, LA)
             p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
-            _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
-                        HAS_RES)
+            if SPLITS == 1:
+                _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
+                            HAS_RES)
+            else:
+                _store_split(p, buf.index(turn % 2), ws_ptr, cnt_ptr, y_ptr, res_ptr, j, c, N, stride_ws, stride_yn,
+                             LT, R, SPLITS, HAS_RES)
             if DEPTH == 1:
                 w = w_new
                 s = s_new
@@ -337,15 +385,16 @@ NEXT_PROGRAM_REGS = 4 * 32 * 144
 
 
 def check_config(config) -> tuple[int, int]:
-    """(R, DEPTH) of a config for this GEMV: a triton.Config whose kwargs are exactly R (rows per chunk, a power of
-    2 in 1..32, as the cross-thread sums lay out) and DEPTH (chunks requested ahead, 1..MAX_DEPTH), and whose
-    maxnreg (registers a thread, for ptxas) is None or an int in 32..255. TypeError otherwise, naming what is
-    wrong."""
-    if not isinstance(config, triton.Config) or set(config.kwargs) != {"R", "DEPTH"}:
+    """(R, DEPTH) of a config for this GEMV: a triton.Config whose kwargs are R (rows per chunk, a power of 2 in
+    1..32, as the cross-thread sums lay out), DEPTH (chunks requested ahead, 1..MAX_DEPTH) and optionally SPLITS
+    (`splits_of`), and whose maxnreg (registers a thread, for ptxas) is None or an int in 32..255. TypeError
+    otherwise, naming what is wrong."""
+    keys = set(config.kwargs) - {"SPLITS"} if isinstance(config, triton.Config) else None
+    if keys != {"R", "DEPTH"}:
         got = f"triton.Config {config}" if isinstance(config, triton.Config) else repr(config)
-        raise TypeError(f"int4 GEMV: config must be a triton.Config with R and DEPTH and nothing else (see "
-                        f"int4_gemv_gluon.candidate_configs), got {got}; a tile chosen for another weight format "
-                        f"(int8, float) does not fit: clear the step's tiles or tune again")
+        raise TypeError(f"int4 GEMV: config must be a triton.Config with R and DEPTH (and SPLITS) and nothing else "
+                        f"(see int4_gemv_gluon.candidate_configs), got {got}; a tile chosen for another weight "
+                        f"format (int8, float) does not fit: clear the step's tiles or tune again")
     r, d = config.kwargs["R"], config.kwargs["DEPTH"]
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, d))
     if not ints or not 1 <= r <= 32 or r & (r - 1) or not 1 <= d <= MAX_DEPTH:
@@ -354,7 +403,20 @@ def check_config(config) -> tuple[int, int]:
     cap = getattr(config, "maxnreg", None)
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or not 32 <= cap <= 255):
         raise TypeError(f"int4 GEMV: a config's maxnreg must be None or an int in 32..255, got {cap!r}")
+    splits_of(config)
     return r, d
+
+
+def splits_of(config) -> int:
+    """The config's SPLITS (1 without one): how many programs share each chunk's rows, each summing K / SPLITS of
+    their weights (split-K, module notes). TypeError unless a power of 2 in 1..split_k.MAX_SPLIT_K."""
+    from .split_k import MAX_SPLIT_K
+
+    splits = config.kwargs.get("SPLITS", 1) if isinstance(config, triton.Config) else 1
+    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= MAX_SPLIT_K \
+            or splits & (splits - 1):
+        raise TypeError(f"int4 GEMV: a config's SPLITS must be a power of 2 in 1..{MAX_SPLIT_K}, got {splits!r}")
+    return splits
 
 
 def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
@@ -378,6 +440,11 @@ def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     if NW == 16:  # one program an SM: cap it so that the next GEMV's first program fits beside it (see above)
         cap = (65536 - NEXT_PROGRAM_REGS) // (32 * NW) // 8 * 8  # registers are allocated 8 a thread at a time
         configs.append(triton.Config({"R": R0, "DEPTH": 1}, num_warps=NW, maxnreg=cap))
+        # split-K: 8- or 4-warp programs over a half or a quarter of each row, several an SM (module notes)
+        for splits, r in ((2, None), (4, None), (4, 4)):
+            if K % (32 * splits) == 0:
+                r_split, nw_split, _ = config(K // splits)
+                configs.append(triton.Config({"R": r or r_split, "DEPTH": 1, "SPLITS": splits}, num_warps=nw_split))
     return autotune_configs(configs, configs[0])
 
 
@@ -406,33 +473,53 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
         y: (1, N) in x's dtype, any stride along N.
         pdl: `pdl_kwargs(device)` from _util.py.
         norm_weight: (K,) contiguous, x's dtype, or None. residual: (1, N) contiguous, x's dtype, or None.
-        tile: a triton.Config with R and DEPTH, and maxnreg or None (`check_config`, `candidate_configs`), or
-            None: `config(K)`'s R and DEPTH 1.
+        tile: a triton.Config with R and DEPTH, maxnreg or None, and optionally SPLITS (`check_config`,
+            `candidate_configs`), or None: `config(K)`'s R and DEPTH 1, whole rows.
 
     int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
-    built (int4_matmul then falls back to the Triton GEMV)."""
+    built (int4_matmul then falls back to the Triton GEMV); ValueError for a tile whose SPLITS does not fit (K /
+    SPLITS not a multiple of G, or with norm_weight: the RMSNorm needs the whole row); RuntimeError for a split
+    tile's first launch on this device and N inside a CUDA-graph capture (its scratch, `split_k.scratch`, must be
+    made before: run it once first)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
+    G = K // scales.shape[1]
     prologue = 2 if swiglu else 1 if norm_weight is not None else 0
-    R, depth = (config(K)[0], 1) if tile is None else check_config(tile)
+    splits = 1 if tile is None else splits_of(tile)
+    k_split = K // splits  # the weights of a row each program sums
+    if splits > 1 and (prologue == 1 or K % splits or k_split % G):
+        raise ValueError(f"int4 GEMV: SPLITS={splits} does not fit this layer: each split must hold whole groups "
+                         f"of {G} (K = {K}) and see no RMSNorm (it needs the whole row); use a tile without SPLITS")
+    R, depth = (config(k_split)[0], 1) if tile is None else check_config(tile)
     cap = getattr(tile, "maxnreg", None)
+    ws = cnt = y  # the split-K scratch: unused by whole rows
+    if splits > 1:
+        from .split_k import has_scratch, scratch
+        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing() and not has_scratch(x.device, N):
+            raise RuntimeError(f"int4 GEMV: first split launch for N = {N} inside a CUDA-graph capture; its "
+                               f"scratch counters would be zeroed only when the graph replays. Run it once before "
+                               f"capturing (a warm-up)")
+        ws, cnt = scratch(x.device, N)
     args = (x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
-            N, K, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0), scales.stride(1), y.stride(-1))
+            ws, cnt, ws.stride(0), N, k_split, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0),
+            scales.stride(1), y.stride(-1))
     # what the meta-parameters and the compiled kernel's registers depend on (Triton also specializes on strides of
     # 1 and 16-byte alignment, which change no register count that matters here: the wave only sizes the grid)
     key = (x.device.index, x.dtype, y.dtype, scales.dtype, K, packed.stride(0), scales.stride(0), scales.shape[1],
-           pdl.get("PDL"), prologue, residual is not None, R, depth, cap)
+           pdl.get("PDL"), prologue, residual is not None, R, depth, cap, splits)
     launch = _LAUNCH.get(key)
     if launch is None:  # once per shape and config: the layouts (~0.1 ms of Python to build) and a compile
-        _, NW, S = config(K)
-        meta = dict(GROUP=K // scales.shape[1], R=R, DEPTH=depth, num_warps=NW, PROLOGUE=prologue,
+        _, NW, S = config(k_split)
+        meta = dict(GROUP=G, R=R, DEPTH=depth, SPLITS=splits, num_warps=NW, PROLOGUE=prologue,
                     HAS_RES=residual is not None, **_layouts(R, NW, S), **pdl, **({"maxnreg": cap} if cap else {}))
-        kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
+        kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(splits,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        launch = _LAUNCH[key] = meta, _programs_per_sm(kernel.n_regs, NW) * sms
+        wave = _programs_per_sm(kernel.n_regs, NW) * sms
+        launch = _LAUNCH[key] = meta, max(splits, wave // splits * splits)  # whole chunks' worth of splits
     meta, wave = launch
-    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]), wave),)](*args, **meta)  # one wave (module notes)
+    # one wave (module notes), every chunk's splits in it
+    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]) * splits, wave),)](*args, **meta)
 
 
 def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False,
@@ -449,14 +536,16 @@ def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, r
         raise RuntimeError(f"this Triton ({triton.__version__}) has no usable Gluon: {GLUON_ERROR}")
     if K % 32 or group % 32 or K % group:
         raise ValueError(f"build_offline: K = {K} and group = {group} must be multiples of 32, the group dividing K")
-    R, NW, S = config(K)
+    splits = 1 if tile is None else splits_of(tile)
+    R, NW, S = config(K // splits)
     R, depth = (R, 1) if tile is None else check_config(tile)
     fn = _int4_gemv_gluon_kernel
-    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "PDL": False, "PROLOGUE": prologue, "HAS_RES": residual,
+    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "SPLITS": splits, "PDL": False, "PROLOGUE": prologue,
+                  "HAS_RES": residual,
                   "stride_xk": 1, "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group,
                   **_layouts(R, NW, S)}
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "nw_ptr": "*bf16",
-             "res_ptr": "*bf16", "eps": "fp32"}
+             "res_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "eps": "fp32"}
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
     # the pointers 16-byte aligned and K a multiple of 16, as a launch on torch's allocations specializes them (the
     # weight loads are then 16 bytes wide, as on the GPU)

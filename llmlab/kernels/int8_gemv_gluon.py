@@ -64,7 +64,7 @@ if g4.GLUON_ERROR is None:
                 PROLOGUE: gl.constexpr):
         """x after the prologue (`x_slots`, slots of 16: k = 16 q + 4 J + i). Returns rstd, 128 x each slot's sum
         (the bytes' offset) and the lifted partners of words J = 0..3, each a tuple of 4 (Q,) tensors in LQ."""
-        xt, rstd = x_slots(x_ptr, nw_ptr, K, eps, stride_xk, Q, 16, LX, PROLOGUE)
+        xt, rstd = x_slots(x_ptr, nw_ptr, K, K, eps, stride_xk, Q, 16, LX, PROLOGUE)
         off = gl.convert_layout(gl.sum(xt, axis=1), LQ) * (128.0 * 2.0 ** -64)
         xj = gl.reshape(xt, [Q, 2, 2, 4]).permute(0, 2, 3, 1)  # (q, J0, i, J1), J = 2 J1 + J0
         lo, hi = gl.split(xj)  # J1 = 0 / 1

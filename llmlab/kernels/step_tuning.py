@@ -23,8 +23,8 @@ GEMV role, which of the two int8 GEMVs runs and with what tile (`int8_matmul.can
 GEMV's rows per program, K tile, split-K and stages, one split where the GEMV's prologue is the RMSNorm, which
 needs the whole row; the input-stationary GEMV's rows per chunk and programs per SM, `int8_gemv.py`, and its Gluon
 build's rows per chunk where it runs, `int8_gemv_gluon.py`); for each int4 role, the Gluon GEMV's rows per chunk
-and chunks requested ahead (`int4_gemv_gluon.candidate_configs`; none where the Gluon GEMV does not run, e.g. on a
-CPU); and the attention's split.
+and chunks requested ahead, and for the down projection's long rows split-K (`int4_gemv_gluon.candidate_configs`;
+none where the Gluon GEMV does not run, e.g. on a CPU); and the attention's split.
 
     from llmlab.kernels import KernelDecodeStep, step_tuning, swap_in
     step = KernelDecodeStep(swap_in(model))   # model: an llmlab Transformer on a CUDA GPU
@@ -110,7 +110,7 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
     Args:
         step: the Triton kernels' decode step (`KernelDecodeStep`, `LLM.kernels`) of an `llmlab.model.Transformer`,
             Llama-shaped (the fused batch-1 step runs it: no biases, no sliding window, one dtype), with float or
-            weight-only quantized projections (int8: its GEMV tiles; int4: its Gluon GEMV's R and DEPTH).
+            weight-only quantized projections (int8: its GEMV tiles; int4: its Gluon GEMV's R, DEPTH and SPLITS).
         context, steps: the step is timed `steps` times with `context` tokens cached (default 256: between a chat
             turn's 128-token prompt and its end), on a static cache of `runner_slots(model, context, steps)` slots;
             the attention's choice is made for caches of that size (role `attention_role(slots)`).
@@ -139,7 +139,7 @@ def tune_decode_step(step: KernelDecodeStep, *, context: int = 256, steps: int =
             split int8 tiles for q/k/v or gate/up (their prologue is the RMSNorm); `measure` returning anything but
             a finite number > 0.
         TypeError: candidates that are not {role: [triton.Config with BLOCK_N, BLOCK_K, STAGES]} (an int8 model:
-            BLOCK_N, BLOCK_K, SPLIT_K, STAGES, or R with PPS or GLUON; an int4 model: R and DEPTH).
+            BLOCK_N, BLOCK_K, SPLIT_K, STAGES, or R with PPS or GLUON; an int4 model: R, DEPTH, maybe SPLITS).
         RuntimeError: no `measure` given and no CUDA GPU.
         On any error (or an interrupt) the step keeps the tiles it had before the call.
     """
