@@ -294,10 +294,10 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
     for (K, R, D), n in loads.items():
         if (K, R, D + 1) in loads:
             assert loads[(K, R, D + 1)] > n, (K, R, D)
-    # whole rows count nothing; a split counts itself done and zeroes the counter (two acq_rel atomics), and the
-    # last split reads every split's partial row from L2
+    # whole rows count nothing; a split program counts itself done on its chunks and zeroes their counters (two
+    # acq_rel atomics), and reads every split's partial rows from L2
     for K, R, D, n, cap, _, splits, atomics, cg in rows:
-        assert (atomics, cg) == ((0, 0) if splits == 1 else (2, splits)), (K, R, D, splits)
+        assert atomics == (0 if splits == 1 else 2) and (cg == 0 if splits == 1 else cg >= splits), (K, R, D, splits)
     assert sorted(splits for *_, splits, _, _ in rows if splits > 1) == [2, 4, 4]
 
 

@@ -25,6 +25,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     packed_fields.py           Triton helpers: packed int4/int8 fields read as fp32 without a conversion instruction
     quant_tiles.py             the tiles the int8/int4 kernels are autotuned over
     split_k.py                 split-K for a GEMV, finished in the same launch (the M = 1 GEMVs)
+    split_k_gluon.py           the same fixup for the Gluon GEMV, one atomic round trip a program
     int4_mma_gemv.py           (experimental, slower) int4 GEMV on the tensor cores, weights in mma fragment order
     fused_gemv.py              batch-1 bf16 GEMVs with the layer's small ops (RMSNorm, SwiGLU, residual) fused in
     fused_quant_gemv.py        the same for int8 / int4 weights (the quantized GEMVs with prologue and epilogue)

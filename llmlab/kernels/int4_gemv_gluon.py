@@ -83,6 +83,7 @@ def available(device: torch.device) -> tuple[bool, str]:
 
 
 if GLUON_ERROR is None:
+    from .split_k_gluon import finish_splits, store_partial
 
     @gluon.jit
     def _field(w, SHIFT: gl.constexpr):
@@ -179,32 +180,6 @@ if GLUON_ERROR is None:
         gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @gluon.jit
-    def _store_split(p, buf, ws_ptr, cnt_ptr, y_ptr, res_ptr, j, c, N, stride_ws, stride_yn, LT: gl.constexpr,
-                     R: gl.constexpr, SPLITS: gl.constexpr, HAS_RES: gl.constexpr):
-        """Step 3 for split j of chunk c's rows: the warps' partial sums through shared memory `buf` into row j of
-        the scratch `ws_ptr`; then the split counts itself done on the chunk's counter, and the last of the
-        SPLITS adds the scratch rows in split order (the result does not depend on which finished first), adds
-        the residual as `_store_rows` does, writes y and zeroes the counter for the next launch (split_k.py's
-        serial split-K, and its memory order: the barrier puts every thread's store before the acq_rel count,
-        and the last split reads the other splits' rows from L2 with .cg loads, not from a stale L1)."""
-        buf.store(p)
-        _cta_barrier()
-        v = buf.load(LT)
-        rn = c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LT))
-        gl.store(ws_ptr + j * stride_ws + rn, gl.sum(v, axis=1) * 2.0 ** 32, mask=rn < N)
-        _cta_barrier()
-        done = gl.atomic_add(cnt_ptr + c, 1, sem="acq_rel")  # how many splits of this chunk finished before
-        if done == SPLITS - 1:
-            y = gl.load(ws_ptr + rn, mask=rn < N, other=0.0, cache_modifier=".cg")
-            for i in gl.static_range(1, SPLITS):
-                y += gl.load(ws_ptr + i * stride_ws + rn, mask=rn < N, other=0.0, cache_modifier=".cg")
-            if HAS_RES:
-                r = gl.load(res_ptr + rn, mask=rn < N, other=0.0).to(gl.float32)
-                y = y.to(y_ptr.dtype.element_ty).to(gl.float32) + r
-            gl.store(y_ptr + rn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-            gl.atomic_xchg(cnt_ptr + c, 0)
-
-    @gluon.jit
     def _slots(K, GROUP: gl.constexpr, Q: gl.constexpr, LW: gl.constexpr, LQ: gl.constexpr):
         """Per thread: its word columns of the (R, 4Q) tile (rw), which of them lie inside the row (whole slots, so
         the loads stay 16 bytes wide), and each slot's scale group (slots past K, when Q > K / 32, read a real
@@ -278,10 +253,10 @@ if GLUON_ERROR is None:
         PROLOGUE: gl.constexpr, HAS_RES: gl.constexpr,
         # chunks requested ahead of the one being summed (1..3); programs sharing each chunk's rows, each summing
         # K weights of them (1: whole rows)
-        DEPTH: gl.constexpr, SPLITS: gl.constexpr,
+        DEPTH: gl.constexpr, SPLITS: gl.constexpr, MAXC: gl.constexpr,
         # register layouts, built by `_layouts` (a jit function cannot loop over layout bases)
         LW: gl.constexpr, LA: gl.constexpr, LX: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr,
-        LT: gl.constexpr,
+        LT: gl.constexpr, LF: gl.constexpr,
     ):
         gl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the loop below rotates 1 to 3 chunks ahead (MAX_DEPTH)")
         LQ: gl.constexpr = gl.SliceLayout(0, LA)
@@ -314,6 +289,7 @@ if GLUON_ERROR is None:
             _pdl(True)
         rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, K * SPLITS, eps, stride_xk, Q, LX, LQ, PROLOGUE)
         turn = 0
+        c0 = c
         for c in range(c, n_chunks, step):
             w_new, s_new = _chunk(w_words, s_ptr, c + DEPTH * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok,
                                   grp, R, LW, LA)
@@ -322,8 +298,7 @@ if GLUON_ERROR is None:
                 _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
                             HAS_RES)
             else:
-                _store_split(p, buf.index(turn % 2), ws_ptr, cnt_ptr, y_ptr, res_ptr, j, c, N, stride_ws, stride_yn,
-                             LT, R, SPLITS, HAS_RES)
+                store_partial(p, buf.index(turn % 2), ws_ptr + j * stride_ws, c, N, LT, R)
             if DEPTH == 1:
                 w = w_new
                 s = s_new
@@ -340,6 +315,9 @@ if GLUON_ERROR is None:
                 w2 = w_new
                 s2 = s_new
             turn += 1
+        if SPLITS > 1:
+            finish_splits(ws_ptr, cnt_ptr, y_ptr, res_ptr, c0, step, n_chunks, N, stride_ws, stride_yn, R, SPLITS,
+                          MAXC, HAS_RES, LF)
 
 
 def _layouts(R: int, NW: int, S: int, span: int = 32) -> dict:
@@ -363,6 +341,11 @@ def _layouts(R: int, NW: int, S: int, span: int = 32) -> dict:
                                        [R, Q // 32, 32]),
         LT=gl.BlockedLayout([1, Q // 32], [32, 1], [NW, 1], [1, 0]),  # (R, Q // 32): a row's partials together
     )
+
+
+def _split_layout(R: int, NW: int):
+    """LF, the layout of split-K's fixup (`split_k_gluon.finish_splits`): (chunks, R), one chunk's rows a thread."""
+    return gl.BlockedLayout([1, R], [32, 1], [NW, 1], [1, 0])
 
 
 def config(K: int) -> tuple[int, int, int]:
@@ -454,6 +437,11 @@ def _programs_per_sm(n_regs: int, NW: int) -> int:
     return max(1, min(65536 // (max(n_regs, 1) * 32 * NW), 64 // NW))
 
 
+def _max_chunks(N: int, R: int, step: int, splits: int) -> int:
+    """MAXC: a power of 2 >= the chunks a split program sums (1 for whole rows, which do not use it)."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(N, R), step)) if splits > 1 else 1
+
+
 _LAUNCH: dict = {}  # what a launch depends on -> (its meta-parameters, programs in one wave), built once per shape
 
 
@@ -511,15 +499,17 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     if launch is None:  # once per shape and config: the layouts (~0.1 ms of Python to build) and a compile
         _, NW, S = config(k_split)
         meta = dict(GROUP=G, R=R, DEPTH=depth, SPLITS=splits, num_warps=NW, PROLOGUE=prologue,
-                    HAS_RES=residual is not None, **_layouts(R, NW, S), **pdl, **({"maxnreg": cap} if cap else {}))
-        kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(splits,), **meta)
+                    HAS_RES=residual is not None, **_layouts(R, NW, S), LF=_split_layout(R, NW), **pdl,
+                    **({"maxnreg": cap} if cap else {}))
+        # registers (the wave) from a build for up to 8 chunks a split program; the launch builds its own MAXC
+        kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(splits,), **meta, MAXC=8 if splits > 1 else 1)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         wave = _programs_per_sm(kernel.n_regs, NW) * sms
         launch = _LAUNCH[key] = meta, max(splits, wave // splits * splits)  # whole chunks' worth of splits
     meta, wave = launch
-    # one wave (module notes), every chunk's splits in it
-    _int4_gemv_gluon_kernel[(min(triton.cdiv(N, meta["R"]) * splits, wave),)](*args, **meta)
+    grid = min(triton.cdiv(N, meta["R"]) * splits, wave)  # one wave (module notes), every chunk's splits in it
+    _int4_gemv_gluon_kernel[(grid,)](*args, **meta, MAXC=_max_chunks(N, meta["R"], grid // splits, splits))
 
 
 def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False,
@@ -540,10 +530,11 @@ def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, r
     R, NW, S = config(K // splits)
     R, depth = (R, 1) if tile is None else check_config(tile)
     fn = _int4_gemv_gluon_kernel
-    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "SPLITS": splits, "PDL": False, "PROLOGUE": prologue,
+    constexprs = {"GROUP": group, "R": R, "DEPTH": depth, "SPLITS": splits, "MAXC": 8 if splits > 1 else 1,
+                  "PDL": False, "PROLOGUE": prologue,
                   "HAS_RES": residual,
                   "stride_xk": 1, "stride_sg": 1, "stride_yn": 1, "stride_wn": K // 8, "stride_sn": K // group,
-                  **_layouts(R, NW, S)}
+                  **_layouts(R, NW, S), "LF": _split_layout(R, NW)}
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16", "nw_ptr": "*bf16",
              "res_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "eps": "fp32"}
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
