@@ -356,8 +356,13 @@ def _profile(args) -> int:
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
     """Show a warning as one line on stderr: on the command line the source line a Python warning quotes (the
-    console script's `sys.exit(main())`) tells the user nothing."""
-    print(f"llmlab: warning: {message}", file=sys.stderr if file is None else file)
+    console script's `sys.exit(main())`) tells the user nothing. A warning llmlab does not raise (any kind but a
+    UserWarning, or one from another installed package: a peer's library, a module compiled on import) also names
+    its kind and file, which its message alone may not say."""
+    parts = Path(str(filename)).parts
+    foreign = not issubclass(category, UserWarning) or ("site-packages" in parts and "llmlab" not in parts)
+    whose = f" ({category.__name__} from {'/'.join(parts[-2:])}:{lineno})" if foreign else ""
+    print(f"llmlab: warning: {message}{whose}", file=sys.stderr if file is None else file)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -842,6 +842,24 @@ def test_cli_top_k_at_temperature_0_warns(good, capsys):
     still_works(good)
 
 
+def test_cli_names_where_another_packages_warning_came_from():
+    """A warning raised inside another package (a peer's library compiling a module) names its kind and file; one
+    of llmlab's own reads as its message alone."""
+    import io
+
+    from llmlab.cli import _warning_line
+
+    out = io.StringIO()
+    _warning_line(SyntaxWarning("invalid escape sequence '\\.'"), SyntaxWarning,
+                  "/site-packages/somepeer/quant/api.py", 12, file=out)
+    _warning_line(UserWarning("old API"), UserWarning, "/venv/lib/site-packages/peer/api.py", 3, file=out)
+    _warning_line(UserWarning("top_k=5 has no effect"), UserWarning, "/home/me/notebook.py", 40, file=out)
+    assert out.getvalue().splitlines() == [
+        "llmlab: warning: invalid escape sequence '\\.' (SyntaxWarning from quant/api.py:12)",
+        "llmlab: warning: old API (UserWarning from peer/api.py:3)",
+        "llmlab: warning: top_k=5 has no effect"]
+
+
 def test_one_token_runs_print_no_tpot(good):
     """max_new_tokens=1 has no decode step: TPOT is NaN (as in `RunMetrics`), and tables print "-", not "nan"."""
     import math
