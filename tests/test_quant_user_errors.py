@@ -117,3 +117,41 @@ def test_rtn_in_place_refuses_a_non_finite_weight_before_any_layer_is_swapped():
     with pytest.raises(ValueError, match=r"^quantize: the weight 'layers.1.mlp.up_proj.weight' is not finite"):
         llm.quantize("int8", inplace=True)
     assert not is_quantized(llm.model)  # no layer swapped: the model is still whole
+    # re-quantizing a quantized model with round-to-nearest says why, without AWQ's reason
+    llm.model.layers[1].mlp.up_proj.weight.data[0, 0] = 0.01
+    q = llm.quantize("int8")
+    with pytest.raises(ValueError, match=r"^quantize: the model is already quantized .*round the rounded weights "
+                                         r"again") as info:
+        q.quantize("int4")
+    assert "AWQ" not in str(info.value)
+
+
+def test_int4_in_place_refuses_a_weight_beyond_the_scale_range_before_any_layer_is_swapped():
+    """A finite weight too large for the int4 GEMVs' scales (|w| / 7 >= 2^96) is refused by the pre-check, naming
+    the layer and the call, with every layer still float; int8 (no such limit) quantizes it."""
+    llm = llmlab.load()
+    llm.model.layers[1].mlp.down_proj.weight.data[0, 0] = 1e30
+    for method in ("rtn", "awq"):
+        with pytest.raises(ValueError, match=r"^quantize: weights in layers.1.mlp.down_proj.weight up to 1e\+30 need "
+                                             r"int4 scales of 2\^96"):
+            llm.quantize("int4", method=method, inplace=True)
+        assert not is_quantized(llm.model)
+    llm.model.layers[1].mlp.down_proj.weight.data[0, 0] = 0.01  # put back: the same model quantizes now
+    assert is_quantized(llm.quantize("int4", inplace=True).model)
+
+
+def test_quantize_flags_perplexity_ids_and_save_folder_are_checked_by_type():
+    """A string for an on/off argument ("no" would count as True), None for token ids and a number for the folder
+    each get a TypeError that names the argument, and nothing changes."""
+    from llmlab.quant import perplexity, save_quantized
+
+    llm = llmlab.load()
+    for kwargs in (dict(inplace="no"), dict(include_lm_head="yes"), dict(progress=1)):
+        name = next(iter(kwargs))
+        with pytest.raises(TypeError, match=rf"^quantize: {name} must be True or False, got"):
+            llm.quantize("int8", **kwargs)
+    assert not is_quantized(llm.model)
+    with pytest.raises(TypeError, match=r"^perplexity: token_ids must be token ids .*got NoneType"):
+        perplexity(llm, None)
+    with pytest.raises(TypeError, match=r"^save_quantized: directory must be a folder path .*got int 5"):
+        save_quantized(llm.quantize("int8"), 5)

@@ -56,6 +56,17 @@ def check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
                          f"produced them")
 
 
+def check_int4_range(op: str, w: torch.Tensor, name: str | None = None) -> None:
+    """A finite weight whose int4 scales (a group's max |w| / 7) stay below SCALE_LIMIT, the M = 1 GEMVs' range
+    (they lift scales by 2^32 so that small products do not underflow); ValueError naming `op` and `name` else."""
+    top = w.detach().abs().max().item()
+    if top / 7.0 >= SCALE_LIMIT:
+        where = f" in {name}" if name else ""
+        raise ValueError(f"{op}: weights{where} up to {top:.3g} need int4 scales of 2^96 or more, beyond "
+                         f"int4_matmul's range at M = 1; rescale the layer (such weights are usually a bug upstream) "
+                         f"or keep it in bf16")
+
+
 def quantize_int8(w: torch.Tensor, *, name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float -> (w_q (N, K) int8, scales (N,) fp32), symmetric per output channel (row).
 
@@ -126,13 +137,9 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, *, name: str | None = 
     check_weight("quantize_int4", w, name)
     N, K = w.shape
     check_group(K, group_size)
+    check_int4_range("quantize_int4", w, name)
     w32 = w.float().view(N, K // group_size, group_size)
     scales = w32.abs().amax(dim=2).clamp(min=1e-12) / 7.0  # (N, K // G); -8 is never used: symmetric
-    if scales.max() >= SCALE_LIMIT:
-        where = f" in {name}" if name else ""
-        raise ValueError(f"quantize_int4: weights{where} up to {w32.abs().max().item():.3g} need scales of 2^96 or "
-                         f"more, beyond int4_matmul's range at M = 1; rescale the layer (such weights are usually "
-                         f"a bug upstream) or keep it in bf16")
     u = (torch.clamp(torch.round(w32 / scales[..., None]), -8, 7) + 8).to(torch.uint8).view(N, K)
     packed = u[:, 0::2] | (u[:, 1::2] << 4)  # even k: low nibble, odd k: high nibble
     return packed, scales

@@ -50,7 +50,8 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from llmlab.kernels.weight_quant import check_weight, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from llmlab.kernels.weight_quant import (check_int4_range, check_weight, dequantize_int4, dequantize_int8, quantize_int4,
+                                         quantize_int8)
 
 from .quantize import (SCHEMES, _targets, check_int4_group, check_not_swapped, is_quantized, quantize_model,
                        quantized_layers)
@@ -76,8 +77,9 @@ class AWQScales(dict):
 
 
 # -- checks ------------------------------------------------------------------------------------------------------
-def _check_model(op: str, model) -> None:
-    """A float `llmlab.model.Transformer`: not an LLM, not quantized, no Triton kernel modules."""
+def _check_model(op: str, model, awq: bool = True) -> None:
+    """A float `llmlab.model.Transformer`: not an LLM, not quantized, no Triton kernel modules. awq: the caller
+    runs AWQ (the message says why AWQ needs float weights), else round-to-nearest."""
     if not isinstance(model, nn.Module):
         hint = " (an LLM: pass llm.model, or use llm.quantize(..., method='awq'))" \
             if isinstance(getattr(model, "model", None), nn.Module) else ""
@@ -86,9 +88,11 @@ def _check_model(op: str, model) -> None:
         raise TypeError(f"{op}: expected a llmlab.model.Transformer (layers, config, rope), got "
                         f"{type(model).__name__}")
     if is_quantized(model):
-        raise ValueError(f"{op}: the model is already quantized ({len(quantized_layers(model))} layers); AWQ scales "
-                         f"the float weights before rounding them. Reload the model (or "
-                         f"llmlab.quant.dequantize_model, which keeps the rounded values) and run AWQ on that")
+        why = "AWQ scales the float weights before rounding them" if awq else \
+            "quantizing twice would round the rounded weights again"
+        raise ValueError(f"{op}: the model is already quantized ({len(quantized_layers(model))} layers); {why}. "
+                         f"Reload the model (or llmlab.quant.dequantize_model, which keeps the rounded values) and "
+                         f"quantize that")
     check_not_swapped(op, model)
 
 
@@ -135,12 +139,14 @@ def check_quantizable(op: str, model: nn.Module, scheme: str, group_size: int, i
     """Everything `quantize_awq` checks before its search, for a caller that must refuse before changing anything
     (`LLM.quantize`); calibration_ids None: the checks round-to-nearest needs too (no calibration). `op` names the
     caller in the messages. Raises what `quantize_awq` raises for bad input."""
-    _check_model(op, model)
+    _check_model(op, model, awq=calibration_ids is not None)
     _check_scheme(op, model, scheme, group_size, include_lm_head)
     if calibration_ids is not None:
         _check_ids(op, model, calibration_ids)
-    for name, _, _, lin in _targets(model, include_lm_head):  # NaN / inf weights, named before the search
+    for name, _, _, lin in _targets(model, include_lm_head):  # weights no scale can hold, named before the search
         check_weight(op, lin.weight, f"{name}.weight")
+        if scheme == "int4":
+            check_int4_range(op, lin.weight, f"{name}.weight")
 
 
 # -- rounding, as the quantized layers do it ----------------------------------------------------------------------

@@ -26,7 +26,12 @@ def _as_ids(op: str, token_ids, vocab_size: int | None) -> torch.Tensor:
         raise TypeError(f"{op}: token_ids must be token ids, got text ({token_ids[:40]!r}); encode it first: "
                         f"llm.encode(text), or llmlab.quant.evaluation_ids(llm) for the held-out text")
     if not isinstance(token_ids, torch.Tensor):
-        token_ids = list(token_ids)
+        try:
+            token_ids = list(token_ids)
+        except TypeError:
+            raise TypeError(f"{op}: token_ids must be token ids (a list of ints or an int tensor), got "
+                            f"{type(token_ids).__name__}; e.g. llm.encode(text), or llmlab.quant.evaluation_ids(llm) "
+                            f"for the held-out text") from None
         if any(isinstance(t, (str, bytes)) for t in token_ids):
             raise TypeError(f"{op}: token_ids must be token ids, got a list holding text; encode each text first: "
                             f"llm.encode(text)")

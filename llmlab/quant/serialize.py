@@ -230,11 +230,15 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
             quant_config.json, or sharded weights) is refused, so a checkpoint is never overwritten.
 
     Raises:
-        TypeError: not an LLM or a llmlab Transformer; a quant_method that is not a string.
+        TypeError: not an LLM or a llmlab Transformer; a quant_method that is not a string; a directory that is not
+            a path.
         ValueError: the model is not quantized, or its layers differ in scheme, group size or dtype; its modules are not
             those a Transformer built from its config holds (a Triton-kernel or fused module swapped in: swap them
             out first); the folder holds another model. Nothing is written then.
     """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"save_quantized: directory must be a folder path (a str or pathlib.Path), got "
+                        f"{type(directory).__name__} {directory!r}")
     model, tokenizer, method = _unpack(llm_or_model)
     qc = _quant_config(model, method)
     with torch.device("meta"):
