@@ -50,8 +50,8 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from llmlab.kernels.weight_quant import (check_int4_range, check_weight, dequantize_int4, dequantize_int8, quantize_int4,
-                                         quantize_int8)
+from llmlab.kernels.weight_quant import (check_int4_range, check_weight, dequantize_int4, dequantize_int8,
+                                         quantize_int4, quantize_int8)
 
 from .quantize import (SCHEMES, _targets, check_int4_group, check_not_swapped, is_quantized, quantize_model,
                        quantized_layers)
