@@ -103,7 +103,8 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
              f"{llm.config.n_layers} layers, context {llm.config.max_seq_len}")
     print_fn(device_line(llm))
     shown = prompt if len(prompt) <= 80 else prompt[:80] + f"... ({len(prompt)} characters)"
-    print_fn(f"prompt {shown!r}, {max_new_tokens} new token{'s' if max_new_tokens != 1 else ''}, greedy, median of {repeats} runs\n")
+    print_fn(f"prompt {shown!r}, {max_new_tokens} new token{'s' if max_new_tokens != 1 else ''}, greedy, "
+             f"{f'median of {repeats} runs' if repeats > 1 else 'one run'}\n")
     threads = cpu_threads_for(llm.device, llm.config.num_params())
     if threads == 1:
         print_fn("(a small model on a CPU: timed on one intra-op thread, steadier and faster than one per core; "

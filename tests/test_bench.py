@@ -48,6 +48,8 @@ def test_quick_chat_writes_one_valid_file(chat_doc):
     assert on_disk["peaks"]["matmul_dtype"] == "float32"  # labelled: a CPU's rate is fp32
     assert on_disk["complete"] is True
     assert isinstance(on_disk["versions"], dict) and "torch" in on_disk["versions"]
+    # one timed run a row: the file and the table say that its rows' differences are mostly chance
+    assert sum("one timed run a row" in n and "--repeats 3" in n for n in on_disk["notes"]) == 1
 
 
 def test_results_hold_the_ladder_peers_and_roofline(chat_doc):

@@ -463,8 +463,11 @@ def run_bench(workload: str = "chat", model: str = "default", steps: list[str] |
              "fewer sequences reads less KV cache and can be shorter)"
              + ("; mfu > 1: the arithmetic, not the bandwidth, is the tighter limit here (see "
                 "compute_ceiling_tokens_per_s)" if mfu_at_ceiling > 1 else "")))
+    one_run = (f"one timed run a row ({new_tokens} new tokens): rows differ by chance as much as by their change, "
+               f"tens of percent on a busy CPU; compare rows of a run with --repeats 3 or more (the median)"
+               if repeats == 1 else None)
     table_notes = [n for n in (mbu_above_roofline_note(doc["results"]), roofline_mfu_note(doc["results"]),
-                               converted_weights_mem_note(doc["results"], _weights(AS_LOADED, llm))) if n]
+                               converted_weights_mem_note(doc["results"], _weights(AS_LOADED, llm)), one_run) if n]
     doc["notes"] += table_notes
     doc["complete"] = True
     doc["elapsed_s"] = time.perf_counter() - t_start
