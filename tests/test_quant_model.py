@@ -147,6 +147,12 @@ def test_perplexity_and_agreement_refuse_bad_input():
         perplexity(model, "hello world")
     with pytest.raises(ValueError, match="n_tokens"):
         greedy_agreement(model, model, [[1, 2]], n_tokens=0)
+    with pytest.raises(TypeError, match="n_tokens must be a positive int, got 2.5"):
+        greedy_agreement(model, model, [[1, 2]], n_tokens=2.5)
+    with pytest.raises(ValueError, match=r"^greedy_agreement: prompt 1: .*empty"):
+        greedy_agreement(model, model, [[1, 2], []], n_tokens=2)
+    with pytest.raises(ValueError, match=r"^greedy_agreement: prompt 0: .*max_new_tokens"):
+        greedy_agreement(model, model, [[1, 2]], n_tokens=5000)
     with pytest.raises(ValueError, match="non-empty list of prompts"):
         greedy_agreement(model, model, [1, 2, 3], n_tokens=2)
     assert greedy_agreement(model, model, [[1, 2, 3], [4, 5]], n_tokens=4) == 1.0

@@ -146,14 +146,16 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
     too long for the context, ids outside the vocabulary: ValueError).
 
     Raises:
-        ValueError: no prompts; n_tokens < 1; bad prompts (see above); models of different vocabulary sizes (their
-            token ids name different tokens).
-        TypeError: a model that is not a module or an LLM; a prompt given as text.
+        ValueError: no prompts; n_tokens < 1; bad prompts (see above; the message names the prompt); models of
+            different vocabulary sizes (their token ids name different tokens).
+        TypeError: a model that is not a module or an LLM; a prompt given as text; n_tokens not an int.
     """
     from llmlab.generate import generate
 
     model_a, model_b = _module("greedy_agreement", model_a, "model_a"), _module("greedy_agreement", model_b, "model_b")
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 1:
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral):
+        raise TypeError(f"greedy_agreement: n_tokens must be a positive int, got {n_tokens!r}")
+    if n_tokens < 1:
         raise ValueError(f"greedy_agreement: n_tokens must be a positive int, got {n_tokens!r}")
     if isinstance(prompts, torch.Tensor):
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
@@ -169,8 +171,11 @@ def greedy_agreement(model_a, model_b, prompts, n_tokens: int = 32) -> float:
         raise ValueError(f"greedy_agreement: the models have vocabularies of {va} and {vb} tokens; compare two "
                          f"versions of one model (e.g. llm and llm.quantize('int8')), whose token ids mean the same")
     equal = 0
-    for p in prompts:
-        ta = generate(model_a, p, max_new_tokens=int(n_tokens), temperature=0.0).token_ids[0]
-        tb = generate(model_b, p, max_new_tokens=int(n_tokens), temperature=0.0).token_ids[0]
+    for i, p in enumerate(prompts):
+        try:
+            ta = generate(model_a, p, max_new_tokens=int(n_tokens), temperature=0.0).token_ids[0]
+            tb = generate(model_b, p, max_new_tokens=int(n_tokens), temperature=0.0).token_ids[0]
+        except ValueError as e:  # generate's check of this prompt (empty, too long with n_tokens, bad ids)
+            raise ValueError(f"greedy_agreement: prompt {i}: {e}") from None
         equal += sum(x == y for x, y in zip(ta, tb))
     return equal / (len(prompts) * int(n_tokens))
