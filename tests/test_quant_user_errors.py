@@ -155,3 +155,23 @@ def test_quantize_flags_perplexity_ids_and_save_folder_are_checked_by_type():
         perplexity(llm, None)
     with pytest.raises(TypeError, match=r"^save_quantized: directory must be a folder path .*got int 5"):
         save_quantized(llm.quantize("int8"), 5)
+
+
+def test_quantize_model_checks_every_weight_before_it_swaps_a_layer():
+    """quantize_model called directly is all or nothing too: a NaN in a later layer (or, for int4, a weight beyond
+    the scales' range) is refused with the layer's own count of values (not its padded one), and no layer was
+    swapped."""
+    from llmlab.quant import quantize_model
+
+    llm = llmlab.load()
+    w = llm.model.layers[1].mlp.down_proj.weight
+    w.data[0, 0] = float("nan")
+    for scheme in ("int8", "int4"):
+        with pytest.raises(ValueError, match=rf"^quantize_model: the weight 'layers.1.mlp.down_proj.weight' is not "
+                                             rf"finite: 1 of its {w.numel()} values"):
+            quantize_model(llm.model, scheme)
+        assert not is_quantized(llm.model)
+    w.data[0, 0] = 1e30
+    with pytest.raises(ValueError, match=r"^quantize_model: weights in layers.1.mlp.down_proj.weight up to 1e\+30"):
+        quantize_model(llm.model, "int4")
+    assert not is_quantized(llm.model)

@@ -62,8 +62,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from llmlab.kernels.weight_quant import (ACT_DTYPES, BLOCK_M, dequantize_int4, dequantize_int8, quantize_int4,
-                                         quantize_int8)
+from llmlab.kernels.weight_quant import (ACT_DTYPES, BLOCK_M, check_weight, dequantize_int4, dequantize_int8,
+                                         quantize_int4, quantize_int8)
 
 __all__ = ["QuantizedLinear", "Int8Linear", "Int4Linear", "KERNEL_MAX_M", "check_group_size", "padded_k"]
 
@@ -320,6 +320,7 @@ class Int4Linear(QuantizedLinear):
         pad = padded_k(K, group_size) - K
         with torch.no_grad():
             w = linear.weight.detach()
+            check_weight("quantize_int4", w, name)  # before padding: a message counts the layer's own values
             w = F.pad(w, (0, pad)) if pad else w  # (N, Kp): zero columns at the end
             packed, scales = quantize_int4(w, group_size, name=name)
         return cls(packed, scales, linear.bias, linear.weight.dtype, in_features=K)

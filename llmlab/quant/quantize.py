@@ -21,6 +21,8 @@ import numbers
 import torch
 import torch.nn as nn
 
+from llmlab.kernels.weight_quant import check_int4_range, check_weight
+
 from .linear import Int4Linear, Int8Linear, QuantizedLinear
 
 __all__ = ["SCHEMES", "GROUP_SIZES", "quantize_model", "dequantize_model", "is_quantized", "quantized_layers",
@@ -123,7 +125,7 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
             checkpoint); a model whose modules are swapped for the Triton kernels (llmlab.kernels.modules.swap_out
             first); an int4 group size that is not a positive multiple of 32 (the message names group_size, the
             usual choices and those that need no padding for this model); no linear layer to quantize; a weight
-            with NaN or inf.
+            with NaN or inf, or (int4) too large for the kernels' scales; all checked before any layer changes.
     """
     _check_model("quantize_model", model)
     if scheme not in SCHEMES:
@@ -140,6 +142,10 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
         raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
     if scheme == "int4":
         group_size = check_int4_group("quantize_model", model, group_size, include_lm_head)
+    for name, _, _, linear in targets:  # every weight checked before the first layer is swapped
+        check_weight("quantize_model", linear.weight, name + ".weight")
+        if scheme == "int4":
+            check_int4_range("quantize_model", linear.weight, name + ".weight")
     for name, parent, attr, linear in targets:
         if scheme == "int8":
             q = Int8Linear.from_linear(linear, name=name + ".weight")
