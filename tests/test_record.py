@@ -79,6 +79,8 @@ def test_parse_and_name_settings():
         parse_setting("dtype=int3")
     with pytest.raises(ValueError, match="key=value"):
         parse_setting("kv_cache")
+    with pytest.raises(ValueError, match="switch 'weights' is given twice"):
+        parse_setting("weights=int8,weights=int4")
     assert setting_slug({"kv_cache": True, "dtype": "bf16"}) == "kv-cache_bf16"
     assert setting_slug({"dtype": "bf16", "kv_cache": False}) == "no-kv-cache_bf16"  # registry order
     assert setting_slug({}) == "defaults"

@@ -70,7 +70,7 @@ def parse_setting(text: str) -> dict[str, Any]:
     """'kv_cache=false,dtype=bf16' -> {"kv_cache": False, "dtype": "bf16"}.
 
     Boolean switches take true/false/on/off/1/0/yes/no; choice switches one of their choices ('none' for None).
-    Raises ValueError naming the unknown switch or the allowed values.
+    Raises ValueError naming the unknown switch or the allowed values, or a switch given twice.
     """
     out: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -79,6 +79,9 @@ def parse_setting(text: str) -> dict[str, Any]:
         key, value = (s.strip() for s in item.split("=", 1))
         if key not in SWITCHES:
             raise ValueError(f"unknown switch {key!r}; known: {', '.join(SWITCHES)}")
+        if key in out:
+            raise ValueError(f"switch {key!r} is given twice in {text!r}; give each switch once (the last one "
+                             f"would silently win)")
         sw = SWITCHES[key]
         if sw.choices is None:
             low = value.lower()
