@@ -264,7 +264,7 @@ def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_ne
             assert [(c.kwargs, c.maxnreg) for c in capped] == [({"R": R, "DEPTH": 1}, 88)]
             assert 65536 - 88 * 32 * NW >= gg.NEXT_PROGRAM_REGS > 65536 - 96 * 32 * NW
             # and split-K: halves in 8-warp programs, quarters in 4-warp ones (several programs an SM)
-            assert split == [(2, 4, 8), (4, 8, 4), (4, 4, 4)]
+            assert split == [(2, 4, 8), (4, 8, 4)]
         else:
             assert capped == [] and split == []
     assert gg.candidate_configs(gg.MAX_K + 32, "cpu") == [] and gg.candidate_configs(100, "cpu") == []
@@ -298,7 +298,7 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
     # acq_rel atomics), and reads every split's partial rows from L2
     for K, R, D, n, cap, _, splits, atomics, cg in rows:
         assert atomics == (0 if splits == 1 else 2) and (cg == 0 if splits == 1 else cg >= splits), (K, R, D, splits)
-    assert sorted(splits for *_, splits, _, _ in rows if splits > 1) == [2, 4, 4]
+    assert sorted(splits for *_, splits, _, _ in rows if splits > 1) == [2, 4]
 
 
 @gpu

@@ -406,8 +406,9 @@ def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
     """The configs a decode step's tuning (`step_tuning`) times for rows of K weights: triton.Config({"R",
     "DEPTH"}) for R in 2..8 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
     `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off; for 16-warp programs
-    also the default with its registers capped (`maxnreg`) to leave NEXT_PROGRAM_REGS free on the SM
-    (`_util.autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
+    also the default with its registers capped (`maxnreg`) to leave NEXT_PROGRAM_REGS free on the SM, and split-K
+    over halves and quarters of the rows (SPLITS 2 and 4, each with `config`'s R for its share) (`_util.
+    autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
     switched off or failed: `int4_matmul.gluon_gemv_status`; None: the current CUDA device) or cannot take K
     (K > MAX_K, or not a multiple of 32)."""
     from ._util import autotune_configs
@@ -424,10 +425,10 @@ def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
         cap = (65536 - NEXT_PROGRAM_REGS) // (32 * NW) // 8 * 8  # registers are allocated 8 a thread at a time
         configs.append(triton.Config({"R": R0, "DEPTH": 1}, num_warps=NW, maxnreg=cap))
         # split-K: 8- or 4-warp programs over a half or a quarter of each row, several an SM (module notes)
-        for splits, r in ((2, None), (4, None), (4, 4)):
+        for splits in (2, 4):
             if K % (32 * splits) == 0:
                 r_split, nw_split, _ = config(K // splits)
-                configs.append(triton.Config({"R": r or r_split, "DEPTH": 1, "SPLITS": splits}, num_warps=nw_split))
+                configs.append(triton.Config({"R": r_split, "DEPTH": 1, "SPLITS": splits}, num_warps=nw_split))
     return autotune_configs(configs, configs[0])
 
 
