@@ -270,3 +270,21 @@ def test_the_recording_script_refuses_a_machine_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         trace_runner.main([])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "abc"], "--rates 'abc': 'abc' is not a number > 0"),
+    (["--rates", "4,-1"], "'-1' is not a number > 0"),
+    (["--rates", ","], "--rates: give at least one arrival rate"),
+    (["--batches", "8,2.5"], "--batches '8,2.5': '2.5' is not a whole number > 0"),
+    (["-n", "0"], "-n 0: give a whole number >= 1"),
+    (["--max-batch", "-4"], "--max-batch -4: give a whole number >= 1"),
+    (["--preset", "llama-9"], "--preset: unknown preset 'llama-9'")])
+def test_the_recording_script_names_a_bad_flag_before_any_work(monkeypatch, capsys, argv, message):
+    """Checked before the GPU check, the preset's load and the sweep: with a GPU a bad flag would otherwise end
+    minutes of work; without one, the user would only hear that there is no GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # every flag is checked before the GPU is used
+    monkeypatch.setattr(trace_runner, "throughput_latency_curve", lambda *a, **k: pytest.fail("ran the curve"))
+    with pytest.raises(SystemExit) as info:
+        trace_runner.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err

@@ -357,8 +357,25 @@ def throughput_latency_curve(llm, rates, n: int = 24, seed: int = 0, modes=("con
 # -- recording on a GPU ------------------------------------------------------------------------------------------------
 
 
+def _numbers(ap: argparse.ArgumentParser, flag: str, text: str, kind) -> list:
+    """'4,16,64' -> [4.0, 16.0, 64.0] (kind float) or whole numbers (kind int), each > 0; an argparse error naming
+    the flag and the bad item otherwise."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            value = kind(item)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or value == float("inf"):
+            ap.error(f"{flag} {text!r}: {item!r} is not a {'whole ' if kind is int else ''}number > 0; give them "
+                     f"comma-separated, e.g. {flag} 4,16")
+        out.append(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Record a batch sweep and a throughput-latency curve on this machine's GPU into data/bench/."""
+    from llmlab.config import ModelConfig
     from llmlab.engine import LLM
     from llmlab.measure.batch_sweep import batch_sweep
     from llmlab.measure.bench_file import bench_filename
@@ -388,6 +405,17 @@ def main(argv: list[str] | None = None) -> int:
         check_admit_delay(args.admit_delay)
     except (TypeError, ValueError) as e:
         ap.error(f"--{e}")
+    # every flag checked here, before the minutes of work a bad one would otherwise end
+    rates, batches = _numbers(ap, "--rates", args.rates, float), _numbers(ap, "--batches", args.batches, int)
+    if not rates:
+        ap.error("--rates: give at least one arrival rate, e.g. --rates 4,16")
+    for flag, value in (("-n", args.n), ("--max-context", args.max_context), ("--max-batch", args.max_batch)):
+        if value < 1:
+            ap.error(f"{flag} {value}: give a whole number >= 1")
+    try:
+        ModelConfig.from_preset(args.preset)
+    except (TypeError, ValueError) as e:
+        ap.error(f"--preset: {e}")
     if not torch.cuda.is_available():
         ap.error("this records a GPU curve: no CUDA device here")
     from llmlab.switches import apply_switches
@@ -395,12 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM.from_preset(args.preset, device="cuda", dtype="bf16")
     fast = {"cuda_graphs": True, "triton_kernels": True}
     # the sweep on the fast path too: an eager step is paced by the host at any batch size and shows no roofline
-    batches = [int(b) for b in args.batches.split(",") if b]
     sweep = batch_sweep(llm, batches, prompt_len=128, new_tokens=64, settings=fast) if batches else []
     # both servers on the fast path: static batches on CUDA graphs + the Triton kernels, the continuous engine's
     # decode rows on its graph-captured paged step and its prefill passes replayed from graphs too (GPU_ENGINE_ARGS)
     llm, _ = apply_switches(llm, fast)
-    rates = [float(r) for r in args.rates.split(",")]
     engine = {**GPU_ENGINE_ARGS, "admit_delay": args.admit_delay, "prefill_graphs": args.prefill_graphs}
     settings = {"n": args.n, "max_context": args.max_context, "max_batch": args.max_batch, "static_wait_s": 0.05,
                 "mix": {"chat": 1.0}, "seed": 0, "dtype": "bf16",
