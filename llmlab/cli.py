@@ -240,6 +240,9 @@ def _bench(args) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"--workload {args.workload!r} names a workload twice; give each once (a repeat would run "
+                         f"and save it twice)")
     from llmlab.measure.peers import select_peers
 
     try:

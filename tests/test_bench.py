@@ -161,6 +161,8 @@ def test_peers_can_be_chosen_by_name_and_a_misspelt_one_is_refused_before_the_mo
         raise AssertionError("the model was loaded for a command that names an unknown peer")
 
     monkeypatch.setattr(bench, "load_bench_model", no_model)
+    assert main(["bench", "--quick", "--workload", "batch,batch", "--no-save", "--device", "cpu"]) == 2
+    assert "names a workload twice" in capsys.readouterr().err
     assert main(["bench", "--quick", "--peers", "torchao_int3", "--no-save", "--device", "cpu"]) == 2
     assert "--peers: unknown peer(s) ['torchao_int3']" in capsys.readouterr().err
     monkeypatch.undo()
