@@ -267,6 +267,7 @@ class LLM:
         (`calibration_ids`); TypeError for calibration that is neither text nor a tensor of ids, or text without a
         tokenizer, and for include_lm_head, inplace or progress not True / False.
         """
+        from llmlab.kernels._util import check_flag
         from llmlab.quant import calibration_ids, quantize_awq, quantize_model
         from llmlab.quant.awq import check_quantizable
 
@@ -274,8 +275,7 @@ class LLM:
             raise ValueError(f"quantize: unknown method {method!r}; use 'rtn' (round to nearest) or 'awq' "
                              f"(activation-aware scaling, calibrated)")
         for flag, value in (("include_lm_head", include_lm_head), ("inplace", inplace), ("progress", progress)):
-            if not isinstance(value, bool):  # "no" would count as True
-                raise TypeError(f"quantize: {flag} must be True or False, got {value!r}")
+            check_flag("quantize", flag, value)  # "no" would count as True
         if scheme == "int8" and group_size is not None:
             raise ValueError(f"quantize: int8 keeps one scale per output channel (row), so group_size={group_size!r} "
                              f"has no meaning there; drop group_size, or use scheme='int4' for groups")

@@ -277,8 +277,8 @@ def test_the_recording_script_refuses_a_machine_without_a_gpu(monkeypatch):
     (["--rates", "4,-1"], "'-1' is not a number > 0"),
     (["--rates", ","], "--rates: give at least one arrival rate"),
     (["--batches", "8,2.5"], "--batches '8,2.5': '2.5' is not a whole number > 0"),
-    (["-n", "0"], "-n 0: give a whole number >= 1"),
-    (["--max-batch", "-4"], "--max-batch -4: give a whole number >= 1"),
+    (["-n", "0"], "argument -n: 0 is not a positive whole number"),
+    (["--max-batch", "-4"], "argument --max-batch: -4 is not a positive whole number"),
     (["--preset", "llama-9"], "--preset: unknown preset 'llama-9'")])
 def test_the_recording_script_names_a_bad_flag_before_any_work(monkeypatch, capsys, argv, message):
     """Checked before the GPU check, the preset's load and the sweep: with a GPU a bad flag would otherwise end

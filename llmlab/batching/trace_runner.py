@@ -375,6 +375,7 @@ def _numbers(ap: argparse.ArgumentParser, flag: str, text: str, kind) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     """Record a batch sweep and a throughput-latency curve on this machine's GPU into data/bench/."""
+    from llmlab.cli import _positive_int
     from llmlab.config import ModelConfig
     from llmlab.engine import LLM
     from llmlab.measure.batch_sweep import batch_sweep
@@ -383,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--preset", default="llama-3.2-1b", help="a preset shape with random weights (default %(default)s)")
     ap.add_argument("--rates", default="2,4,8,16,32,64", help="arrival rates, requests/s (default %(default)s)")
-    ap.add_argument("-n", type=int, default=128, help="requests per trace (default %(default)s)")
-    ap.add_argument("--max-context", type=int, default=1024, help="longest request (default %(default)s)")
-    ap.add_argument("--max-batch", type=int, default=32, help="default %(default)s")
+    ap.add_argument("-n", type=_positive_int, default=128, help="requests per trace (default %(default)s)")
+    ap.add_argument("--max-context", type=_positive_int, default=1024, help="longest request (default %(default)s)")
+    ap.add_argument("--max-batch", type=_positive_int, default=32, help="default %(default)s")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256",
                     help="batch sweep sizes (default %(default)s; '': no sweep)")
     ap.add_argument("--modes", default="continuous,static", help="servers to run at each rate (default %(default)s)")
@@ -409,9 +410,6 @@ def main(argv: list[str] | None = None) -> int:
     rates, batches = _numbers(ap, "--rates", args.rates, float), _numbers(ap, "--batches", args.batches, int)
     if not rates:
         ap.error("--rates: give at least one arrival rate, e.g. --rates 4,16")
-    for flag, value in (("-n", args.n), ("--max-context", args.max_context), ("--max-batch", args.max_batch)):
-        if value < 1:
-            ap.error(f"{flag} {value}: give a whole number >= 1")
     try:
         ModelConfig.from_preset(args.preset)
     except (TypeError, ValueError) as e:

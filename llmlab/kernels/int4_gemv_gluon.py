@@ -468,9 +468,8 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     int4_matmul checks all of this first (K a multiple of 32, G a multiple of 32 dividing K); called directly, bad
     arguments give whatever Triton raises, or wrong numbers. Raises what Triton raises when the kernel cannot be
     built (int4_matmul then falls back to the Triton GEMV); ValueError for a tile whose SPLITS does not fit (K /
-    SPLITS not a multiple of G, or with norm_weight: the RMSNorm needs the whole row); RuntimeError for a split
-    tile's first launch on this device and N inside a CUDA-graph capture (its scratch, `split_k.scratch`, must be
-    made before: run it once first)."""
+    SPLITS not a multiple of G, or with norm_weight: the RMSNorm needs the whole row). A split tile uses
+    `split_k.scratch`, as the other split-K GEMVs do: run it once before a CUDA-graph capture (a warm-up)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
     G = K // scales.shape[1]
     prologue = 2 if swiglu else 1 if norm_weight is not None else 0
@@ -483,11 +482,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
     cap = getattr(tile, "maxnreg", None)
     ws = cnt = y  # the split-K scratch: unused by whole rows
     if splits > 1:
-        from .split_k import has_scratch, scratch
-        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing() and not has_scratch(x.device, N):
-            raise RuntimeError(f"int4 GEMV: first split launch for N = {N} inside a CUDA-graph capture; its "
-                               f"scratch counters would be zeroed only when the graph replays. Run it once before "
-                               f"capturing (a warm-up)")
+        from .split_k import scratch
         ws, cnt = scratch(x.device, N)
     args = (x, packed, scales, y, x if norm_weight is None else norm_weight, x if residual is None else residual,
             ws, cnt, ws.stride(0), N, k_split, float(eps), x.stride(-1), packed.stride(0) // 4, scales.stride(0),

@@ -66,12 +66,6 @@ def split_k_store(y, y_ptr, stride_yn, rn, n_mask, ws_ptr, stride_ws, cnt_ptr, S
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-def has_scratch(device: torch.device, N: int) -> bool:
-    """Whether `scratch(device, N)` exists already (a launch captured in a CUDA graph must not be the one that
-    creates it: its counters would be zeroed only when the graph replays)."""
-    return (device, N) in _scratch_buffers
-
-
 def scratch(device: torch.device, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K scratch for outputs of size N on `device`: partial sums (MAX_SPLIT_K, N) fp32 and one counter per
     row block (N,) int32, zero between launches (each launch's last split zeroes its counters).

@@ -50,11 +50,10 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from llmlab.kernels.weight_quant import (check_int4_range, check_weight, dequantize_int4, dequantize_int8,
-                                         quantize_int4, quantize_int8)
+from llmlab.kernels.weight_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
-from .quantize import (SCHEMES, _targets, check_int4_group, check_not_swapped, is_quantized, quantize_model,
-                       quantized_layers)
+from .quantize import (SCHEMES, _targets, check_int4_group, check_not_swapped, check_weights, is_quantized,
+                       quantize_model, quantized_layers)
 
 __all__ = ["AWQScales", "awq_scales", "apply_awq", "quantize_awq", "fake_quantize", "check_quantizable"]
 
@@ -143,10 +142,7 @@ def check_quantizable(op: str, model: nn.Module, scheme: str, group_size: int, i
     _check_scheme(op, model, scheme, group_size, include_lm_head)
     if calibration_ids is not None:
         _check_ids(op, model, calibration_ids)
-    for name, _, _, lin in _targets(model, include_lm_head):  # weights no scale can hold, named before the search
-        check_weight(op, lin.weight, f"{name}.weight")
-        if scheme == "int4":
-            check_int4_range(op, lin.weight, f"{name}.weight")
+    check_weights(op, model, scheme, include_lm_head)  # weights no scale can hold, named before the search
 
 
 # -- rounding, as the quantized layers do it ----------------------------------------------------------------------

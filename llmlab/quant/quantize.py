@@ -102,6 +102,16 @@ def check_not_swapped(op: str, model: nn.Module) -> None:
                          f"the layers' weights; call llmlab.kernels.modules.swap_out(model) first")
 
 
+def check_weights(op: str, model: nn.Module, scheme: str, include_lm_head: bool = False) -> None:
+    """Every weight `quantize_model` would quantize can be: finite, and for int4 within the kernels' scale range
+    (`weight_quant.check_int4_range`). Run before any layer changes, so that a refusal leaves the model whole;
+    ValueError naming `op` and the layer otherwise."""
+    for name, _, _, linear in _targets(model, include_lm_head):
+        check_weight(op, linear.weight, f"{name}.weight")
+        if scheme == "int4":
+            check_int4_range(op, linear.weight, f"{name}.weight")
+
+
 def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128,
                    include_lm_head: bool = False) -> nn.Module:
     """Replace the model's linear layers by weight-only quantized ones, in place. Returns the model.
@@ -142,10 +152,7 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
         raise ValueError("quantize_model: the model has no nn.Linear layer to quantize")
     if scheme == "int4":
         group_size = check_int4_group("quantize_model", model, group_size, include_lm_head)
-    for name, _, _, linear in targets:  # every weight checked before the first layer is swapped
-        check_weight("quantize_model", linear.weight, name + ".weight")
-        if scheme == "int4":
-            check_int4_range("quantize_model", linear.weight, name + ".weight")
+    check_weights("quantize_model", model, scheme, include_lm_head)  # all of them before the first swap
     for name, parent, attr, linear in targets:
         if scheme == "int8":
             q = Int8Linear.from_linear(linear, name=name + ".weight")
