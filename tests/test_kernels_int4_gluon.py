@@ -301,35 +301,6 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
     assert sorted(splits for *_, splits, _, _ in rows if splits > 1) == [2, 4]
 
 
-def test_each_turn_requests_its_next_chunk_between_its_math_and_the_next_turns():
-    """The loop as the GPU runs it (`sass.loop_schedule` of an offline build, no GPU needed): DEPTH + 1 turns, each
-    a run of R 16-byte weight loads after its own FMAs and before the next turn's, so a chunk's loads are in flight
-    while the others are summed (the module notes say what the plain loop compiles to: one run of loads after all
-    the math). The int8 Gluon GEMV's loop (two turns) as well."""
-    if gg.GLUON_ERROR:
-        pytest.skip(f"this Triton has no Gluon: {gg.GLUON_ERROR}")
-    from llmlab.kernels import sass
-    try:
-        sass.cuobjdump()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    code = (
-        "import triton\n"
-        "from llmlab.kernels import int4_gemv_gluon as gg, int8_gemv_gluon as g8\n"
-        "from llmlab.kernels.sass import loop_schedule\n"
-        "for K, pro, R, D in ((14336, 2, 4, 1), (14336, 2, 4, 3), (4096, 1, 8, 1), (4096, 0, 4, 2)):\n"
-        "    c = triton.Config({'R': R, 'DEPTH': D}, num_warps=gg.config(K)[1])\n"
-        "    print(R, D, loop_schedule(gg.build_offline(K, prologue=pro, residual=pro == 2, tile=c)))\n"
-        "print(8, 1, loop_schedule(g8.build_offline(4096, R=8, prologue=1)))\n")
-    lines = _printed_by_fresh_process(code)
-    assert len(lines) == 5
-    for R, D, *runs in lines:
-        turns = [i for i, r in enumerate(runs) if r == f"W{R}"]
-        assert len(turns) == int(D) + 1, runs  # one run of R weight loads a turn
-        assert all(r[0] in "FWB" for r in runs) and runs[turns[0] - 1].startswith("F"), runs
-        assert all(any(r.startswith("F") for r in runs[i + 1:j]) for i, j in zip(turns, turns[1:])), runs
-
-
 @gpu
 @pytest.mark.parametrize("K, prologue", [(4096, "rmsnorm"), (14336, "swiglu")])
 def test_every_candidate_config_computes_the_same_gemv(monkeypatch, K, prologue):

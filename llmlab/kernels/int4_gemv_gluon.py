@@ -8,15 +8,9 @@ products the same way; they sum them in a different order, as each chunk's row s
 
 The design (see int4_gemv.py's notes on the input-stationary GEMV for the long form): a program spans whole rows.
 Thread slot q owns k in [32q, 32q + 32) for the program's life, so its 32 values of x are loaded and lifted once;
-rows stream past R at a time, each chunk of R rows one 16-byte load per thread and row. Per row a thread does 32
-masks and 32 FMAs (`_field`, `_lift`: packed_fields.py's `field_f32` and `lift`).
-
-The loop keeps DEPTH + 1 chunks in registers of their own and takes them in turns (`_turn`): a turn sums its
-chunk, requests the chunk DEPTH + 1 turns on into the registers it has just read, and writes its rows, so the
-other DEPTH chunks stay in flight while it works. The plain way to write it, one chunk summed while the next one
-arrives into a second set of registers that is then copied over the first, runs at the memory's latency rather
-than its bandwidth: a copy of registers waits for the load that fills them, so ptxas gives the next chunk's load
-the registers being summed and issues it after the sums (`sass_schedule` shows where the loads sit).
+rows stream past R at a time, each chunk of R rows one 16-byte load per thread and row, the next chunk requested
+before this one's math. Per row a thread does 32 masks and 32 FMAs (`_field`, `_lift`: packed_fields.py's
+`field_f32` and `lift`).
 
 What Gluon adds is control of the layouts (https://triton-lang.org/main/getting-started/tutorials/ and
 triton/python/tutorials/gluon in the Triton repository). Per chunk the (R, Q) partial sums must be summed over Q.
@@ -34,11 +28,26 @@ It is faster than int4_gemv.py's Triton kernels at every Llama-3.1-8B shape (doc
 against cuBLAS bf16). Rows of K = 14336, the down projection, gain least: the 448 slots of a row need 16 warps, so
 one program fills an SM and the configs barely differ there; the same bytes as shorter rows run faster.
 
-Configs (R rows per chunk, DEPTH, SPLITS; the persistent programs, split-K and the register cap step tuning may
-try): int4_gluon_tiles.py.
+Configs (`config`): R = 8 rows per chunk and one slot per thread up to K = 4096, R = 4 above; as many persistent
+programs as fit the GPU at once (one wave: the compiled kernel's registers set how many fit an SM), or one per chunk
+when there are fewer chunks — the best program count, or close to it, at every shape; fewer programs (the fewest
+that keep one wave's chunks per program) leave less in flight. Each program keeps DEPTH chunks requested ahead of
+the one it sums (default 1). With one 16-warp program an SM (K = 14336), one chunk of 4 rows ahead is ~29 KB in
+flight per SM, near what the memory's latency needs to keep copy speed; DEPTH 2-3, or more rows a chunk, put more
+in flight at the cost of registers. Split-K (SPLITS, offered for such rows): SPLITS programs of 8 or 4 warps share
+each chunk's rows, each summing a half or a quarter of every row, so several programs share an SM and each one's
+SwiGLU prologue covers only its share of x; each split writes its partial sums to `split_k.scratch`, and the last
+of a chunk's splits to finish adds them in split order and writes y (split_k.py's serial split-K; not with the
+RMSNorm prologue, whose rstd needs the whole row). A decode step's tuning (`step_tuning`) times R and DEPTH per
+role inside the captured step (`candidate_configs`, `check_config`), and for the 16-warp programs the split
+configs and the default with its registers capped (`maxnreg`) so that the next GEMV's first program fits on the SM
+beside it and, under PDL, starts loading its weights before this one ends (NEXT_PROGRAM_REGS); the chosen config
+reaches the kernel as `int4_gemv(..., tile=)`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -51,10 +60,11 @@ try:  # Gluon is experimental: present from Triton 3.6, its names still move bet
 except Exception as e:  # noqa: BLE001 - any import failure means: use the Triton kernel
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
-from .int4_gluon_tiles import (MAX_AHEAD_WORDS, MAX_DEPTH, MAX_K, NEXT_PROGRAM_REGS,  # noqa: F401 - its API
-                               candidate_configs, check_config, config, max_chunks, programs_per_sm, splits_of)
-
 X_EXP = 64  # as packed_fields.X_EXP: the sums are kept times 2^-X_EXP (see `field_f32` there)
+# The longest rows it takes: up to 512 slots of 32 weights, one slot per thread in 16 warps. Longer rows would put
+# two or more slots in each thread, where ptxas spills registers, so int4_matmul sends them to int4_gemv.py's
+# K-walking GEMV.
+MAX_K = 16384
 
 
 def available(device: torch.device) -> tuple[bool, str]:
@@ -123,7 +133,7 @@ if GLUON_ERROR is None:
                 _lift(x6, 12), _lift(x7, 16))
 
     @gluon.jit
-    def _chunk(w_words, s_ptr, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, c, R: gl.constexpr,
+    def _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R: gl.constexpr,
                LW: gl.constexpr, LA: gl.constexpr):
         """Chunk c's weights, (R, 4Q) int32 in LW, and scales, (R, Q) fp32 in LA (slot q's group's scale in row
         r). Rows past N load nothing; their values are never stored."""
@@ -229,22 +239,6 @@ if GLUON_ERROR is None:
         return rstd, off, _partners(x0, LQ), _partners(x1, LQ), _partners(x2, LQ), _partners(x3, LQ)
 
     @gluon.jit
-    def _turn(w, s, buf, c, ahead, A, X, O, SUMS: gl.constexpr, R: gl.constexpr, Q: gl.constexpr,
-              PROLOGUE: gl.constexpr, HAS_RES: gl.constexpr, SPLITS: gl.constexpr,
-              LW: gl.constexpr, LA: gl.constexpr, L3A: gl.constexpr, L3B: gl.constexpr, LT: gl.constexpr):
-        """One chunk: sum chunk c (w, s) with SUMS (`_chunk_sums`, or the int8 GEMV's), write its rows (or this
-        split's partial sums), and return chunk c + ahead's weights and scales, requested into w and s's place.
-        A: the weights' pointers and the slots (`_chunk`); X: x's lifted partners, offset and rstd (`_x_once`);
-        O: y, the residual, this split's scratch row and y's stride. Shared with the int8 Gluon GEMV."""
-        p = SUMS(w, s, X[0], X[1], X[2], X[3], X[4], L3A, L3B, LA, R, Q)
-        w, s = _chunk(*A, c + ahead, R, LW, LA)  # before the barrier below, which no load crosses
-        if SPLITS == 1:
-            _store_rows(p, buf, O[0], O[1], X[5], c, A[2], O[3], LT, R, PROLOGUE == 1, HAS_RES)
-        else:
-            store_partial(p, buf, O[2], c, A[2], LT, R)
-        return w, s
-
-    @gluon.jit
     def _int4_gemv_gluon_kernel(
         x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, res_ptr,
         # split-K (SPLITS > 1): the scratch's partial rows (SPLITS, N) fp32 and one counter per chunk
@@ -283,42 +277,44 @@ if GLUON_ERROR is None:
             x_ptr += j * K * stride_xk
         if PDL:
             _pdl(False)
-        # the first DEPTH + 1 chunks depend on no earlier kernel: request them before waiting for x
-        A = (w_words, s_ptr, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp)  # what `_turn` needs for a chunk
-        wa, sa = _chunk(*A, c, R, LW, LA)
-        wb, sb = _chunk(*A, c + step, R, LW, LA)
+        # the first DEPTH chunks depend on no earlier kernel: request them before waiting for x. In flight from
+        # then on: DEPTH chunks ahead of the one being summed (w, s; then w1, s1; then w2, s2)
+        w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
         if DEPTH >= 2:
-            wc, sc = _chunk(*A, c + 2 * step, R, LW, LA)
+            w1, s1 = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW, LA)
         if DEPTH >= 3:
-            wd, sd = _chunk(*A, c + 3 * step, R, LW, LA)
+            w2, s2 = _chunk(w_words, s_ptr, c + 2 * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok, grp, R, LW,
+                            LA)
         if PDL:
             _pdl(True)
         rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, K * SPLITS, eps, stride_xk, Q, LX, LQ, PROLOGUE)
-        X = (a0, a1, a2, a3, off, rstd)
-        O = (y_ptr, res_ptr, ws_ptr + j * stride_ws, stride_yn)
-        # DEPTH + 1 turns an iteration, each over its own registers: a turn sums its chunk, then requests the chunk
-        # DEPTH + 1 turns on into the registers it has just read, while the other DEPTH chunks stay in flight.
-        # (Rotating one set of registers through the others instead copies a chunk that is still arriving: the
-        # copy waits for it, and the compiler moves the request after the sums it was meant to overlap.)
-        ahead = (DEPTH + 1) * step
         turn = 0
         c0 = c
-        for c in range(c, n_chunks, ahead):
-            wa, sa = _turn(wa, sa, buf.index(turn % 2), c, ahead, A, X, O, _chunk_sums, R, Q, PROLOGUE,
-                           HAS_RES, SPLITS, LW, LA, L3A, L3B, LT)
-            # a program's last iteration may hold fewer chunks than turns: the rest are skipped
-            if c + step < n_chunks:
-                wb, sb = _turn(wb, sb, buf.index((turn + 1) % 2), c + step, ahead, A, X, O, _chunk_sums, R, Q,
-                               PROLOGUE, HAS_RES, SPLITS, LW, LA, L3A, L3B, LT)
-            if DEPTH >= 2:
-                if c + 2 * step < n_chunks:
-                    wc, sc = _turn(wc, sc, buf.index(turn % 2), c + 2 * step, ahead, A, X, O, _chunk_sums, R, Q,
-                                   PROLOGUE, HAS_RES, SPLITS, LW, LA, L3A, L3B, LT)
-            if DEPTH >= 3:
-                if c + 3 * step < n_chunks:
-                    wd, sd = _turn(wd, sd, buf.index((turn + 1) % 2), c + 3 * step, ahead, A, X, O, _chunk_sums,
-                                   R, Q, PROLOGUE, HAS_RES, SPLITS, LW, LA, L3A, L3B, LT)
-            turn += DEPTH + 1
+        for c in range(c, n_chunks, step):
+            w_new, s_new = _chunk(w_words, s_ptr, c + DEPTH * step, N, stride_wn, stride_sn, stride_sg, rw, q_ok,
+                                  grp, R, LW, LA)
+            p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            if SPLITS == 1:
+                _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
+                            HAS_RES)
+            else:
+                store_partial(p, buf.index(turn % 2), ws_ptr + j * stride_ws, c, N, LT, R)
+            if DEPTH == 1:
+                w = w_new
+                s = s_new
+            if DEPTH == 2:
+                w = w1
+                s = s1
+                w1 = w_new
+                s1 = s_new
+            if DEPTH == 3:
+                w = w1
+                s = s1
+                w1 = w2
+                s1 = s2
+                w2 = w_new
+                s2 = s_new
+            turn += 1
         if SPLITS > 1:
             finish_splits(ws_ptr, cnt_ptr, y_ptr, res_ptr, c0, step, n_chunks, N, stride_ws, stride_yn, R, SPLITS,
                           MAXC, HAS_RES, LF)
@@ -350,6 +346,101 @@ def _layouts(R: int, NW: int, S: int, span: int = 32) -> dict:
 def _split_layout(R: int, NW: int):
     """LF, the layout of split-K's fixup (`split_k_gluon.finish_splits`): (chunks, R), one chunk's rows a thread."""
     return gl.BlockedLayout([1, R], [32, 1], [NW, 1], [1, 0])
+
+
+def config(K: int) -> tuple[int, int, int]:
+    """(R rows per chunk, NW warps, S slots per thread) for rows of K weights (see the module notes)."""
+    Q = max(32, triton.next_power_of_2(K // 32))
+    NW = min(16, Q // 32)
+    return (8 if Q <= 128 else 4), NW, Q // (32 * NW)
+
+
+# The most chunks a program keeps requested ahead of the one it sums (DEPTH), and the most words of weights a thread
+# may hold: (DEPTH + 1) chunks of R rows x 4 words a slot. A 16-warp program has at most 128 registers a thread
+# (65,536 an SM); half of them stay for x's 32 partners a slot, the sums and the addresses.
+MAX_DEPTH = 3
+MAX_AHEAD_WORDS = 64
+# Under PDL the next kernel's programs start (and request their first weights) on an SM with room for them while this
+# kernel still runs. A 16-warp program (K > 8192: the down projection) at its natural ~96 registers a thread leaves
+# ~16K of an SM's 65,536, less than one 4-warp program of the GEMVs that follow it (q/k/v, gate/up at K = 4096: up to
+# 144 registers a thread, 18,432 in all). The capped candidate limits it to the registers that leave that room.
+NEXT_PROGRAM_REGS = 4 * 32 * 144
+
+
+def check_config(config) -> tuple[int, int]:
+    """(R, DEPTH) of a config for this GEMV: a triton.Config whose kwargs are R (rows per chunk, a power of 2 in
+    1..32, as the cross-thread sums lay out), DEPTH (chunks requested ahead, 1..MAX_DEPTH) and optionally SPLITS
+    (`splits_of`), and whose maxnreg (registers a thread, for ptxas) is None or an int in 32..255. TypeError
+    otherwise, naming what is wrong."""
+    keys = set(config.kwargs) - {"SPLITS"} if isinstance(config, triton.Config) else None
+    if keys != {"R", "DEPTH"}:
+        got = f"triton.Config {config}" if isinstance(config, triton.Config) else repr(config)
+        raise TypeError(f"int4 GEMV: config must be a triton.Config with R and DEPTH (and SPLITS) and nothing else "
+                        f"(see int4_gemv_gluon.candidate_configs), got {got}; a tile chosen for another weight "
+                        f"format (int8, float) does not fit: clear the step's tiles or tune again")
+    r, d = config.kwargs["R"], config.kwargs["DEPTH"]
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (r, d))
+    if not ints or not 1 <= r <= 32 or r & (r - 1) or not 1 <= d <= MAX_DEPTH:
+        raise TypeError(f"int4 GEMV: a config's R must be a power of 2 in 1..32 and DEPTH in 1..{MAX_DEPTH}, got "
+                        f"R={r!r}, DEPTH={d!r}")
+    cap = getattr(config, "maxnreg", None)
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or not 32 <= cap <= 255):
+        raise TypeError(f"int4 GEMV: a config's maxnreg must be None or an int in 32..255, got {cap!r}")
+    splits_of(config)
+    return r, d
+
+
+def splits_of(config) -> int:
+    """The config's SPLITS (1 without one): how many programs share each chunk's rows, each summing K / SPLITS of
+    their weights (split-K, module notes). TypeError unless a power of 2 in 1..split_k.MAX_SPLIT_K."""
+    from .split_k import MAX_SPLIT_K
+
+    splits = config.kwargs.get("SPLITS", 1) if isinstance(config, triton.Config) else 1
+    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= MAX_SPLIT_K \
+            or splits & (splits - 1):
+        raise TypeError(f"int4 GEMV: a config's SPLITS must be a power of 2 in 1..{MAX_SPLIT_K}, got {splits!r}")
+    return splits
+
+
+def candidate_configs(K: int, device: torch.device | str | None = None) -> list:
+    """The configs a decode step's tuning (`step_tuning`) times for rows of K weights: triton.Config({"R",
+    "DEPTH"}) for R in 2..8 and DEPTH in 1..MAX_DEPTH whose words in flight fit MAX_AHEAD_WORDS a thread,
+    `config(K)`'s R with DEPTH 1 (the default) first, only that one where autotuning is off; for 16-warp programs
+    also the default with its registers capped (`maxnreg`) to leave NEXT_PROGRAM_REGS free on the SM, and split-K
+    over halves and quarters of the rows (SPLITS 2 and 4, each with `config`'s R for its share) (`_util.
+    autotune_configs`); none where the kernel does not run on `device` (a CPU, the interpreter, no Gluon,
+    switched off or failed: `int4_matmul.gluon_gemv_status`; None: the current CUDA device) or cannot take K
+    (K > MAX_K, or not a multiple of 32)."""
+    from ._util import autotune_configs
+    from .int4_matmul import gluon_gemv_status
+
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if not 0 < K <= MAX_K or K % 32 or gluon_gemv_status(dev) != "gluon":
+        return []
+    R0, NW, S = config(K)
+    shapes = [(R0, 1)] + [(r, d) for r in (2, 4, 8) for d in range(1, MAX_DEPTH + 1)
+                          if (r, d) != (R0, 1) and (d + 1) * r * 4 * S <= MAX_AHEAD_WORDS]
+    configs = [triton.Config({"R": r, "DEPTH": d}, num_warps=NW) for r, d in shapes]
+    if NW == 16:  # one program an SM: cap it so that the next GEMV's first program fits beside it (see above)
+        cap = (65536 - NEXT_PROGRAM_REGS) // (32 * NW) // 8 * 8  # registers are allocated 8 a thread at a time
+        configs.append(triton.Config({"R": R0, "DEPTH": 1}, num_warps=NW, maxnreg=cap))
+        # split-K: 8- or 4-warp programs over a half or a quarter of each row, several an SM (module notes)
+        for splits in (2, 4):
+            if K % (32 * splits) == 0:
+                r_split, nw_split, _ = config(K // splits)
+                configs.append(triton.Config({"R": r_split, "DEPTH": 1, "SPLITS": splits}, num_warps=nw_split))
+    return autotune_configs(configs, configs[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _programs_per_sm(n_regs: int, NW: int) -> int:
+    """Programs of NW warps and n_regs registers a thread that fit one SM at once (65536 registers, 64 warps)."""
+    return max(1, min(65536 // (max(n_regs, 1) * 32 * NW), 64 // NW))
+
+
+def _max_chunks(N: int, R: int, step: int, splits: int) -> int:
+    """MAXC: a power of 2 >= the chunks a split program sums (1 for whole rows, which do not use it)."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(N, R), step)) if splits > 1 else 1
 
 
 _LAUNCH: dict = {}  # what a launch depends on -> (its meta-parameters, programs in one wave), built once per shape
@@ -410,11 +501,11 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, y: to
         kernel = _int4_gemv_gluon_kernel.warmup(*args, grid=(splits,), **meta, MAXC=8 if splits > 1 else 1)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        wave = programs_per_sm(kernel.n_regs, NW) * sms
+        wave = _programs_per_sm(kernel.n_regs, NW) * sms
         launch = _LAUNCH[key] = meta, max(splits, wave // splits * splits)  # whole chunks' worth of splits
     meta, wave = launch
     grid = min(triton.cdiv(N, meta["R"]) * splits, wave)  # one wave (module notes), every chunk's splits in it
-    _int4_gemv_gluon_kernel[(grid,)](*args, **meta, MAXC=max_chunks(N, meta["R"], grid // splits, splits))
+    _int4_gemv_gluon_kernel[(grid,)](*args, **meta, MAXC=_max_chunks(N, meta["R"], grid // splits, splits))
 
 
 def build_offline(K: int, group: int = 128, arch: int = 90, prologue: int = 0, residual: bool = False,

@@ -31,7 +31,7 @@ if g4.GLUON_ERROR is None:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from .int4_gemv_gluon import _chunk, _lift, _pdl, _split2, _turn, x_slots
+    from .int4_gemv_gluon import _chunk, _lift, _pdl, _split2, _store_rows, x_slots
 
     @gluon.jit
     def _byte(w, SHIFT: gl.constexpr):
@@ -115,23 +115,21 @@ if g4.GLUON_ERROR is None:
         step = gl.num_programs(0)
         if PDL:
             _pdl(False)
-        # the first two chunks depend on no earlier kernel: request them before waiting for x
-        A = (w_words, s_ptr, N, stride_wn, stride_sn, 0, rw, q_ok, row_scale)  # `int4_gemv_gluon._turn`'s
-        wa, sa = _chunk(*A, c, R, LW, LA)
-        wb, sb = _chunk(*A, c + step, R, LW, LA)
+        # the first chunk depends on no earlier kernel: request it before waiting for x
+        w, s = _chunk(w_words, s_ptr, c, N, stride_wn, stride_sn, 0, rw, q_ok, row_scale, R, LW, LA)
         if PDL:
             _pdl(True)
         rstd, off, a0, a1, a2, a3 = _x_once(x_ptr, nw_ptr, K, eps, stride_xk, Q, LX, LQ, PROLOGUE)
-        X = (a0, a1, a2, a3, off, rstd)
-        O = (y_ptr, res_ptr, y_ptr, stride_yn)
-        # two turns an iteration, each over its own registers, one chunk in flight while the other is summed
-        # (`int4_gemv_gluon`'s loop, with DEPTH 1)
-        for c in range(c, n_chunks, 2 * step):
-            wa, sa = _turn(wa, sa, buf.index(0), c, 2 * step, A, X, O, _chunk_sums, R, Q, PROLOGUE, HAS_RES, 1,
-                           LW, LA, L3A, L3B, LT)
-            if c + step < n_chunks:
-                wb, sb = _turn(wb, sb, buf.index(1), c + step, 2 * step, A, X, O, _chunk_sums, R, Q, PROLOGUE,
-                               HAS_RES, 1, LW, LA, L3A, L3B, LT)
+        turn = 0
+        for c in range(c, n_chunks, step):
+            w_next, s_next = _chunk(w_words, s_ptr, c + step, N, stride_wn, stride_sn, 0, rw, q_ok, row_scale, R,
+                                    LW, LA)
+            p = _chunk_sums(w, s, a0, a1, a2, a3, off, L3A, L3B, LA, R, Q)
+            _store_rows(p, buf.index(turn % 2), y_ptr, res_ptr, rstd, c, N, stride_yn, LT, R, PROLOGUE == 1,
+                        HAS_RES)
+            w = w_next
+            s = s_next
+            turn += 1
 
 
 def takes(K: int) -> bool:
@@ -206,7 +204,7 @@ def int8_gemv(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor, y: torch
         kernel = _int8_gemv_gluon_kernel.warmup(*args, grid=(1,), **meta)
         kernel._init_handles()  # loads the binary, which sets n_regs
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        launch = _LAUNCH[key] = meta, g4.programs_per_sm(kernel.n_regs, NW) * sms
+        launch = _LAUNCH[key] = meta, g4._programs_per_sm(kernel.n_regs, NW) * sms
     meta, wave = launch
     _int8_gemv_gluon_kernel[(min(triton.cdiv(N, R), wave),)](*args, **meta)
 
