@@ -20,7 +20,6 @@ triton = pytest.importorskip("triton")
 
 from llmlab.kernels import int4_gemv_gluon as gg  # noqa: E402
 from llmlab.kernels import int4_matmul as int4_module  # noqa: E402
-from llmlab.kernels.int4_gemv_tiles import MAX_RING_BYTES, ring_bytes  # noqa: E402
 from llmlab.kernels.int4_matmul import int4_matmul  # noqa: E402
 from llmlab.kernels.weight_quant import dequant_matmul_reference, dequantize_int4, quantize_int4  # noqa: E402
 
@@ -258,11 +257,7 @@ def test_candidate_configs_start_with_the_default_fit_the_register_budget_and_ne
         for c in cands:
             r, d = gg.check_config(c)
             _, nw, s = gg.config(K // gg.splits_of(c))  # a split's programs are sized for their share of the row
-            if gg.ring_of(c):  # chunks in flight in shared memory: the ring fits its budget
-                assert r == R and ring_bytes(r, 32 * nw * s, d) <= MAX_RING_BYTES and c.num_warps == nw
-            else:
-                assert (d + 1) * r * 4 * s <= gg.MAX_AHEAD_WORDS and c.num_warps == nw
-        assert sorted(c.kwargs["DEPTH"] for c in cands if gg.ring_of(c)) == [1, 2, 3]
+            assert (d + 1) * r * 4 * s <= gg.MAX_AHEAD_WORDS and c.num_warps == nw
         capped = [c for c in cands if c.maxnreg]
         split = [(c.kwargs["SPLITS"], c.kwargs["R"], c.num_warps) for c in cands if "SPLITS" in c.kwargs]
         if NW == 16:  # one program an SM: one capped default, leaving a 4-warp program of 144 registers its room
@@ -291,14 +286,8 @@ def test_every_candidate_config_builds_for_hopper_with_more_loads_in_flight_as_d
         "        ptx = gg.build_offline(K, group=128, prologue=pro, residual=res, tile=c).asm['ptx']\n"
         "        print(K, c.kwargs['R'], c.kwargs['DEPTH'], ptx.count('ld.global.v4.b32'), c.maxnreg or 0,\n"
         "              ptx.count(f'.maxnreg {c.maxnreg}'), gg.splits_of(c), ptx.count('atom.global.gpu.acq_rel'),\n"
-        "              ptx.count('ld.global.cg'), int(gg.ring_of(c)), ptx.count('cp.async.cg.shared.global'))\n")
-    printed = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
-    # the ring tiles copy each of a chunk's R rows with one 16-byte cp.async a thread: R (DEPTH + 1) sites, the first
-    # DEPTH chunks before the loop and one in it (int4_gemv_ring.py)
-    ring = [(K, R, D, n_cp) for K, R, D, *_, is_ring, n_cp in printed if is_ring]
-    assert sorted(K for K, *_ in ring) == [4096] * 3 + [14336] * 3
-    assert all(n_cp == R * (D + 1) for K, R, D, n_cp in ring), ring
-    rows = [row[:-2] for row in printed if not row[-2]]
+        "              ptx.count('ld.global.cg'))\n")
+    rows = [[int(v) for v in ln] for ln in _printed_by_fresh_process(code)]
     assert {K for K, *_ in rows} == {4096, 14336} and len(rows) >= 8
     assert [(K, cap, n) for K, _, _, _, cap, n, *_ in rows if cap] == [(14336, 88, 1)]  # the cap reaches ptxas
     loads = {(K, R, D): n for K, R, D, n, cap, _, splits, _, _ in rows if not cap and splits == 1}
