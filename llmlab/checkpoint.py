@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -34,6 +35,10 @@ def default_model_dir() -> Path:
     """
     path = Path(os.environ.get("LLMLAB_MODEL", DEFAULT_MODEL_DIR))
     if not (path / "config.json").is_file():
+        if os.environ.get("LLMLAB_MODEL"):
+            raise FileNotFoundError(f"the default model is not at {path}, where LLMLAB_MODEL points: that folder "
+                                    f"has no config.json; point LLMLAB_MODEL at a model folder, or unset it to use "
+                                    f"the shipped model")
         raise FileNotFoundError(
             f"the default model is not at {path}. It ships in the llmlab repository under data/models/; install "
             f"llmlab from a clone with `pip install -e .`, run from inside the clone, set LLMLAB_ROOT to the "
@@ -326,7 +331,7 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
     (its quant_config.json would describe tensors no longer there)."""
     from llmlab.quant import quantized_layers
 
-    folder = Path(folder)
+    folder = output_folder(folder, "save_model")
     if quantized_layers(model):
         raise ValueError("save_model writes float weights, but this model's linear layers are quantized: save it "
                          "with llmlab.quant.save_quantized(llm, folder), or save the float model it came from")
@@ -336,10 +341,33 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
     return write_model(model, folder, dtype)
 
 
+def output_folder(directory: str | os.PathLike, who: str) -> Path:
+    """`directory` as the Path `who` writes a model into. ValueError for an empty name: Path("") is the current
+    folder, where a model's files would land unasked."""
+    if isinstance(directory, str) and not directory.strip():
+        raise ValueError(f"{who}: the folder name is empty; give the folder to write the model into, e.g. "
+                         f"'my-model'")
+    return Path(directory)
+
+
+def make_writable_folder(folder: Path, name: str | None = None, contents: str = "the model") -> Path:
+    """Create `folder` (and its parents) and write a scratch file in it, so that a bad folder fails before any
+    work. ValueError when it cannot, naming it (`name`, default the path), why, and what the folder is for."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"{name or folder} cannot be written to ({e.strerror or e}); give a writable folder for "
+                         f"{contents}") from None
+    return folder
+
+
 def write_model(model: Transformer, folder: Path, dtype: torch.dtype | None = None) -> Path:
     """What `save_model` writes, unchecked: config.json and model.safetensors with the model's tensors as they are
-    (`save_quantized` writes a quantized model's packed weights and scales through it)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    (`save_quantized` writes a quantized model's packed weights and scales through it). ValueError, writing
+    nothing, when the folder cannot be created or written to (`make_writable_folder`)."""
+    make_writable_folder(folder)
     state = {}
     for name, t in model.state_dict().items():
         if model.config.tie_embeddings and name == "lm_head.weight":

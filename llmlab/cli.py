@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -88,16 +87,12 @@ def _writable_folder(out: str) -> None:
     Raises:
         ValueError: `out` is a file, or the folder cannot be created or written to (the message says why).
     """
+    from llmlab.checkpoint import make_writable_folder
+
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder for the JSON files")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise ValueError(f"--out {out} cannot be written to ({e.strerror or e}); give a writable folder for the "
-                         f"JSON files") from None
+    make_writable_folder(path, f"--out {out}", "the JSON files")
 
 
 DTYPE_HELP = "weights and activations (default: bf16 on CUDA, fp32 on CPU)"
@@ -371,7 +366,12 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():  # restores the caller's showwarning afterwards (tests call main())
         warnings.showwarning = _warning_line
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
+            print("\nllmlab: interrupted (a bench run keeps the rows it finished in its JSON file, marked "
+                  "incomplete)", file=sys.stderr)
+            return 130
 
 
 def _main(argv: list[str] | None) -> int:
@@ -391,6 +391,9 @@ def _main(argv: list[str] | None) -> int:
                 raise ValueError(f"the model {llm.name!r} has no tokenizer.json, so the command line cannot turn the "
                                  f"prompt into token ids: put the model's tokenizer.json in its folder, or call "
                                  f"llmlab.load(...).generate(token_ids) from Python with a list of ints")
+            if args.seed is not None and args.temperature == 0:
+                warnings.warn("--seed has no effect with greedy decoding (temperature 0 draws nothing at random): "
+                              "set --temperature > 0 (e.g. 0.8) to sample with it, or leave it out", UserWarning)
             g = llm.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
             print(args.prompt + g.text)

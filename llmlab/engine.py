@@ -331,16 +331,29 @@ class LLM:
 
     def decode(self, ids) -> str:
         """Token ids (a list of ints, or a 1-D tensor / array of them) -> text. Raises ValueError without a
-        tokenizer or for a batch (decode each row: `Generation.texts`)."""
+        tokenizer, for a batch (decode each row: `Generation.texts`) or an id outside the vocabulary; TypeError
+        for anything but ints (text is `encode`'s)."""
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer to turn ids back into text")
         if hasattr(ids, "tolist"):  # a tensor or numpy array
             ids = ids.tolist()
         if isinstance(ids, int):
             ids = [ids]
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"decode takes token ids (a list of ints), got {type(ids).__name__} {ids!r:.60}; "
+                            f"text goes the other way, through encode")
+        ids = list(ids)
         if any(isinstance(i, (list, tuple)) for i in ids):
             raise ValueError("decode takes one sequence of ids, not a batch: decode each row")
-        return self.tokenizer.decode(list(ids))
+        bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
+        if bad:
+            raise TypeError(f"decode takes token ids (ints), got {type(bad[0]).__name__} {bad[0]!r:.60}")
+        vocab = self.model.config.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            bad_id = min(ids) if min(ids) < 0 else max(ids)
+            raise ValueError(f"token id {bad_id} is outside the model's vocabulary (ids 0..{vocab - 1}); were the ids "
+                             f"made by another model?")
+        return self.tokenizer.decode(ids)
 
     # -- generation -------------------------------------------------------------------------------------
     def generate(

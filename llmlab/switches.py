@@ -57,7 +57,11 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
             on the static cache (CUDA graphs, torch.compile, GPU sampling; `check_fast_paths` again, naming the
             switches) — found while applying them, as soon as the switch that sets the argument is applied (the
             switches that change the model in place come after those that set generate arguments).
+        TypeError: settings that are not a dict of switch names to values.
     """
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings must be a dict of switch names to values, e.g. {{'kv_cache': False}}, got "
+                        f"{type(settings).__name__} {settings!r:.80}")
     unknown = set(settings) - set(SWITCHES)
     if unknown:
         raise ValueError(f"unknown switch(es) {sorted(unknown)}; known: {', '.join(SWITCHES)}")

@@ -1117,3 +1117,54 @@ def test_nan_logits_are_an_error_not_token_0(good):
     with pytest.raises(ValueError, match="logits hold NaN or inf"):
         llm.generate(PROMPT, max_new_tokens=4)
     still_works(good)
+
+
+def test_decode_names_ids_outside_the_vocabulary_and_refuses_text(good):
+    llm = good[1]
+    top = llm.model.config.vocab_size - 1
+    assert llm.decode([1, 2]) == llm.tokenizer.decode([1, 2])
+    for ids in ([top + 1], [-1], [5, top + 7]):
+        with pytest.raises(ValueError, match=rf"token id -?\d+ is outside the model's vocabulary \(ids 0\.\.{top}\)"):
+            llm.decode(ids)
+    with pytest.raises(TypeError, match="decode takes token ids .*got str 'abc'.*through encode"):
+        llm.decode("abc")
+    with pytest.raises(TypeError, match="decode takes token ids \\(ints\\), got float 1.5"):
+        llm.decode([1, 1.5])
+    still_works(good)
+
+
+def test_apply_switches_asks_for_a_dict(good):
+    from llmlab.switches import apply_switches
+
+    with pytest.raises(TypeError, match=r"settings must be a dict of switch names to values, e\.g\. \{'kv_cache': "
+                                        r"False\}, got list \['kv_cache'\]"):
+        apply_switches(good[1], ["kv_cache"])
+    still_works(good)
+
+
+def test_ctrl_c_in_the_cli_is_one_line_and_exit_130(good, monkeypatch, capsys):
+    import llmlab.cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llmlab.cli, "_main", interrupted)
+    assert main(["tour"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().startswith("llmlab: interrupted") and "Traceback" not in err
+
+
+def test_a_default_model_env_var_pointing_nowhere_is_named(monkeypatch, tmp_path):
+    from llmlab.checkpoint import default_model_dir
+
+    monkeypatch.setenv("LLMLAB_MODEL", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="where LLMLAB_MODEL points.*unset it"):
+        default_model_dir()
+
+
+def test_the_cli_says_a_seed_changes_nothing_under_greedy_decoding(good, capsys):
+    args = ["generate", PROMPT, "--model", str(good[0]), "--device", "cpu", "--max-new-tokens", "2", "--seed", "3"]
+    assert main(args) == 0
+    assert "llmlab: warning: --seed has no effect with greedy decoding" in capsys.readouterr().err
+    assert main(args + ["--temperature", "0.8"]) == 0  # sampling: the seed matters, no warning
+    assert "--seed has no effect" not in capsys.readouterr().err

@@ -177,6 +177,7 @@ WRONG_TOKENS = [
     (_tokens(_RIGHT_CACHE, lambda p, n: n * (p + n)), "not at its final length"),
     (_tokens(_RIGHT_CACHE, lambda p, n: sum(p + i for i in range(1, n + 1))), "feeds the prompt alone"),
     (lambda p, n, use_cache: None, "returned None"),
+    (lambda p, n, use_cache: p + n, "count one forward pass at a time on a small case"),  # wrong in both cases
 ]
 
 

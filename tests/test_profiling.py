@@ -137,9 +137,10 @@ def test_profile_decode_on_gpu_counts_kernels():
         assert g["launches_per_token"] < s["launches_per_token"] / 10  # one graph launch replaces them
 
 
-@pytest.mark.parametrize("bad", ["README.md/x.json", "folder", "/sys/t.json"])
+@pytest.mark.parametrize("bad", ["README.md/x.json", "folder", "/sys/t.json", "t.txt"])
 def test_cli_profile_refuses_a_trace_path_before_profiling(bad, capsys, tmp_path, monkeypatch):
-    """A trace path inside a file, a folder, or an unwritable folder (/sys: not even root may create files)."""
+    """A trace path inside a file, a folder, an unwritable folder (/sys: not even root may create files), or a
+    name that is not .json / .json.gz (the trace is JSON whatever the name says)."""
     import os
 
     import llmlab.measure.bench

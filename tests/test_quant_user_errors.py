@@ -175,3 +175,18 @@ def test_quantize_model_checks_every_weight_before_it_swaps_a_layer():
     with pytest.raises(ValueError, match=r"^quantize_model: weights in layers.1.mlp.down_proj.weight up to 1e\+30"):
         quantize_model(llm.model, "int4")
     assert not is_quantized(llm.model)
+
+
+def test_a_quantized_save_refuses_an_empty_folder_name_and_an_unwritable_folder(llm, tmp_path, monkeypatch):
+    """Path("") is the current folder: an empty name is refused, not a model written where the user stands; a
+    folder that cannot be created gets the project's error, naming it, with nothing written."""
+    q = llm.quantize("int8")
+    monkeypatch.chdir(tmp_path)
+    for name in ("", "  "):
+        with pytest.raises(ValueError, match="^save_quantized: the folder name is empty"):
+            save_quantized(q, name)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"a_file/sub cannot be written to \(.*\); give a writable folder"):
+        save_quantized(q, blocker / "sub")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

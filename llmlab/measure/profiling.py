@@ -272,8 +272,9 @@ def summarize(prefill_only: list[Ev], full: list[Ev], n_steps: int, batch: int =
 
 
 def check_trace_path(trace_path: str | os.PathLike) -> Path:
-    """The trace file's path, checked BEFORE profiling: not a folder, and inside a folder that exists (or can be
-    created) and can be written to. A probe file in the nearest existing folder is created and removed.
+    """The trace file's path, checked BEFORE profiling: not a folder, named .json or .json.gz, and inside a folder
+    that exists (or can be created) and can be written to. A probe file in the nearest existing folder is created
+    and removed.
 
     Raises:
         ValueError: the path cannot be written (the message names it, why, and what to give instead).
@@ -282,6 +283,9 @@ def check_trace_path(trace_path: str | os.PathLike) -> Path:
     example = "--trace /tmp/decode.json"
     if path.is_dir():
         raise ValueError(f"trace path {path} is a folder; give a file name in it, e.g. --trace {path / 'decode.json'}")
+    if not path.name.endswith((".json", ".json.gz")):
+        raise ValueError(f"trace path {path} must end in .json, or .json.gz for a gzip-compressed trace (what "
+                         f"torch.profiler writes and Perfetto reads), e.g. {example}")
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -45,7 +45,8 @@ from safetensors import SafetensorError, safe_open
 
 from llmlab import __version__
 from llmlab.cache.sizing import check_fits
-from llmlab.checkpoint import _check_finite, _not_safetensors, load_config, load_tokenizer, write_model
+from llmlab.checkpoint import (_check_finite, _not_safetensors, load_config, load_tokenizer, make_writable_folder,
+                               output_folder, write_model)
 from llmlab.kernels.weight_quant import SCALE_LIMIT
 from llmlab.model import Transformer
 
@@ -234,7 +235,8 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
             a path.
         ValueError: the model is not quantized, or its layers differ in scheme, group size or dtype; its modules are not
             those a Transformer built from its config holds (a Triton-kernel or fused module swapped in: swap them
-            out first); the folder holds another model. Nothing is written then.
+            out first); the folder holds another model, its name is empty (it would be the current folder) or it
+            cannot be created or written to. Nothing is written then.
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"save_quantized: directory must be a folder path (a str or pathlib.Path), got "
@@ -251,13 +253,14 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
                          f"config holds ({e}); save the Int8Linear / Int4Linear layers quantize_model made, in "
                          f"their formats (fp32 scales), under the Transformer's names: swap any Triton kernel "
                          f"modules out first (llmlab.kernels.modules.swap_out(model))") from None
-    folder = Path(directory)
+    folder = output_folder(directory, "save_quantized")
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_quantized: {folder} is a file; give a folder to write the model into")
     others = sorted(p.name for p in folder.glob("*.safetensors*") if p.name != WEIGHTS) if folder.is_dir() else []
     if others or ((folder / WEIGHTS).is_file() and not is_quantized_checkpoint(folder)):
         raise ValueError(f"save_quantized: {folder} already holds a model ({', '.join(others) or WEIGHTS}); save into "
                          f"a new or empty folder (a quantized save there is overwritten, never a float checkpoint)")
+    make_writable_folder(folder)
     (folder / QUANT_CONFIG).unlink(missing_ok=True)  # until the new one is written, the folder is no quantized save
     write_model(model, folder)
     if tokenizer is not None and hasattr(tokenizer, "save"):

@@ -143,7 +143,9 @@ def check_tokens_through_model(fn: Callable[[int, int, bool], int]) -> None:
         return f"prompt_len={p}, new_tokens={n}, use_cache={use_cache}: expected {want} token positions, got {got!r}"
 
     cases = [(p, n, use_cache) for use_cache in (True, False) for p, n in _CASES]
-    check_cases("tokens_through_model", fn, cases, tokens_through_model, _MISTAKES, describe)
+    check_cases("tokens_through_model", fn, cases, tokens_through_model, _MISTAKES, describe,
+                otherwise="count one forward pass at a time on a small case, e.g. prompt_len=3, new_tokens=2: which "
+                          "positions does each pass feed, with the cache and without it?")
 
 
 def count_tokens_through_model(llm, prompt: str, new_tokens: int, use_cache: bool) -> int:
