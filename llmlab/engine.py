@@ -345,9 +345,10 @@ class LLM:
         ids = list(ids)
         if any(isinstance(i, (list, tuple)) for i in ids):
             raise ValueError("decode takes one sequence of ids, not a batch: decode each row")
-        bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
+        bad = [i for i in ids if isinstance(i, bool) or not hasattr(i, "__index__")]  # ints, numpy's too
         if bad:
             raise TypeError(f"decode takes token ids (ints), got {type(bad[0]).__name__} {bad[0]!r:.60}")
+        ids = [i.__index__() for i in ids]
         vocab = self.model.config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             bad_id = min(ids) if min(ids) < 0 else max(ids)

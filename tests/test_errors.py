@@ -1122,7 +1122,7 @@ def test_nan_logits_are_an_error_not_token_0(good):
 def test_decode_names_ids_outside_the_vocabulary_and_refuses_text(good):
     llm = good[1]
     top = llm.model.config.vocab_size - 1
-    assert llm.decode([1, 2]) == llm.tokenizer.decode([1, 2])
+    assert llm.decode([1, 2]) == llm.tokenizer.decode([1, 2]) == llm.decode([numpy.int64(1), numpy.int32(2)])
     for ids in ([top + 1], [-1], [5, top + 7]):
         with pytest.raises(ValueError, match=rf"token id -?\d+ is outside the model's vocabulary \(ids 0\.\.{top}\)"):
             llm.decode(ids)
