@@ -49,13 +49,14 @@ def peaks_line(p) -> str:
 
 def mbu_above_roofline_note(results: list[dict]) -> str | None:
     """A note for rows with MBU above 100% (None if there are none): bytes read faster than the measured copy
-    bandwidth, which happens on a CPU when a small model's weights stay in the caches between decode steps."""
+    bandwidth. A copy reads and writes, so a decode step that only reads can beat it by a few % on a GPU; on a CPU
+    a small model's weights also stay in the caches between decode steps."""
     above = [r["step"] for r in results if r["step"] != "roofline" and (r.get("mbu") or 0) > 1]
     if not above:
         return None
     return (f"MBU above 100% ({', '.join(above)}): the bytes were read faster than the measured copy bandwidth — "
-            f"on a CPU a small model's weights stay in the caches between steps, so the DRAM roofline does not "
-            f"bound it")
+            f"a copy reads and writes, and a step that only reads can beat it by a few % on a GPU; on a CPU a small "
+            f"model's weights also stay in the caches between steps, which the DRAM roofline does not bound")
 
 
 def converted_weights_mem_note(results: list[dict], loaded: str | None) -> str | None:
