@@ -292,6 +292,7 @@ WRONG_BUCKET = [
     (lambda n: 1 << (n.bit_length() - 1), "round UP"),  # the power of two at or BELOW n
     (lambda n: 1024, "more than twice"),
     (lambda n: 2.0 ** math.ceil(math.log2(max(n, 8))), r"return a whole number of tokens \(an int"),
+    (lambda n: -(-n // 16) * 16, "sizes a fixed step apart"),  # 4 sizes for the lab's lengths, 19 over 1..299
 ]
 
 WRONG_BYTES = [
@@ -426,3 +427,12 @@ def test_every_student_copy_is_current():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "make_student_labs.py"), "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, "labs/student is stale: run python3 tools/make_student_labs.py\n" + out.stderr
+
+
+def test_the_textbook_next_power_of_two_is_a_right_bucket():
+    """No smallest bucket: 1 << (n - 1).bit_length() pads the lab's lengths to 5 sizes, the reference (smallest
+    bucket 8) to 4; both grow geometrically and both pass."""
+    from llmlab.solutions.lab05 import check_bucket
+
+    lengths = [3, 5, 9, 14, 23, 37, 60]  # the lab's
+    assert check_bucket(lambda n: 1 << (n - 1).bit_length(), lengths) == 5

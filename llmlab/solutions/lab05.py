@@ -115,7 +115,7 @@ def check_crossover(fn) -> None:
 
 def check_bucket(fn, lengths: list[int]) -> int:
     """Check `fn(n) -> padded length`: an int >= n, at most twice n (or 16 for short inputs) for every n in 1..299,
-    and the `lengths` padded to few sizes: no more distinct sizes than the reference's powers of two, and no more
+    and few sizes: over 1..299 and over `lengths` no more distinct sizes than the next powers of two give, and no more
     graphs compiled (`count_compiles` with dynamic=False) than that, with unchanged outputs.
 
     Returns the number of graphs compiled for `lengths`.
@@ -125,8 +125,11 @@ def check_bucket(fn, lengths: list[int]) -> int:
             more than twice too long, too many distinct sizes). A stub still raising NotImplementedError is reported
             as not written.
     """
-    for n in range(1, 300):
+    span = range(1, 300)
+    every = set()
+    for n in span:
         b = call_answer(fn, "bucket", n)
+        every.add(b)
         assert isinstance(b, numbers.Integral) and not isinstance(b, bool), (
             f"bucket({n}) returned {b!r} ({type(b).__name__}): return a whole number of tokens (an int; "
             f"math.ceil and // give ints, 2 ** x with a float x does not)")
@@ -135,12 +138,19 @@ def check_bucket(fn, lengths: list[int]) -> int:
         assert b <= max(2 * n, 16), (f"bucket({n}) = {b} pads {n} tokens to more than twice their length: the "
                                      f"padding is wasted compute; make the sizes grow with n (e.g. each bucket "
                                      f"twice the one before)")
-    allowed = len({bucket(n) for n in lengths})
+    geometric = len({bucket(n, smallest=1) for n in span})  # the next power of two, with no smallest bucket
+    assert len(every) <= geometric, (
+        f"the lengths 1..{span[-1]} are padded to {len(every)} different sizes: a compiled graph per size; the "
+        f"buckets are too fine. Sizes that grow geometrically (each twice the one before) cover them with "
+        f"{geometric} and still pad at most twice; sizes a fixed step apart grow in number with the longest input")
+    allowed = len({bucket(n, smallest=1) for n in lengths})
+    best = len({bucket(n) for n in lengths})
     sizes = sorted({fn(n) for n in lengths})
     assert len(sizes) <= allowed, (
         f"the {len(lengths)} lengths {lengths} are padded to {len(sizes)} different sizes {sizes}: a compiled graph "
-        f"per size, {len(sizes)} compiles; the buckets are too fine. Sizes that grow geometrically (powers of two: "
-        f"8, 16, 32, 64, ...) cover any length with {allowed} here, and still pad at most twice")
+        f"per size, {len(sizes)} compiles; the buckets are too fine. Sizes that grow geometrically (the next power "
+        f"of two) cover these lengths with {allowed} sizes ({best} with a smallest bucket of 8), and still pad at "
+        f"most twice")
     n_compiles, same = count_compiles(lengths, dynamic=False, pad=fn)
     assert same, "padding changed the outputs"
     assert n_compiles <= allowed, f"{n_compiles} compiles for {len(lengths)} lengths: the buckets are too fine"

@@ -47,6 +47,8 @@ CASES: tuple[tuple[str, Measurements], ...] = (
     ("MFU exactly equal to MBU (at the ridge)", _m(0.1, 0.2, 0.2, 0.1)),
     ("KV cache exactly half the bytes", _m(0.1, 0.5, 0.01, 0.5)),
     ("KV cache just under half the bytes", _m(0.1, 0.5, 0.01, 0.49)),
+    ("KV cache 60% of the bytes, read at 80% MBU", _m(0.1, 0.8, 0.01, 0.6)),
+    ("KV cache 40% of the bytes, read at 30% MBU", _m(0.1, 0.3, 0.01, 0.4)),
 )
 
 
@@ -90,6 +92,9 @@ WRONG_ANSWERS: tuple[tuple[Callable[[Measurements], str], str], ...] = (
     (_ordered((KV_BOUND, _kv), (LAUNCH_BOUND, _launch), (COMPUTE_BOUND, _compute)),
      "the order of the rules matters: test launch-bound (idle_share >= 0.5) FIRST. A host-paced step stays "
      "host-paced when its cache is big: a smaller cache would not bring the missing kernels"),
+    (_ordered((LAUNCH_BOUND, _launch), (COMPUTE_BOUND, _compute), (KV_BOUND, lambda m: m.kv_share >= m.mbu)),
+     "KV-bound compares the cache's share of the bytes with one half, not with the MBU: kv_share says WHICH bytes "
+     "the step reads, MBU how fast it reads them; kv_share >= 0.5 means most of them are the cache's"),
     (_ordered((LAUNCH_BOUND, lambda m: m.idle_share > 0.5), (COMPUTE_BOUND, lambda m: m.mfu > m.mbu),
               (KV_BOUND, lambda m: m.kv_share > 0.5)),
      "at exactly a threshold the rules say >=: idle_share = 0.5 is launch-bound, mfu = mbu compute-bound, "
