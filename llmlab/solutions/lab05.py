@@ -129,10 +129,10 @@ def check_bucket(fn, lengths: list[int]) -> int:
     every = set()
     for n in span:
         b = call_answer(fn, "bucket", n)
-        every.add(b)
         assert isinstance(b, numbers.Integral) and not isinstance(b, bool), (
             f"bucket({n}) returned {b!r} ({type(b).__name__}): return a whole number of tokens (an int; "
             f"math.ceil and // give ints, 2 ** x with a float x does not)")
+        every.add(b)
         assert b >= n, (f"bucket({n}) = {b} cannot hold {n} tokens: round UP (the next bucket at or above n), never "
                         f"down")
         assert b <= max(2 * n, 16), (f"bucket({n}) = {b} pads {n} tokens to more than twice their length: the "
