@@ -328,7 +328,8 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
 
     Raises ValueError, writing nothing, for a model with quantized layers (`llmlab.quant.save_quantized` writes
     those, with the quant_config.json that says how to read them) and for a folder that holds a quantized save
-    (its quant_config.json would describe tensors no longer there)."""
+    (its quant_config.json would describe tensors no longer there), an empty folder name, or a folder that cannot be
+    created or written to."""
     from llmlab.quant import quantized_layers
 
     folder = output_folder(folder, "save_model")
@@ -338,7 +339,7 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
     if (folder / "quant_config.json").is_file():
         raise ValueError(f"save_model: {folder} holds a quantized save (quant_config.json); save the float model "
                          f"into another folder, or delete this one first")
-    return write_model(model, folder, dtype)
+    return write_model(model, make_writable_folder(folder), dtype)
 
 
 def output_folder(directory: str | os.PathLike, who: str) -> Path:
@@ -365,9 +366,8 @@ def make_writable_folder(folder: Path, name: str | None = None, contents: str = 
 
 def write_model(model: Transformer, folder: Path, dtype: torch.dtype | None = None) -> Path:
     """What `save_model` writes, unchecked: config.json and model.safetensors with the model's tensors as they are
-    (`save_quantized` writes a quantized model's packed weights and scales through it). ValueError, writing
-    nothing, when the folder cannot be created or written to (`make_writable_folder`)."""
-    make_writable_folder(folder)
+    (`save_quantized` writes a quantized model's packed weights and scales through it), into a folder its caller
+    made (`make_writable_folder`)."""
     state = {}
     for name, t in model.state_dict().items():
         if model.config.tie_embeddings and name == "lm_head.weight":

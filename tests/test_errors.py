@@ -1168,3 +1168,16 @@ def test_the_cli_says_a_seed_changes_nothing_under_greedy_decoding(good, capsys)
     assert "llmlab: warning: --seed has no effect with greedy decoding" in capsys.readouterr().err
     assert main(args + ["--temperature", "0.8"]) == 0  # sampling: the seed matters, no warning
     assert "--seed has no effect" not in capsys.readouterr().err
+
+
+def test_save_model_refuses_an_empty_folder_name_and_an_unwritable_folder(good, tmp_path, monkeypatch):
+    from llmlab.checkpoint import save_model
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^save_model: the folder name is empty"):
+        save_model(good[1].model, "")
+    (tmp_path / "a_file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"a_file/sub cannot be written to \(.*\); give a writable folder"):
+        save_model(good[1].model, tmp_path / "a_file" / "sub")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    still_works(good)
