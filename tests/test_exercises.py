@@ -261,6 +261,7 @@ WRONG_KV = [
     (lambda c, b=2: 2 * c.n_kv_heads * c.head_dim * b, "one layer"),
     (lambda c, b=2: 2 * c.n_layers * c.n_kv_heads * c.head_dim, "elements, not bytes"),
     (lambda c, b=2: None, "got None"),
+    (lambda c, b=2: 3 * c.n_layers * c.n_kv_heads * c.head_dim * b, "a key and a value vector for each KV head"),
 ]
 
 WRONG_SLOT = [
@@ -436,3 +437,12 @@ def test_the_textbook_next_power_of_two_is_a_right_bucket():
 
     lengths = [3, 5, 9, 14, 23, 37, 60]  # the lab's
     assert check_bucket(lambda n: 1 << (n - 1).bit_length(), lengths) == 5
+
+
+def test_the_kv_bytes_check_shows_the_number_not_the_formula():
+    # a wrong answer learns the expected bytes and what to count, not the product that is the exercise's answer
+    with pytest.raises(AssertionError) as e:
+        lab03.check_kv_bytes_per_token(lambda c, b=2: 12345)
+    message = str(e.value)
+    assert "expected 131072 bytes per token" in message and "got 12345" in message
+    assert "2 x 32 x 8 x 128" not in message
