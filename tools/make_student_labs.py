@@ -18,9 +18,17 @@ least one marker get a student copy (the others have no answer to take out).
     python3 tools/make_student_labs.py                 # every labs/NN_*.ipynb with markers -> labs/student/
     python3 tools/make_student_labs.py labs/04_quantization.ipynb
     python3 tools/make_student_labs.py --check         # exit 1 if a student copy is missing or out of date
+    python3 tools/make_student_labs.py LAB... --out DIR  # other labs and folder (the tests use temporary ones)
+
+This is a maintainers' step, run after editing a lab; students work in labs/student/, so a copy there may hold their
+answers. A copy is rewritten only if none of its exercise cells has been written in: a cell that is a stub in the
+new copy (matched by its cell id, or by position in a notebook without ids) but no longer holds the stub line in the
+copy on disk. Such a copy is left as it is, with a message naming it and its written cells, and the tool exits 1
+after writing the others; `--force` overwrites it anyway. A copy whose stubs are untouched is rewritten as usual,
+and one that is not a readable notebook is refused the same way (it may be a student's copy gone wrong).
 
 A marker out of balance (an END without a BEGIN, a BEGIN inside a block, a cell that ends inside a block) is an
-error naming the notebook, the cell and the line; nothing is written then. Standard library only.
+error naming the notebook, the cell and the line; nothing is written then (exit 2). Standard library only.
 """
 
 from __future__ import annotations
@@ -122,24 +130,69 @@ def plan(paths: list[Path], out_dir: Path) -> list[tuple[Path, Path, str, int]]:
     return jobs
 
 
+def _stubs(source: str) -> int:
+    return sum(line.strip() == STUB for line in source.splitlines())
+
+
+def _label(source: str) -> str:
+    """A code cell's first `def`/`class` line (else its first line), shortened: how a student finds the cell."""
+    lines = [line.strip() for line in source.splitlines() if line.strip()]
+    first = next((line for line in lines if line.startswith(("def ", "class "))), lines[0] if lines else "empty")
+    return first if len(first) <= 60 else first[:57] + "..."
+
+
+def written_cells(current: str, student: dict) -> list[str] | None:
+    """The exercise cells written in, in `current` (the text of a copy on disk) compared with `student` (the new
+    copy): each as 'cell I (first def line)', I its index in `current` from 0. A cell counts when it holds fewer stub
+    lines than its new version; cells are matched by id, or by position where ids are missing. None when `current`
+    is not a readable notebook."""
+    try:
+        old = json.loads(current)
+        old_cells = old["cells"] if isinstance(old, dict) and "cells" in old else []
+        by_id = {c["id"]: i for i, c in enumerate(old_cells) if c.get("id")}
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    found = []
+    for i, cell in enumerate(student.get("cells", [])):
+        stubs = _stubs(_source(cell)) if cell.get("cell_type") == "code" else 0
+        if not stubs:
+            continue
+        j = by_id.get(cell.get("id")) if cell.get("id") and by_id else (i if i < len(old_cells) else None)
+        if j is not None and _stubs(_source(old_cells[j])) < stubs:
+            found.append(f"cell {j} ({_label(_source(cell))})")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write labs/student/ copies of the labs with the answers taken out.")
+    ap = argparse.ArgumentParser(description="Write labs/student/ copies of the labs with the answers taken out "
+                                             "(a maintainers' step: students work in the copies).")
     ap.add_argument("labs", nargs="*", type=Path, help="notebooks to convert (default: every labs/NN_*.ipynb)")
     ap.add_argument("--out", type=Path, default=LABS / "student", help="folder for the copies (default labs/student)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a copy is missing or stale")
+    ap.add_argument("--force", action="store_true", help="overwrite copies even where exercise cells are written in "
+                                                         "(the answers there are lost)")
     args = ap.parse_args(argv)
     try:
         jobs = plan(args.labs or default_labs(), args.out)
     except ValueError as e:
         print(f"make_student_labs: {e}", file=sys.stderr)
         return 2
-    stale = []
+    stale, refused = [], []
     for lab, dest, text, n in jobs:
         current = dest.read_text(encoding="utf-8") if dest.exists() else None
         if args.check:
             if current != text:
                 stale.append(dest)
             continue
+        if current is not None and current != text and not args.force:
+            written = written_cells(current, json.loads(text))
+            if written is None or written:
+                refused.append(dest)
+                why = "answers written in " + ", ".join(written) if written else "not a readable notebook"
+                keep = dest.with_name(f"{dest.stem}_mine{dest.suffix}")
+                print(f"{dest}: NOT overwritten: {why}.\n  To keep that work, copy the notebook under another name "
+                      f"first (cp {dest} {keep}); to discard it, rerun with --force.", file=sys.stderr)
+                continue
         if current != text:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(text, encoding="utf-8")
@@ -148,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         print("no lab has solution markers: nothing to write")
     if stale:
         print("out of date (run python3 tools/make_student_labs.py): " + ", ".join(map(str, stale)), file=sys.stderr)
+        return 1
+    if refused:
+        print(f"{len(refused)} copy(ies) not overwritten, see above: " + ", ".join(map(str, refused)), file=sys.stderr)
         return 1
     if args.check and jobs:
         print(f"{len(jobs)} student copies are current")
