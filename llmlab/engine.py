@@ -473,12 +473,15 @@ class LLM:
             # with the Triton kernels switch the decode rows run the paged kernel, graph-captured with cuda_graphs
             g = generate_continuous(self.model, ids, cuda_graphs=cuda_graphs or None, **common)
         elif is_ragged(ids):  # prompts of different lengths: one left-padded static batch
-            off = [name for name, on in (("use_cache=False", not use_cache), ("prefill_graphs=True", prefill_graphs),
-                                         ("cache_factory", cache_factory is not None)) if on]
+            # each named as an argument and as the switch that sets it (`llmlab.switches`)
+            off = [name for name, on in (("use_cache=False (the kv_cache switch off)", not use_cache),
+                                         ("prefill_graphs=True (the prefill_graphs switch)", prefill_graphs),
+                                         ("a cache_factory (the paged_kv switch)", cache_factory is not None)) if on]
             if off:
                 raise ValueError(f"prompts of different lengths run as one left-padded batch on a static KV cache "
                                  f"(llmlab.batching.static), which cannot take {' or '.join(off)}: drop "
-                                 f"{'it' if len(off) == 1 else 'them'}, or give prompts of equal length")
+                                 f"{'it' if len(off) == 1 else 'them'}, give prompts of equal length, or use "
+                                 f"batching='one_at_a_time'")
             # eagerly (no graphs to keep) the batch gets a cache of exactly its length: the shared runners' caches
             # are sized for captured graphs, and every eager step would attend over all of their slots
             fast = cuda_graphs or torch_compile

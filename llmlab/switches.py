@@ -56,7 +56,9 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
             KV-cache layouts, each a cache_factory), or a KV-cache layout (the paged cache) with a switch that decodes
             on the static cache (CUDA graphs, torch.compile, GPU sampling; `check_fast_paths` again, naming the
             switches) — found while applying them, as soon as the switch that sets the argument is applied (the
-            switches that change the model in place come after those that set generate arguments).
+            switches that change the model in place come after those that set generate arguments). And switches
+            that the batching switch's mode cannot run with (`check_batching`, e.g. continuous batching without the
+            KV cache or with the paged one), named as the settings name them, before any switch changes the model.
         TypeError: settings that are not a dict of switch names to values.
     """
     if not isinstance(settings, dict):
@@ -82,6 +84,7 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
     check_fast_paths(llm.device, use_cache=values["kv_cache"], cuda_graphs=values["cuda_graphs"],  # as generate
                      torch_compile=values["torch_compile"], gpu_sampling=values["gpu_sampling"],
                      prefill_graphs=values["prefill_graphs"])
+    check_batching(values)
     kwargs: dict = {}
     set_by: dict[str, str] = {}  # generate argument -> the switch that set it
     for key, switch in SWITCHES.items():
@@ -182,7 +185,7 @@ register(Switch("weights", "weights", None,
                 _weights, choices=(None, *WEIGHT_FORMATS), available=_weights_available))
 
 
-# -- system-overhead fixes (llmlab.runtime.cuda_graphs, llmlab.runtime.fast_generate) ------------------------------------------
+# -- system-overhead fixes (llmlab.runtime.cuda_graphs, llmlab.runtime.fast_generate) ----------------------------------
 # Each sets one `LLM.generate` keyword; any of cuda_graphs / torch_compile / gpu_sampling routes the call to
 # `generate_fast` (static KV cache). Turning several on combines them (graphs + compile = "compile+graphs").
 
@@ -339,3 +342,43 @@ register(Switch("batching", "batching", None,
                 "request is done; 'continuous' lets each request join and leave the running batch at every step; "
                 "'one_at_a_time' serves them alone, one after the other (no batching: the baseline)",
                 _batching, choices=BATCHING))
+
+
+# What LLM.generate cannot run with a batching mode, in switch terms: mode -> {switch: the value that sets a generate
+# argument the mode refuses}. llmlab/engine.py, `LLM.generate`'s `batching == "continuous"` check: its engine takes
+# no use_cache=False (kv_cache off), torch_compile, gpu_sampling, prefill_graphs or cache_factory (set by paged_kv
+# with the KV cache on); its on_token is no switch's. tests/test_switches_batching.py checks this table against
+# LLM.generate, switch by switch, so the two cannot drift. Prompts of different lengths run as one left-padded
+# static batch (batching None or "static"), which refuses the RAGGED_REFUSES switches: apply_switches does not see
+# the prompts, so those are left to generate.
+BATCHING_REFUSES: dict[str, dict[str, Any]] = {
+    "continuous": {"kv_cache": False, "paged_kv": True, "torch_compile": True, "gpu_sampling": True,
+                   "prefill_graphs": True},
+}
+# engine.py's `is_ragged` branch: what a left-padded static batch of prompts of different lengths cannot take
+RAGGED_REFUSES: dict[str, Any] = {"kv_cache": False, "paged_kv": True, "prefill_graphs": True}
+_BATCHING_WHY = {"continuous": "runs its own engine on a paged KV pool (llmlab.batching.engine)"}
+
+
+def check_batching(values: dict[str, Any]) -> None:
+    """Refuse switch values that the `batching` switch's mode cannot run with, naming the switches and the fix.
+
+    values: every switch's value (the defaults filled in), as `apply_switches` reads them. Refused: the switches
+    `BATCHING_REFUSES` lists for the mode, and continuous batching with cuda_graphs but without triton_kernels (its
+    engine captures the Triton paged-attention decode step only: `llmlab.batching.engine.paged_step_reason`).
+
+    Raises:
+        ValueError: such a combination; the message names the switches as a settings dict does (kv_cache=False).
+    """
+    mode = values.get("batching")
+    clash = {key: value for key, value in BATCHING_REFUSES.get(mode, {}).items() if values.get(key) == value}
+    if clash:
+        turn = [f"{key} {'on' if value is False else 'off'}" if isinstance(value, bool) else
+                f"{key} back to {SWITCHES[key].default!r}" for key, value in clash.items()]
+        others = "'one_at_a_time'" + ("" if set(clash) & set(RAGGED_REFUSES) else " or 'static'")
+        given = " and ".join(f"{key}={value!r}" for key, value in clash.items())
+        raise ValueError(f"batching={mode!r} {_BATCHING_WHY[mode]}, which cannot run with {given}: turn "
+                         f"{' and '.join(turn)}, or set batching to {others}")
+    if mode == "continuous" and values.get("cuda_graphs") and not values.get("triton_kernels"):
+        raise ValueError("batching='continuous' with cuda_graphs=True captures its engine's decode step on the Triton "
+                         "kernels' paged attention: turn triton_kernels on too, or cuda_graphs off")

@@ -215,6 +215,46 @@ def test_bad_settings_start_nothing(llm):
     assert dash.settings()["dtype"] == "fp32"
 
 
+def test_batching_the_dashboard_cannot_run_is_refused_before_starting(llm):
+    """Continuous batching cannot take the per-token callback the dashboard draws its latency from: with the KV
+    cache off or not, it is refused before a run starts, the controls as they were, and the next run works."""
+    dash = Dashboard(llm, traces=[], replay_speed=None)
+    dash.controls["dtype"].value = switches.SWITCHES["dtype"].choices.index("fp32")
+    shown = dash.settings()
+    for settings in ({"kv_cache": False, "batching": "continuous"}, {"batching": "continuous"},
+                     {"paged_kv": True, "batching": "continuous"}):
+        with pytest.raises(ValueError, match=r"^batching='continuous' cannot run in the dashboard: .* leave batching "
+                                             r"as loaded \(None\), or set 'static' or 'one_at_a_time'"):
+            dash.run(settings, max_new_tokens=4, prompt_tokens=4)
+        assert not dash.running and dash._run is None and dash.results == []
+        assert dash.settings() == shown and not dash.run_button.disabled
+    dash.controls["batching"].value = switches.SWITCHES["batching"].choices.index("continuous")  # the Run button
+    dash.run_button.click()
+    assert dash._run is None and "Cannot run: batching=&#x27;continuous&#x27; cannot run in the dashboard" in \
+        dash.status.value
+    dash.controls["batching"].value = switches.SWITCHES["batching"].choices.index("one_at_a_time")
+    assert dash.run(max_new_tokens=4, prompt_tokens=4)["tokens"] == 4
+    dash.close()
+
+
+class FailingLLM(LLM):
+    """The tiny model whose timed run (the one with on_token, after the warm-up) fails."""
+
+    def generate(self, prompt, on_token=None, **kwargs):
+        if on_token is not None:
+            raise ValueError("cannot run <this> with 'that' & \"those\"")
+        return super().generate(prompt, **kwargs)
+
+
+def test_a_failed_run_shows_the_message_not_its_repr():
+    dash = Dashboard(FailingLLM(tiny_model(seed=2), None, name="failing"), traces=[], replay_speed=None)
+    with pytest.raises(ValueError, match="cannot run <this>"):
+        dash.run(max_new_tokens=4, prompt_tokens=4)
+    assert dash.status.value == ("<span class='llmlab-status'>#1 KV cache failed: cannot run &lt;this&gt; with "
+                                 "&#x27;that&#x27; &amp; &quot;those&quot;</span>")
+    assert not dash.running and not dash.run_button.disabled and dash.results == []
+
+
 def test_a_one_token_run_shows_no_tpot(llm):
     """One token has no decode step: the status line says "TPOT -", not "TPOT nan ms"."""
     dash = Dashboard(llm, traces=[])

@@ -210,3 +210,11 @@ def test_record_lengths_and_times_are_checked_by_the_parser(args, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["record", *args])
     assert e.value.code == 2 and f"argument {args[0]}" in capsys.readouterr().err
+
+
+def test_record_refuses_continuous_batching_before_the_gpu_check():
+    # record times each token (on_token), which continuous batching refuses: said before any GPU or model work
+    from llmlab.telemetry.record import record
+
+    with pytest.raises(ValueError, match=r"^batching='continuous' cannot run in llmlab record: it times each token"):
+        record(settings=[{"kv_cache": True}, {"batching": "continuous"}])

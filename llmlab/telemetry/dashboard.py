@@ -64,8 +64,9 @@ from llmlab.telemetry.controls import (live_mode_line, notes_html, read_settings
 from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, figure_output, live_figure,
                                       missing_gpu_notes, results_table_html, set_time_span, show_gpu_series,
                                       sync_widget_state)
-from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, gpu_series, probe_series, rolling_rate, run_row,
-                                       sample_times, take_samples, time_span, trace_row)
+from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, check_per_token_settings, decode, gpu_series,
+                                       probe_series, rolling_rate, run_row, sample_times, take_samples, time_span,
+                                       trace_row)
 from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from llmlab.telemetry.record import setting_label
 from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, trace_dir
@@ -218,8 +219,10 @@ class Dashboard:
         settings: switch values (missing keys: what the controls show); None: the controls as they are.
         max_new_tokens, prompt_tokens: None takes the control's value; a value given must be a whole number >= 1,
         and when both are given they must fit the model's context together (`llmlab.generate.check_lengths`).
-        Raises RuntimeError while another run is in progress; ValueError for bad settings (`apply_switches`) or
-        lengths; TypeError for a length that is not a whole number. Nothing starts and no control changes.
+        Raises RuntimeError while another run is in progress; ValueError for bad settings (`apply_switches`,
+        including switches the batching mode cannot run with), for batching='continuous'
+        (`live_run.check_per_token_settings`) or lengths; TypeError for a length that is not a whole number. Nothing
+        starts and no control changes.
         """
         if self.running:
             raise RuntimeError("a run is in progress: press Stop (or call dash.stop()) and wait for it to end")
@@ -233,6 +236,7 @@ class Dashboard:
         if prompt_tokens is not None and max_new_tokens is not None:
             check_lengths(int(prompt_tokens), int(max_new_tokens), ctx)
         settings = {**self.settings(), **(settings or {})}
+        check_per_token_settings(settings, "the dashboard")  # before apply_switches, which may convert the model
         run_llm, kwargs = apply_switches(self.llm, settings)  # raises ValueError before anything starts
         self._show_settings(settings)
         ctx = run_llm.config.max_seq_len
@@ -328,8 +332,8 @@ class Dashboard:
         self._pull(run, everything=True)  # the last readings (or the rest of the replay) and tokens
         run.finished = True
         g = run.generation
-        if run.error is not None:
-            self._set_status(f"{run.label} failed: {run.error!r}")
+        if run.error is not None:  # the message, as the student would read it raised in a cell (escaped once)
+            self._set_status(f"{run.label} failed: {str(run.error) or type(run.error).__name__}")
         elif g is None:
             self._set_status(f"{run.label} was stopped before its first token: nothing to add.")
         else:

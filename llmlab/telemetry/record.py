@@ -33,6 +33,7 @@ import torch
 
 from llmlab import envinfo
 from llmlab.engine import LLM
+from llmlab.telemetry.live_run import check_per_token_settings
 from llmlab.telemetry.nvml_sampler import Backend, Sampler
 from llmlab.measure.profiling import union_length
 from llmlab.switches import SWITCHES, apply_switches, describe
@@ -335,8 +336,11 @@ def record(model: str | None = None, preset: str = DEFAULT_PRESET, settings: lis
     """Record every setting on the GPU and write the traces; returns the paths written.
 
     model: None -> the `preset` shape with random weights (bf16); 'default' or a folder/hub id -> that checkpoint.
-    Raises RuntimeError("no CUDA GPU ...") without a GPU, ValueError for bad settings.
+    Raises RuntimeError("no CUDA GPU ...") without a GPU, ValueError for bad settings (batching='continuous' first,
+    `live_run.check_per_token_settings`).
     """
+    for s in settings or ():  # before the GPU checks and the model's load
+        check_per_token_settings(s, "llmlab record")
     if not torch.cuda.is_available():
         raise RuntimeError("needs an NVIDIA GPU, and PyTorch sees no CUDA device on this machine "
                            "(the traces in data/traces/ were recorded on one)")
