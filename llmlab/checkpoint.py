@@ -27,15 +27,21 @@ _FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_
           "model.safetensors.index.json", "quant_config.json"]  # the last: a quantized folder (llmlab.quant.serialize)
 
 
+def _model_override() -> str:
+    """$LLMLAB_MODEL, or "" where it is unset or blank (as an empty LLMLAB_ROOT: Path("") would be the current
+    folder, which would become the default model unasked)."""
+    return os.environ.get("LLMLAB_MODEL", "").strip()
+
+
 def default_model_dir() -> Path:
-    """The shipped default model's folder (or $LLMLAB_MODEL if set).
+    """The shipped default model's folder (or $LLMLAB_MODEL if set and not blank).
 
     Raises:
         FileNotFoundError: the folder is absent (llmlab installed without its repository); says how to fix it.
     """
-    path = Path(os.environ.get("LLMLAB_MODEL", DEFAULT_MODEL_DIR))
+    path = Path(_model_override() or DEFAULT_MODEL_DIR)
     if not (path / "config.json").is_file():
-        if os.environ.get("LLMLAB_MODEL"):
+        if _model_override():
             raise FileNotFoundError(f"the default model is not at {path}, where LLMLAB_MODEL points: that folder "
                                     f"has no config.json; point LLMLAB_MODEL at a model folder, or unset it to use "
                                     f"the shipped model")
@@ -82,7 +88,7 @@ def resolve(name_or_path: str | os.PathLike | None) -> Path:
         near = difflib.get_close_matches(text.lower(), list(PRESETS), n=1, cutoff=0.8)
         hint = (f"; {near[0]!r} is a preset (random weights, no tokenizer): llmlab.LLM.from_preset({near[0]!r}) or "
                 f"`llmlab bench --model {near[0]}`" if near else "")
-        shipped = Path(os.environ.get("LLMLAB_MODEL", DEFAULT_MODEL_DIR))
+        shipped = Path(_model_override() or DEFAULT_MODEL_DIR)
         if not near and difflib.get_close_matches(path.name.lower(), [shipped.name, "default"], n=1, cutoff=0.7):
             hint = f"; the shipped model is 'default' (the folder {shipped})"
         raise FileNotFoundError(f"model folder {path} does not exist; check the path (or pass a hub id "
@@ -323,15 +329,18 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
                          f"tokenizer.json; copy it again from the model's source") from None
 
 
-def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it.
+def save_model(model, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it;
+    given an `LLM` (llm) rather than its Transformer (llm.model), also its tokenizer.json, so that
+    `llmlab.load(folder)` generates from text as the LLM did. Returns the folder.
 
-    Raises ValueError, writing nothing, for a model with quantized layers (`llmlab.quant.save_quantized` writes
-    those, with the quant_config.json that says how to read them) and for a folder that holds a quantized save
-    (its quant_config.json would describe tensors no longer there), an empty folder name, or a folder that cannot be
-    created or written to."""
+    Raises TypeError for anything but an LLM or a llmlab Transformer, and ValueError, writing nothing, for a model
+    with quantized layers (`llmlab.quant.save_quantized` writes those, with the quant_config.json that says how to
+    read them) and for a folder that holds a quantized save (its quant_config.json would describe tensors no longer
+    there), an empty folder name, or a folder that cannot be created or written to."""
     from llmlab.quant import quantized_layers
 
+    model, tokenizer = model_and_tokenizer(model, "save_model")
     folder = output_folder(folder, "save_model")
     if quantized_layers(model):
         raise ValueError("save_model writes float weights, but this model's linear layers are quantized: save it "
@@ -339,7 +348,25 @@ def save_model(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype
     if (folder / "quant_config.json").is_file():
         raise ValueError(f"save_model: {folder} holds a quantized save (quant_config.json); save the float model "
                          f"into another folder, or delete this one first")
-    return write_model(model, make_writable_folder(folder), dtype)
+    write_model(model, make_writable_folder(folder), dtype)
+    if tokenizer is not None and hasattr(tokenizer, "save"):
+        tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def model_and_tokenizer(llm_or_model, who: str) -> tuple[Transformer, object]:
+    """(Transformer, tokenizer or None) of an `LLM` (its model and tokenizer) or of a bare Transformer (no
+    tokenizer). TypeError, named after `who`, for anything else: only a llmlab Transformer, whose config.json
+    rebuilds it, can be saved and loaded back."""
+    model, tokenizer = llm_or_model, None
+    if not isinstance(model, torch.nn.Module) and isinstance(getattr(model, "model", None), torch.nn.Module):
+        model, tokenizer = model.model, getattr(model, "tokenizer", None)  # an LLM
+    elif not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{who}: expected an LLM or its model (a llmlab Transformer), got {type(model).__name__}")
+    if not isinstance(model, Transformer):
+        raise TypeError(f"{who}: the model is a {type(model).__name__}; only a llmlab Transformer (whose "
+                        f"config.json rebuilds it) can be saved and loaded back")
+    return model, tokenizer
 
 
 def output_folder(directory: str | os.PathLike, who: str) -> Path:

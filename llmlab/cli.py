@@ -369,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _main(argv)
         except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
-            print("\nllmlab: interrupted (a bench run keeps the rows it finished in its JSON file, marked "
-                  "incomplete)", file=sys.stderr)
+            command = (sys.argv[1:] if argv is None else argv)[:1]
+            kept = " (the bench keeps the rows it finished in its JSON file, marked incomplete)"
+            print(f"\nllmlab: interrupted{kept if command == ['bench'] else ''}", file=sys.stderr)
             return 130
 
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import llmlab
-from llmlab.checkpoint import default_model_dir, load_model, load_tokenizer, resolve, save_model
+from llmlab.checkpoint import DEFAULT_MODEL_DIR, default_model_dir, load_model, load_tokenizer, resolve, save_model
 from llmlab.cli import main
 from llmlab.config import PRESETS, ModelConfig
 from llmlab.engine import LLM
@@ -179,6 +179,17 @@ def test_default_model_follows_llmlab_model_env(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("LLMLAB_MODEL", str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match="LLMLAB_MODEL"):
         llmlab.load()
+
+
+def test_a_blank_llmlab_model_is_unset_not_the_current_folder(folder, tmp_path, monkeypatch):
+    # Path("") is the current folder: a model folder there must not become the default unasked
+    import shutil
+
+    shutil.copytree(folder, tmp_path / "here")
+    monkeypatch.chdir(tmp_path / "here")
+    for blank in ("", "  "):
+        monkeypatch.setenv("LLMLAB_MODEL", blank)
+        assert default_model_dir() == DEFAULT_MODEL_DIR
 
 
 # -- tokenizer and end to end -------------------------------------------------------------------------------------

@@ -91,3 +91,18 @@ def test_generate_text_from_def(folder):
     g = llm.generate("def ", max_new_tokens=32)
     assert isinstance(g.text, str) and g.text.strip(), f"empty continuation: {g.token_ids}"
     assert g.ttft_ms > 0
+
+
+def test_save_model_of_an_llm_keeps_its_tokenizer(folder, tmp_path):
+    # an LLM (not only its Transformer) saves with its tokenizer: the copy loads and continues text as the original
+    import llmlab
+
+    llm = LLM.load(folder, device="cpu")
+    assert save_model(llm, tmp_path / "copy") == tmp_path / "copy"
+    assert (tmp_path / "copy" / "tokenizer.json").is_file()
+    again = llmlab.load(tmp_path / "copy", device="cpu")
+    assert again.generate("def f(", max_new_tokens=8).text == llm.generate("def f(", max_new_tokens=8).text
+    save_model(llm.model, tmp_path / "bare")  # the Transformer alone: weights and config, no tokenizer
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == ["config.json", "model.safetensors"]
+    with pytest.raises(TypeError, match="save_model: expected an LLM or its model"):
+        save_model("my-model", tmp_path / "x")

@@ -1151,7 +1151,9 @@ def test_ctrl_c_in_the_cli_is_one_line_and_exit_130(good, monkeypatch, capsys):
     monkeypatch.setattr(llmlab.cli, "_main", interrupted)
     assert main(["tour"]) == 130
     out, err = capsys.readouterr()
-    assert out == "" and err.strip().startswith("llmlab: interrupted") and "Traceback" not in err
+    assert out == "" and err.strip() == "llmlab: interrupted" and "Traceback" not in err
+    assert main(["bench", "--quick"]) == 130  # only a bench has rows to keep, and says so
+    assert "the bench keeps the rows it finished" in capsys.readouterr().err
 
 
 def test_a_default_model_env_var_pointing_nowhere_is_named(monkeypatch, tmp_path):

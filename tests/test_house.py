@@ -1,6 +1,7 @@
 """The house rules a newcomer relies on, checked: no import cycles inside llmlab, no module that does several jobs
 (a size cap), kernels swapped in as modules (no per-instance `forward` patching, no private state in a model's
-`__dict__`), and no run logs in code or docs (GPU-run labels belong in docs/results.md)."""
+`__dict__`), each folder's `__init__.py` naming its files, and no run logs in code or docs (GPU-run labels belong in
+docs/results.md)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,15 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_module_does_several_jobs():
     long = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+def test_every_folder_names_its_files():
+    # the README's promise: "each folder's __init__.py lists its files" (solutions/ names lab00.py ... lab09.py)
+    for init in PKG.glob("*/__init__.py"):
+        listing = ast.get_docstring(ast.parse(init.read_text())) or ""
+        unnamed = [f.name for f in init.parent.glob("*.py")
+                   if f.name != "__init__.py" and f.name not in listing and not re.fullmatch(r"lab\d\d\.py", f.name)]
+        assert not unnamed, f"{init.relative_to(ROOT)} does not name {unnamed} in its docstring"
 
 
 def test_kernels_are_swapped_in_as_modules():

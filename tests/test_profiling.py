@@ -109,6 +109,13 @@ def test_profile_decode_errors(llm):
         profile_decode(llm, n_steps=0)
     with pytest.raises(ValueError, match=r"exceed the model.s context of 256 tokens: use a prompt of at most 247"):
         profile_decode(llm, n_steps=8, prompt_len=250)
+    # more steps than any prompt leaves room for: only fewer steps help, and no prompt length below 1 is named
+    with pytest.raises(ValueError, match=r"use at most 247 decode steps \(n_steps, --steps\)$"):
+        profile_decode(llm, n_steps=1100, prompt_len=8)
+    with pytest.raises(ValueError, match=r"use at most 254 decode steps"):
+        profile_decode(llm, n_steps=255, prompt_len=1)
+    with pytest.raises(ValueError, match=r"a shorter prompt and fewer steps: together at most 255 tokens"):
+        profile_decode(llm, n_steps=255, prompt_len=255)
     with pytest.raises(ValueError, match="unknown switch"):
         profile_decode(llm, n_steps=2, prompt_len=8, settings={"warp_drive": True})
 

@@ -21,6 +21,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     dequantize.py              int8 / int4 weights to bf16 in one pass: a quantized layer's prefill, before its GEMM
     int4_gemv.py               int4_matmul's M = 1 GEMVs in Triton (input-stationary; K-walking with split-K)
     int4_gemv_gluon.py         int4_matmul's M = 1 path on CUDA GPUs, in Gluon (Triton's explicit-layout dialect)
+    int8_gemv_gluon.py         int8_gemv.py's GEMV in Gluon, with int4_gemv_gluon.py's hand-laid row sums
     input_stationary.py        what the two Triton input-stationary GEMVs share: x once with its prologue, the store
     packed_fields.py           Triton helpers: packed int4/int8 fields read as fp32 without a conversion instruction
     quant_tiles.py             the tiles the int8/int4 kernels are autotuned over
@@ -35,6 +36,7 @@ transformers imports (tests/test_import_names.py checks that the repository expo
     step_tuning.py             the "step tuning" switch: choose the batch-1 GEMVs' tiles by timing the whole step
     bench_kernels.py           micro-benchmarks -> an llmlab bench file (python -m llmlab.kernels.bench_kernels)
     lab07_solutions.py         reference answers and checks for labs/07_triton_kernels.ipynb
+    _util.py                   what the kernels share: input checks, PDL, the autotuner's configs and timing
 
     from llmlab.kernels import KernelDecodeStep, swap_in, swap_out
     swap_in(model)                          # RMSNorm, MLP, Attention -> their kernel modules (same parameters)

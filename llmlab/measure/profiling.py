@@ -365,11 +365,16 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
 
     if n_steps < 1:
         raise ValueError(f"n_steps={n_steps}: profile at least one decode step")
-    if prompt_len + n_steps + 1 > llm.config.max_seq_len:
-        raise ValueError(f"a {prompt_len}-token prompt + {n_steps + 1} generated tokens (the prefill's token and "
-                         f"{n_steps} decode steps) exceed the model's context of {llm.config.max_seq_len} tokens: "
-                         f"use a prompt of at most {llm.config.max_seq_len - n_steps - 1} tokens (prompt_len, "
-                         f"--prompt-tokens) or fewer steps (n_steps, --steps)")
+    context = llm.config.max_seq_len
+    if prompt_len + n_steps + 1 > context:
+        what = (f"a {prompt_len}-token prompt + {n_steps + 1} generated tokens (the prefill's token and {n_steps} "
+                f"decode steps) exceed the model's context of {context} tokens: ")
+        longest, most_steps = context - n_steps - 1, context - prompt_len - 1  # what fits with the other as is
+        fixes = ([f"a prompt of at most {longest} tokens (prompt_len, --prompt-tokens)"] if longest >= 1 else []) + \
+                ([f"at most {most_steps} decode steps (n_steps, --steps)"] if most_steps >= 1 else [])
+        what += "use " + (" or ".join(fixes) if fixes else
+                          f"a shorter prompt and fewer steps: together at most {context - 1} tokens")
+        raise ValueError(what)
     if trace_path is not None:
         trace_path = check_trace_path(trace_path)
     settings = dict(settings or {})

@@ -46,7 +46,7 @@ from safetensors import SafetensorError, safe_open
 from llmlab import __version__
 from llmlab.cache.sizing import check_fits
 from llmlab.checkpoint import (_check_finite, _not_safetensors, load_config, load_tokenizer, make_writable_folder,
-                               output_folder, write_model)
+                               model_and_tokenizer, output_folder, write_model)
 from llmlab.kernels.weight_quant import SCALE_LIMIT
 from llmlab.model import Transformer
 
@@ -77,17 +77,8 @@ def is_quantized_checkpoint(folder: str | os.PathLike) -> bool:
 
 def _unpack(llm_or_model) -> tuple[Transformer, object, str]:
     """(model, tokenizer or None, method) of an `LLM` or a bare model."""
-    if isinstance(llm_or_model, nn.Module):
-        model, tokenizer, method = llm_or_model, None, getattr(llm_or_model, "quant_method", None)
-    elif isinstance(getattr(llm_or_model, "model", None), nn.Module):
-        model, tokenizer = llm_or_model.model, getattr(llm_or_model, "tokenizer", None)
-        method = getattr(llm_or_model, "quant_method", None) or getattr(model, "quant_method", None)
-    else:
-        raise TypeError(f"save_quantized: expected an LLM or its model (a llmlab Transformer), got "
-                        f"{type(llm_or_model).__name__}")
-    if not isinstance(model, Transformer):
-        raise TypeError(f"save_quantized: the model is a {type(model).__name__}; only a llmlab Transformer (whose "
-                        f"config.json rebuilds it) can be saved and loaded back")
+    model, tokenizer = model_and_tokenizer(llm_or_model, "save_quantized")
+    method = getattr(llm_or_model, "quant_method", None) or getattr(model, "quant_method", None)
     if method is not None and not isinstance(method, str):
         raise TypeError(f"save_quantized: quant_method is {method!r}; it names how the weights were rounded, a "
                         f"string such as 'rtn', 'awq' or 'gptq'")
