@@ -63,7 +63,7 @@ def test_the_stub_is_rejected():
 
 
 def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=False, strided=False, eps=0.0,
-              offset=8, in_dtype=False, scale_dtype=False):
+              offset=8, in_dtype=False, scale_dtype=False, signed_max=False):
     """Group-wise int4 with one deliberate mistake switched on."""
     N, K = w.shape
     if scale_dtype:  # max |w| / 7 computed in w's own dtype (bf16), then made fp32
@@ -77,6 +77,7 @@ def _quantize(w, g, divisor=7.0, swap=False, per_row=False, floor=True, twos=Fal
     else:
         groups = w.float().reshape(N, K // g, g)
         amax = groups.abs().amax(dim=(1, 2))[:, None].expand(N, K // g) if per_row else groups.abs().amax(dim=2)
+        amax = groups.amax(dim=2) if signed_max else amax  # the largest weight, not the largest magnitude
     scales = (amax.clamp(min=1e-12) if floor else amax) / divisor + eps
     groups = (w if in_dtype else w.float()).reshape(N, K // g, g)
     quotient = groups / scales[..., None].to(groups.dtype)  # in_dtype: rounded to w's dtype before round()
@@ -108,6 +109,7 @@ def test_the_test_helpers_are_right_when_no_mistake_is_on():
     (lambda w, g: _quantize(w, g, twos=True), _dequantize, "two's complement"),
     (lambda w, g: _quantize(w, g, strided=True), _dequantize, "CONSECUTIVE inputs"),
     (lambda w, g: _quantize(w, g, eps=1e-6), _dequantize, "close but not equal.*nothing added"),
+    (lambda w, g: _quantize(w, g, signed_max=True), _dequantize, "largest SIGNED weight.*w.abs"),
     (lambda w, g: _quantize(w, g, offset=7), _dequantize, "one below round.*the offset is 8"),
     (lambda w, g: _quantize(w, g, in_dtype=True), _dequantize, "this weight is torch.bfloat16: divide in fp32"),
     (lambda w, g: _quantize(w, g, scale_dtype=True), _dequantize, r"computed in torch.bfloat16.*w = w.float\(\)"),

@@ -104,8 +104,8 @@ _MISTAKES: tuple[tuple[Callable[[int, int, bool], int], str], ...] = (
      "the two cases are swapped: WITH the cache each step feeds only the newest token; WITHOUT it each step feeds "
      "the whole sequence again"),
     (lambda p, n, c: p + n if c else tokens_through_model(p, n, c),
-     "with the cache: the last token generated is never fed back through the model (nothing comes after it), so "
-     "the count is prompt_len + new_tokens - 1"),
+     "with the cache: the last token generated is never fed back through the model (nothing comes after it): "
+     "one position fewer than you counted"),
     (lambda p, n, c: n if c else tokens_through_model(p, n, c),
      "with the cache the prompt still goes through once: prefill runs all prompt_len positions and makes the first "
      "token, then each later token feeds the one before it"),
@@ -113,14 +113,14 @@ _MISTAKES: tuple[tuple[Callable[[int, int, bool], int], str], ...] = (
      "without the cache the sequence grows: step i feeds the prompt AND the i tokens generated before it, "
      "prompt_len + i positions"),
     (lambda p, n, c: p + n - 1 if c else n * (p + n),
-     "without the cache step i feeds prompt_len + i positions (i = 0 .. new_tokens - 1): the sequence grows by one "
-     "per step, it is not at its final length from the start"),
+     "without the cache the sequence grows by one position per step: it is not at its final length from the "
+     "start"),
     (lambda p, n, c: p + n - 1 if c else sum(p + i for i in range(1, n + 1)),
-     "without the cache the first step (the prefill) feeds the prompt alone, prompt_len positions: step i feeds "
-     "prompt_len + i for i = 0 .. new_tokens - 1"),
+     "without the cache the first step (the prefill) feeds the prompt alone, prompt_len positions: each step "
+     "feeds one position more than the step before it, from there"),
     (lambda p, n, c: p + n - 1 if c else sum(p + i for i in range(1, n)),
-     "without the cache there are new_tokens forward passes: step i feeds prompt_len + i for i = 0 .. "
-     "new_tokens - 1 (the prefill, i = 0, makes the first token)"),
+     "without the cache there are new_tokens forward passes, one per token made: the prefill makes the first "
+     "token, and you left out one pass"),
 )
 
 _CASES = ((5, 20), (1, 1), (8, 1), (3, 2), (12, 64), (100, 7))

@@ -87,7 +87,10 @@ def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torc
             scales, (w32.to(w_dtype).view(N, K // G, G).abs().amax(dim=2) / 7).float(), rtol=1e-6):
         why = (f"these scales were computed in {w_dtype}: the weight is {w_dtype}, so convert it first "
                f"(w = w.float()) and compute max |w| / 7 in fp32")
-    elif abs(ratio - 1) < 0.05:
+    elif _signed_max_scales(scales, w32.view(N, K // G, G).amax(dim=2), absmax):
+        why = ("these are the group's largest SIGNED weight / 7: a group whose largest magnitude is negative gets a "
+               "scale too small (or negative); take the absolute value first, max |w| = w.abs().amax(...)")
+    elif abs(ratio - 1) < 0.05 and torch.isclose(scales, want, rtol=0.05, atol=0)[live].all():
         why = ("close but not equal: the scale is exactly max |w| of the group / 7, in fp32, with nothing added "
                "(the clamp only lifts an all-zero group's max off 0)")
     else:
@@ -95,6 +98,14 @@ def _check_scales(what: str, w32: torch.Tensor, scales: torch.Tensor, want: torc
     raise AssertionError(f"{what}: scales[{n}, {j}] = {scales[n, j].item():.6g}, expected {want[n, j].item():.6g} "
                          f"(max |w| = {absmax[n, j].item():.6g} over inputs {j * G}..{(j + 1) * G - 1} of row {n}); "
                          f"{why}")
+
+
+def _signed_max_scales(scales: torch.Tensor, signed: torch.Tensor, absmax: torch.Tensor) -> bool:
+    """Are `scales` the groups' largest SIGNED weight / 7, on the groups whose largest weight is positive, where some
+    of those groups have a larger magnitude below zero (else the slip cannot be told from the right answer)?"""
+    positive = signed > 0
+    telling = positive & (signed < absmax * (1 - 1e-5))
+    return bool(telling.any()) and torch.allclose(scales[positive], signed[positive] / 7, rtol=1e-5)
 
 
 def _check_codes(what: str, w32: torch.Tensor, packed: torch.Tensor, ref_packed: torch.Tensor,
