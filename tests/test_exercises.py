@@ -329,7 +329,8 @@ def test_every_exercise_has_wrong_answers():
 SLIPS = [("mean over BLOCK_D", 1, "divided the sum of squares by BLOCK_D"), ("sum, not mean", 2, "the MEAN square"),
          ("no square root", 3, "take the square root"), ("no weight", 4, "multiply by the weight"),
          ("no eps", 5, "add eps inside the square root"), ("rows at row x D", 6, "stride_x elements after"),
-         ("squares in the input dtype", 7, "sum the squares in fp32")]
+         ("squares in the input dtype", 7, "sum the squares in fp32"),
+         ("x loaded without a mask", 8, "loaded without a mask.*mask=cols < D")]
 
 if triton is not None:
     @triton.jit
@@ -341,6 +342,8 @@ if triton is not None:
         mask = cols < D
         if SLIP == 6:
             x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)  # rows taken as packed
+        elif SLIP == 8:
+            x = tl.load(x_ptr + row * stride_x + cols)  # every lane, the ones past D too
         else:
             x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         if SLIP == 7:

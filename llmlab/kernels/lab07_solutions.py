@@ -72,6 +72,20 @@ def _mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> list[tuple[torch.
             (out(squares / D, weight=False), "multiply by the weight (loaded at w_ptr + cols, with the same mask)")]
 
 
+def _unmasked_load(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, tol: dict) -> bool:
+    """Do the rows of contiguous `x` but its last match RMSNorm with x loaded over all BLOCK_D lanes, unmasked (the
+    lanes past D reading the values that follow the row)? The last row's extra lanes read past the tensor: unknown."""
+    R, D = x.shape
+    block = 1 << (D - 1).bit_length()
+    if R < 2 or block == D or not x.is_contiguous():
+        return False
+    flat = x.float().cpu().flatten()
+    rows = torch.stack([flat[r * D:r * D + block] for r in range(R - 1)])  # (R - 1, BLOCK_D): what the lanes read
+    rstd = 1 / torch.sqrt((rows * rows).sum(-1, keepdim=True) / D + 1e-5)
+    wrong = (x[:-1].float().cpu() * rstd).to(x.dtype).float() * w.float().cpu()
+    return torch.allclose(y[:-1].float().cpu(), wrong, **tol)
+
+
 def _compare(what: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, tol: dict) -> None:
     assert tuple(y.shape) == tuple(x.shape) and y.dtype == x.dtype, (
         f"{what}: got {tuple(y.shape)} {y.dtype}, expected {tuple(x.shape)} {x.dtype} (store in y's dtype: "
@@ -82,6 +96,9 @@ def _compare(what: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, tol: 
     for wrong, lesson in _mistakes(x, w, 1e-5):
         if torch.allclose(y.float().cpu(), wrong.to(x.dtype).float(), **tol):
             raise AssertionError(f"{what}: {lesson}")
+    if _unmasked_load(y, x, w, tol):
+        raise AssertionError(f"{what}: the lanes past D were loaded without a mask, so each row's sum of squares took "
+                             f"in the values after it (the next row's): load x with mask=cols < D and other=0.0")
     if not torch.isfinite(y).all():
         raise AssertionError(f"{what}: non-finite outputs (did a masked lane or a wrong row offset read past the row?)")
     bad = (y.float() - want.float()).abs().flatten().argmax().item()
@@ -97,8 +114,8 @@ def check_rmsnorm(fn: Callable, device: str = "cpu", dtype: torch.dtype = torch.
 
     Raises:
         AssertionError: the first case that fails and why (the mean over BLOCK_D lanes, a sum for a mean, no square
-            root, no weight, no eps, rows read at the wrong stride, squares in fp16), or that the kernel is still
-            the stub.
+            root, no weight, no eps, x loaded without its mask, rows read at the wrong stride, squares in fp16), or
+            that the kernel is still the stub.
     """
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     g = torch.Generator().manual_seed(7)
