@@ -290,7 +290,8 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
     device (`_DeviceOnly`): a switch that needs a CUDA GPU (`llmlab.switches.NEEDS_CUDA`), triton or a C++ compiler
     is refused here; a switch whose answer depends on the model itself (step tuning's fusable layers) is left to
     `apply_switches`, after the load. Then the rules `LLM.generate` keeps between switches (`check_fast_paths`,
-    e.g. GPU sampling without the KV cache) are checked for the same device.
+    e.g. GPU sampling without the KV cache; `check_batching`, e.g. continuous batching without it) are checked for
+    the same device.
 
     Raises:
         ValueError: an unknown --device, cuda asked for without a CUDA GPU (`llmlab.engine.pick_device`), or a
@@ -299,7 +300,7 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
     import torch
 
     from llmlab.engine import check_fast_paths, pick_device
-    from llmlab.switches import NEEDS_CUDA, SWITCHES
+    from llmlab.switches import NEEDS_CUDA, SWITCHES, check_batching
 
     dev = pick_device(device)
     probe = _DeviceOnly(dev)
@@ -326,6 +327,7 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
         check_fast_paths(dev, use_cache=values.get("kv_cache", True), cuda_graphs=bool(values.get("cuda_graphs")),
                          torch_compile=bool(values.get("torch_compile")), gpu_sampling=bool(values.get("gpu_sampling")),
                          prefill_graphs=bool(values.get("prefill_graphs")))
+        check_batching(values)
     except ValueError as e:
         given = ",".join(_setting_text(key, value) for key, value in settings.items())
         raise ValueError(f"--setting {given}: {e}") from None

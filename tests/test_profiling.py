@@ -254,6 +254,11 @@ def test_profile_refuses_switches_that_cannot_run_together_before_the_model_load
     assert no_loading == []
     assert err.startswith("llmlab: error: --setting kv_cache=false,gpu_sampling=true: ")
     assert "turn the KV cache on" in err
+    assert main(["profile", "--device", "cpu", "--setting", "kv_cache=false,batching=continuous"]) == 2
+    err = capsys.readouterr().err
+    assert no_loading == []
+    assert err.startswith("llmlab: error: --setting kv_cache=false,batching=continuous: batching='continuous' runs")
+    assert "turn kv_cache on" in err
 
 
 @pytest.mark.parametrize("setting", ["", "kv_cache=false", "gpu_sampling=true", "dtype=bf16,paged_kv=true",
