@@ -124,8 +124,9 @@ def run_tour(model: str = "default", device=None, dtype=None, prompt: str = "The
     batched = [r["setting"] for r in rows if r["batching"]]
     if batched:
         print_fn(f"({', '.join(batched)}: rungs for many requests at once. Here they serve the tour's one prompt, a "
-                 f"batch of one, so they show only the batcher's overhead; `llmlab bench --workload batch` and lab 06 "
-                 f"run them on 64 requests, where batching pays)")
+                 f"batch of one, so they show only the batcher's overhead; lab 06 measures what batching gains, and "
+                 f"`llmlab bench --workload batch` runs them on 64 requests: on a GPU batching pays there, while a "
+                 f"quick CPU run is mostly prefill, where a static batch's padding costs more than it saves)")
     if llm.dtype != torch.float32 and not all(r["same_tokens"] for r in rows if not r["quantized"]):
         print_fn("(in bf16/fp16 the settings round differently, so greedy tokens may part ways after a near-tie; "
                  "at fp32 they must be identical: try --dtype fp32)")
