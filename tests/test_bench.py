@@ -564,7 +564,10 @@ def test_gpu_chat_quick_fills_the_gpu_columns(tmp_path):
 @pytest.mark.slow  # ~45 s: generate_batch sets up its manager and worker thread
 def test_hf_continuous_batching_peer_gives_the_solo_tokens():
     """transformers' own continuous batching (`generate_batch`) on the same weights: each request's greedy tokens
-    equal llmlab's solo run, and the TTFTs lie within the call."""
+    equal llmlab's solo run, and the TTFTs lie within the call; its logger's warnings about what the peer asks for
+    on purpose (a kept manager, EOS off) stay out of the bench's output, and the logger's level is restored."""
+    import logging
+
     from llmlab.measure.peers import close_hf_continuous, hf_peer_model, run_hf_continuous
 
     llm = LLM(tiny_model(seed=2), name="tiny")
@@ -572,10 +575,17 @@ def test_hf_continuous_batching_peer_gives_the_solo_tokens():
     if not hasattr(hf, "generate_batch"):
         pytest.skip("this transformers has no generate_batch (continuous batching)")
     prompts = [[5, 6, 7], list(range(10, 30)), [9] * 11]
+    cb_log = logging.getLogger("ContinuousBatchingLogger")  # it has a handler of its own and may not propagate
+    level, heard = cb_log.level, []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = heard.append
+    cb_log.addHandler(listener)
     try:
         run = run_hf_continuous(hf, prompts, 5)
     finally:
         close_hf_continuous(hf)
+        cb_log.removeHandler(listener)
+    assert not heard and cb_log.level == level, [r.getMessage() for r in heard]
     want = [llm.generate([p], max_new_tokens=5, stop_at_eos=False).token_ids[0] for p in prompts]
     (call,) = run.calls
     assert call.tokens == want
