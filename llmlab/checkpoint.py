@@ -332,7 +332,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
 def save_model(model, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
     """Write config.json and model.safetensors (tied lm_head stored once) so llmlab and transformers can load it;
     given an `LLM` (llm) rather than its Transformer (llm.model), also its tokenizer.json, so that
-    `llmlab.load(folder)` generates from text as the LLM did. Returns the folder.
+    `llmlab.load(folder)` generates from text as the LLM did. Returns the folder. Other files already in the folder
+    stay as they are (a tokenizer.json among them): save into a new or empty folder.
 
     Raises TypeError for anything but an LLM or a llmlab Transformer, and ValueError, writing nothing, for a model
     with quantized layers (`llmlab.quant.save_quantized` writes those, with the quant_config.json that says how to

@@ -291,7 +291,7 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
     is refused here; a switch whose answer depends on the model itself (step tuning's fusable layers) is left to
     `apply_switches`, after the load. Then the rules `LLM.generate` keeps between switches (`check_fast_paths`,
     e.g. GPU sampling without the KV cache; `check_batching`, e.g. continuous batching without it) are checked for
-    the same device.
+    the same device, and a batching mode the profiler's per-token timing cannot run (`check_per_token_settings`).
 
     Raises:
         ValueError: an unknown --device, cuda asked for without a CUDA GPU (`llmlab.engine.pick_device`), or a
@@ -300,7 +300,7 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
     import torch
 
     from llmlab.engine import check_fast_paths, pick_device
-    from llmlab.switches import NEEDS_CUDA, SWITCHES, check_batching
+    from llmlab.switches import NEEDS_CUDA, SWITCHES, check_batching, check_per_token_settings
 
     dev = pick_device(device)
     probe = _DeviceOnly(dev)
@@ -328,6 +328,7 @@ def _check_settings_for_device(settings: dict, device: str) -> None:
                          torch_compile=bool(values.get("torch_compile")), gpu_sampling=bool(values.get("gpu_sampling")),
                          prefill_graphs=bool(values.get("prefill_graphs")))
         check_batching(values)
+        check_per_token_settings(values, "llmlab profile")
     except ValueError as e:
         given = ",".join(_setting_text(key, value) for key, value in settings.items())
         raise ValueError(f"--setting {given}: {e}") from None

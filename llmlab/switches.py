@@ -382,3 +382,21 @@ def check_batching(values: dict[str, Any]) -> None:
     if mode == "continuous" and values.get("cuda_graphs") and not values.get("triton_kernels"):
         raise ValueError("batching='continuous' with cuda_graphs=True captures its engine's decode step on the Triton "
                          "kernels' paged attention: turn triton_kernels on too, or cuda_graphs off")
+
+
+def check_per_token_settings(settings: dict[str, Any], where: str) -> None:
+    """Refuse switch values that `apply_switches` accepts but a run timed token by token cannot use:
+    batching='continuous'. The dashboard's runs (`llmlab.telemetry.live_run.decode`), `llmlab record` and `llmlab
+    profile` time each token as it comes (generate's on_token), and continuous batching advances each request at
+    its own step, so `LLM.generate` refuses on_token with it. They decode one prompt (or one batch) at a time:
+    batching changes nothing there.
+
+    Raises:
+        ValueError: settings with batching='continuous', naming `where`, the other choices, and where continuous
+            batching is compared.
+    """
+    if settings.get("batching") == "continuous":
+        raise ValueError(f"batching='continuous' cannot run in {where}: it times each token as it comes (generate's "
+                         f"on_token), and continuous batching advances each request at its own step; leave batching "
+                         f"as loaded (None), or set 'static' or 'one_at_a_time', and compare continuous batching on "
+                         f"many prompts with llm.generate(prompts, batching='continuous') (lab 06)")

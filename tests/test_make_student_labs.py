@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "make_student_labs.py"
 STUB = 'raise NotImplementedError("write your answer here")'
@@ -112,3 +114,31 @@ def test_an_unreadable_copy_is_refused_without_force(tmp_path, capsys):
 def test_help_names_force_and_the_folders():
     text = _run("--help").stdout
     assert "--force" in text and "--out" in text and "labs" in text
+
+
+def test_an_answer_in_an_added_cell_or_an_exercise_cell_the_copy_lacks_is_kept(tmp_path):
+    lab, out = _lab(tmp_path / "00_a.ipynb"), tmp_path / "student"
+    assert msl.main([str(lab), "--out", str(out)]) == 0
+    copy_path = out / "00_a.ipynb"
+    nb = json.loads(copy_path.read_text())
+    nb["cells"].insert(3, {"cell_type": "code", "id": "mine", "metadata": {}, "execution_count": None,
+                           "outputs": [], "source": ["def f():\n", "    return 41\n"]})  # the stub cell untouched
+    added = json.dumps(nb, indent=1)
+    copy_path.write_text(added)
+    _lab(lab, intro="x = 2\n")
+    assert msl.main([str(lab), "--out", str(out)]) == 1 and copy_path.read_text() == added
+    fresh, _ = msl.student_notebook(json.loads(lab.read_text()))
+    assert msl.written_cells(added, fresh) == ["cell 3 (def f():), added"]
+    nb["cells"].pop(3)
+    nb["cells"][2]["id"] = "renamed"  # the exercise cell's id differs from the lab's: it cannot be matched
+    assert msl.written_cells(json.dumps(nb), fresh)[0].endswith("not found by its id")
+    nb["cells"][2]["source"] = []  # an EMPTY added code cell holds nothing; the unmatched exercise still counts
+    assert len(msl.written_cells(json.dumps(nb), fresh)) == 1
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '"hello"', '{"cells": 5}'])
+def test_json_that_is_not_a_notebook_is_refused_without_force(tmp_path, text):
+    lab, out = _lab(tmp_path / "00_a.ipynb"), tmp_path / "student"
+    out.mkdir()
+    (out / "00_a.ipynb").write_text(text)
+    assert msl.main([str(lab), "--out", str(out)]) == 1 and (out / "00_a.ipynb").read_text() == text

@@ -118,6 +118,8 @@ def test_profile_decode_errors(llm):
         profile_decode(llm, n_steps=255, prompt_len=255)
     with pytest.raises(ValueError, match="unknown switch"):
         profile_decode(llm, n_steps=2, prompt_len=8, settings={"warp_drive": True})
+    with pytest.raises(ValueError, match="cannot run in profile_decode: it times each token"):
+        profile_decode(llm, n_steps=2, prompt_len=8, settings={"batching": "continuous"})
 
 
 def test_cli_profile(capsys, tmp_path):
@@ -259,6 +261,10 @@ def test_profile_refuses_switches_that_cannot_run_together_before_the_model_load
     assert no_loading == []
     assert err.startswith("llmlab: error: --setting kv_cache=false,batching=continuous: batching='continuous' runs")
     assert "turn kv_cache on" in err
+    assert main(["profile", "--device", "cpu", "--setting", "batching=continuous"]) == 2  # alone: the timing's limit
+    err = capsys.readouterr().err
+    assert no_loading == []
+    assert "batching='continuous' cannot run in llmlab profile: it times each token" in err
 
 
 @pytest.mark.parametrize("setting", ["", "kv_cache=false", "gpu_sampling=true", "dtype=bf16,paged_kv=true",

@@ -21,11 +21,13 @@ least one marker get a student copy (the others have no answer to take out).
     python3 tools/make_student_labs.py LAB... --out DIR  # other labs and folder (the tests use temporary ones)
 
 This is a maintainers' step, run after editing a lab; students work in labs/student/, so a copy there may hold their
-answers. A copy is rewritten only if none of its exercise cells has been written in: a cell that is a stub in the
-new copy (matched by its cell id, or by position in a notebook without ids) but no longer holds the stub line in the
-copy on disk. Such a copy is left as it is, with a message naming it and its written cells, and the tool exits 1
-after writing the others; `--force` overwrites it anyway. A copy whose stubs are untouched is rewritten as usual,
-and one that is not a readable notebook is refused the same way (it may be a student's copy gone wrong).
+answers. A copy is rewritten only if it holds nothing a student may have written (`written_cells`): no exercise
+cell (a stub in the new copy, matched by its cell id, or by position in a notebook without ids) without its stub
+line, no exercise cell the copy lacks the id of, and no code cell with code whose id the lab does not have (a cell
+the student added; a cell the maintainer removed from the lab looks the same). Such a copy is left as it is, with a
+message naming it and those cells, and the tool exits 1 after writing the others; `--force` overwrites it anyway.
+A copy whose stubs are untouched is rewritten as usual, and one that is not a readable notebook is refused the same
+way (it may be a student's copy gone wrong). Work written above a stub line that is still there is not seen.
 
 A marker out of balance (an END without a BEGIN, a BEGIN inside a block, a cell that ends inside a block) is an
 error naming the notebook, the cell and the line; nothing is written then (exit 2). Standard library only.
@@ -142,24 +144,40 @@ def _label(source: str) -> str:
 
 
 def written_cells(current: str, student: dict) -> list[str] | None:
-    """The exercise cells written in, in `current` (the text of a copy on disk) compared with `student` (the new
-    copy): each as 'cell I (first def line)', I its index in `current` from 0. A cell counts when it holds fewer stub
-    lines than its new version; cells are matched by id, or by position where ids are missing. None when `current`
-    is not a readable notebook."""
+    """What a student may have written in `current` (the text of a copy on disk) that `student` (the new copy)
+    would lose: each as 'cell I (first line)', I its index in `current` from 0. It counts
+
+    * an exercise cell (one holding the stub in the new copy) with fewer stub lines in `current`, matched by cell id,
+      or by position where ids are missing; an exercise cell whose id `current` does not have counts as unknown;
+    * a code cell of `current` with code in it and an id the new copy does not have (a cell the student added).
+
+    None when `current` is not a readable notebook (a JSON object whose "cells" is a list)."""
     try:
         old = json.loads(current)
-        old_cells = old["cells"] if isinstance(old, dict) and "cells" in old else []
+        old_cells = old["cells"]
+        if not isinstance(old_cells, list):
+            return None
         by_id = {c["id"]: i for i, c in enumerate(old_cells) if c.get("id")}
     except (ValueError, TypeError, AttributeError, KeyError):
         return None
     found = []
-    for i, cell in enumerate(student.get("cells", [])):
+    new_cells = student.get("cells", [])
+    for i, cell in enumerate(new_cells):
         stubs = _stubs(_source(cell)) if cell.get("cell_type") == "code" else 0
         if not stubs:
             continue
-        j = by_id.get(cell.get("id")) if cell.get("id") and by_id else (i if i < len(old_cells) else None)
+        if cell.get("id") and by_id:
+            j = by_id.get(cell["id"])
+            if j is None:
+                found.append(f"the exercise cell {_label(_source(cell))!r}, not found by its id")
+                continue
+        else:
+            j = i if i < len(old_cells) else None
         if j is not None and _stubs(_source(old_cells[j])) < stubs:
             found.append(f"cell {j} ({_label(_source(cell))})")
+    new_ids = {c.get("id") for c in new_cells}
+    found += [f"cell {j} ({_label(_source(c))}), added" for j, c in enumerate(old_cells)
+              if c.get("cell_type") == "code" and c.get("id") and c["id"] not in new_ids and _source(c).strip()]
     return found
 
 
@@ -188,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             written = written_cells(current, json.loads(text))
             if written is None or written:
                 refused.append(dest)
-                why = "answers written in " + ", ".join(written) if written else "not a readable notebook"
+                why = "it may hold a student's work: " + ", ".join(written) if written else "not a readable notebook"
                 keep = dest.with_name(f"{dest.stem}_mine{dest.suffix}")
                 print(f"{dest}: NOT overwritten: {why}.\n  To keep that work, copy the notebook under another name "
                       f"first (cp {dest} {keep}); to discard it, rerun with --force.", file=sys.stderr)

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from llmlab.engine import LLM
-from llmlab.switches import apply_switches, describe
+from llmlab.switches import apply_switches, check_per_token_settings, describe
 
 STEP_PREFIX = "llmlab.step."
 
@@ -358,8 +358,9 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
         when no trace was written) and "trace_error" (None, or why the trace file could not be written after all).
 
     Raises:
-        ValueError: n_steps < 1, prompt_len + n_steps + 1 beyond the context, unknown/unavailable switches, a
-            trace_path that cannot be written.
+        ValueError: n_steps < 1, prompt_len + n_steps + 1 beyond the context, unknown/unavailable switches,
+            batching='continuous' (the steps are marked through generate's on_token), a trace_path that cannot be
+            written.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -378,6 +379,7 @@ def profile_decode(llm: LLM, n_steps: int = 8, settings: dict | None = None, pro
     if trace_path is not None:
         trace_path = check_trace_path(trace_path)
     settings = dict(settings or {})
+    check_per_token_settings(settings, "profile_decode")  # its step marks come from generate's on_token
     run_llm, kwargs = apply_switches(llm, settings)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, llm.config.vocab_size, (batch, prompt_len), generator=gen).tolist()

@@ -58,15 +58,14 @@ import torch
 from llmlab import envinfo
 from llmlab.engine import LLM
 from llmlab.generate import check_lengths, format_ms
-from llmlab.switches import apply_switches
+from llmlab.switches import apply_switches, check_per_token_settings
 from llmlab.telemetry.controls import (live_mode_line, notes_html, read_settings, replay_mode_line, run_controls,
                                        show_settings, switch_controls)
 from llmlab.telemetry.figures import (BAR_METRICS, GPU_SERIES, comparison_bars, figure_output, live_figure,
                                       missing_gpu_notes, results_table_html, set_time_span, show_gpu_series,
                                       sync_widget_state)
-from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, check_per_token_settings, decode, gpu_series,
-                                       probe_series, rolling_rate, run_row, sample_times, take_samples, time_span,
-                                       trace_row)
+from llmlab.telemetry.live_run import (THREAD_NAME, LiveRun, decode, gpu_series, probe_series, rolling_rate, run_row,
+                                       sample_times, take_samples, time_span, trace_row)
 from llmlab.telemetry.nvml_sampler import Backend, Sampler, SamplerError, nvml_available
 from llmlab.telemetry.record import setting_label
 from llmlab.telemetry.trace import REPO_ROOT, Replay, Trace, find_trace, load_traces, trace_dir
@@ -221,8 +220,8 @@ class Dashboard:
         and when both are given they must fit the model's context together (`llmlab.generate.check_lengths`).
         Raises RuntimeError while another run is in progress; ValueError for bad settings (`apply_switches`,
         including switches the batching mode cannot run with), for batching='continuous'
-        (`live_run.check_per_token_settings`) or lengths; TypeError for a length that is not a whole number. Nothing
-        starts and no control changes.
+        (`llmlab.switches.check_per_token_settings`) or lengths; TypeError for a length that is not a whole number.
+        Nothing starts and no control changes.
         """
         if self.running:
             raise RuntimeError("a run is in progress: press Stop (or call dash.stop()) and wait for it to end")

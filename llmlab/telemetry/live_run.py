@@ -23,24 +23,6 @@ ROLLING_TOKENS = 16  # tokens/s is averaged over this many tokens
 THREAD_NAME = "llmlab-dashboard-run"
 
 
-def check_per_token_settings(settings: dict[str, Any], where: str) -> None:
-    """Refuse switch values that `apply_switches` accepts but a run timed token by token cannot use:
-    batching='continuous'. The dashboard's runs (`decode`) and `llmlab record` time each token as it comes
-    (generate's on_token), and continuous batching advances each request at its own step, so `LLM.generate`
-    refuses on_token with it. They decode one prompt at a time: batching changes nothing there.
-
-    Raises:
-        ValueError: settings with batching='continuous', naming `where`, the other choices, and where continuous
-            batching is compared.
-    """
-    if settings.get("batching") == "continuous":
-        raise ValueError(f"batching='continuous' cannot run in {where}: it times each token as it comes (generate's "
-                         f"on_token), and continuous batching advances each request at its own step; leave batching "
-                         f"as loaded (None), or set 'static' or 'one_at_a_time' (one prompt: batching changes "
-                         f"nothing), and compare continuous batching on many prompts with llm.generate(prompts, "
-                         f"batching='continuous') (lab 06)")
-
-
 def llmlab_threads() -> list[threading.Thread]:
     """Live threads started by llmlab (the dashboard's worker, the NVML sampler): [] when nothing runs."""
     return [t for t in threading.enumerate() if t.name.startswith("llmlab") and t.is_alive()]

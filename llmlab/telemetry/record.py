@@ -33,10 +33,9 @@ import torch
 
 from llmlab import envinfo
 from llmlab.engine import LLM
-from llmlab.telemetry.live_run import check_per_token_settings
 from llmlab.telemetry.nvml_sampler import Backend, Sampler
 from llmlab.measure.profiling import union_length
-from llmlab.switches import SWITCHES, apply_switches, describe
+from llmlab.switches import SWITCHES, apply_switches, check_per_token_settings, describe
 from llmlab.telemetry.trace import Trace, make_trace, save_trace, slug, trace_dir
 
 DEFAULT_PRESET = "llama-3.2-1b"
@@ -337,7 +336,7 @@ def record(model: str | None = None, preset: str = DEFAULT_PRESET, settings: lis
 
     model: None -> the `preset` shape with random weights (bf16); 'default' or a folder/hub id -> that checkpoint.
     Raises RuntimeError("no CUDA GPU ...") without a GPU, ValueError for bad settings (batching='continuous' first,
-    `live_run.check_per_token_settings`).
+    `llmlab.switches.check_per_token_settings`).
     """
     for s in settings or ():  # before the GPU checks and the model's load
         check_per_token_settings(s, "llmlab record")
