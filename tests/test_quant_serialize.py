@@ -280,3 +280,15 @@ def test_llmlab_load_reads_a_saved_quantized_folder(tmp_path):
     assert back.quant_method == "rtn" and back.tokenizer is not None
     ids = torch.tensor([[1, 5, 9, 200, 31]])
     torch.testing.assert_close(back.model(ids), q.model(ids), rtol=0, atol=0)
+
+
+def test_replacing_a_quantized_save_with_a_model_without_tokenizer_drops_the_old_tokenizer(llm, tmp_path):
+    """The old save's tokenizer.json would be read with the new model's ids: a replaced save takes it away."""
+    folder = save_quantized(llm.quantize("int8"), tmp_path / "q")
+    assert (folder / "tokenizer.json").is_file()
+    save_quantized(quantize_model(tiny_model(), "int4", group_size=32), folder)  # a bare model: no tokenizer
+    assert not (folder / "tokenizer.json").exists()
+    back = llmlab.load(folder, device="cpu")
+    assert back.tokenizer is None and back.model.config.vocab_size == tiny_model().config.vocab_size
+    save_quantized(llm.quantize("int8"), folder)  # with a tokenizer again: written again
+    assert llmlab.load(folder, device="cpu").tokenizer is not None

@@ -190,3 +190,38 @@ def test_a_quantized_save_refuses_an_empty_folder_name_and_an_unwritable_folder(
     with pytest.raises(ValueError, match=r"a_file/sub cannot be written to \(.*\); give a writable folder"):
         save_quantized(q, blocker / "sub")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_int4_names_int8_for_a_layer_narrower_than_one_group():
+    import torch.nn as nn
+
+    from llmlab.quant import quantize_model
+
+    model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 8))
+    with pytest.raises(ValueError, match=r"K=16 is below 32.*scheme='int8'"):
+        quantize_model(model, "int4", group_size=32)
+    assert not is_quantized(model)
+    assert is_quantized(quantize_model(model, "int8"))  # what the message offers runs
+
+
+def test_quantizing_weights_on_the_meta_device_names_the_device(llm):
+    import torch
+
+    from llmlab.model import Transformer
+    from llmlab.quant import quantize_model
+
+    with torch.device("meta"):
+        model = Transformer(llm.config)
+    with pytest.raises(ValueError, match=r"on the meta device.*load the model's weights first"):
+        quantize_model(model, "int8")
+    assert not is_quantized(model)
+
+
+def test_int4_linear_takes_a_numpy_group_size():
+    import numpy as np
+    import torch.nn as nn
+
+    from llmlab.quant import Int4Linear
+
+    layer = Int4Linear.from_linear(nn.Linear(128, 4), np.int64(64))
+    assert layer.group_size == 64 and type(layer.group_size) is int

@@ -46,6 +46,9 @@ def check_weight(op: str, w: torch.Tensor, name: str | None = None) -> None:
     if w.numel() == 0:
         raise ValueError(f"{op}: {what} has shape {tuple(w.shape)}, no values to quantize: give at least one row "
                          f"and one column")
+    if w.is_meta:
+        raise ValueError(f"{op}: {what} is on the meta device (a shape without values), so there is nothing to "
+                         f"quantize; load the model's weights first (llmlab.load, or .to_empty and a state dict)")
     bad = ~torch.isfinite(w)
     if bad.any():
         row, col = bad.nonzero()[0].tolist()

@@ -56,6 +56,7 @@ Triton is imported lazily, at the first call that takes the kernel path: `import
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
@@ -72,20 +73,22 @@ KERNEL_MAX_M = BLOCK_M  # rows up to which the fused kernels are used (one 16-ro
 _warned_no_triton = False
 
 
-def check_group_size(op: str, group_size) -> None:
+def check_group_size(op: str, group_size) -> int:
     """An int4 group size the kernels can read: a positive int multiple of 32 (their smallest K tile). Any K fits
-    it once padded (`padded_k`).
+    it once padded (`padded_k`). Returns it as a Python int (a NumPy integer is taken).
 
     Raises:
-        TypeError: group_size is not an int (a bool or a float included).
+        TypeError: group_size is not an integer (a bool or a float included).
         ValueError: group_size is not a positive multiple of 32; the message names group_size and usual values.
     """
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
         raise TypeError(f"{op}: group_size must be an int, a positive multiple of 32 such as 32, 64 or 128; got "
                         f"{group_size!r}")
+    group_size = int(group_size)
     if group_size <= 0 or group_size % 32:
         raise ValueError(f"{op}: group_size must be a positive multiple of 32 (the int4 kernels' smallest K tile), "
                          f"got {group_size}; use 32, 64 or 128 (128 is the usual choice)")
+    return group_size
 
 
 def padded_k(K: int, group_size: int) -> int:
@@ -315,7 +318,7 @@ class Int4Linear(QuantizedLinear):
                 `llmlab.kernels.weight_quant.quantize_int4`).
         """
         _check_linear("Int4Linear.from_linear", linear)
-        check_group_size("Int4Linear.from_linear", group_size)
+        group_size = check_group_size("Int4Linear.from_linear", group_size)
         K = linear.in_features
         pad = padded_k(K, group_size) - K
         with torch.no_grad():

@@ -64,20 +64,25 @@ def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: boo
     """Refuse an int4 group size that `quantize_model` cannot use on `model`, before any layer is swapped (so a
     refused call leaves the model as it was): it must be a positive int multiple of 32 (the kernels' smallest K
     tile), and no larger than the smallest input dimension K among the layers to quantize (a larger group would
-    pad each row of such a layer to one group of mostly zeros: more bytes than its float weights). A layer whose K
+    pad each row of such a layer to one group of mostly zeros, read as weights by every GEMV), so int4 needs every
+    such K >= 32 (int8 takes any K). A layer whose K
     it does not divide is stored padded to the next multiple of it (`Int4Linear`, "Padding"). Returns it as a
     Python int (a NumPy integer is taken).
 
     Raises:
         TypeError: group_size is not an integer (bool and float included).
-        ValueError: not a positive multiple of 32, or larger than a layer's K; the message names group_size, the
-            usual choices and those that need no padding for this model.
+        ValueError: not a positive multiple of 32, or larger than a layer's K; a layer with K < 32 (int8 then);
+            the message names group_size, the usual choices and those that need no padding for this model.
     """
     ks = sorted({lin.in_features for _, _, _, lin in _targets(model, include_lm_head)})
     if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
         raise TypeError(f"{op}: group_size must be an int, one of {GROUP_SIZES} (or another positive multiple of "
                         f"32); got {group_size!r}")
     group_size = int(group_size)
+    if ks and ks[0] < 32:
+        raise ValueError(f"{op}: int4 cannot quantize a layer whose input dimension K={ks[0]} is below 32, the "
+                         f"smallest group the int4 kernels read (any group_size would be mostly zeros there); "
+                         f"quantize this model to int8 instead (scheme='int8': one scale per row, any K)")
     fit = tuple(g for g in GROUP_SIZES if not ks or g <= ks[0])
     exact = [g for g in (*GROUP_SIZES, 256) if all(k % g == 0 for k in ks)]
     unpadded = (f"of those, {', '.join(map(str, exact))} divide every layer's K {ks} (no padding)" if exact else
@@ -87,9 +92,9 @@ def check_int4_group(op: str, model: nn.Module, group_size, include_lm_head: boo
                          f"smallest K tile); use one of {fit} (128 is the usual choice; {unpadded})")
     if ks and group_size > ks[0]:
         raise ValueError(f"{op}: group_size={group_size} is larger than the input dimension K={ks[0]} of some of "
-                         f"the layers to quantize: each of their rows would be padded with zeros to one group, "
-                         f"more bytes than the weights it replaces; use a group size of at most {ks[0]}, e.g. one "
-                         f"of {fit}")
+                         f"the layers to quantize: each of their rows would be stored as one group, "
+                         f"{group_size - ks[0]} of its {group_size} columns zeros that every GEMV reads; use a "
+                         f"group size of at most {ks[0]}, e.g. one of {fit}")
     return group_size
 
 
@@ -143,9 +148,8 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
     if is_quantized(model):
         raise ValueError(f"quantize_model: the model is already quantized ({len(quantized_layers(model))} layers); "
                          f"quantizing twice would round the rounded weights again. Call "
-                         f"llmlab.quant.dequantize_model(model) first (for an LLM: dequantize_model(llm.model); it keeps "
-                         f"the rounding), or load the float "
-                         f"checkpoint it came from")
+                         f"llmlab.quant.dequantize_model(model) first (for an LLM: dequantize_model(llm.model); it "
+                         f"keeps the rounding), or load the float checkpoint it came from")
     check_not_swapped("quantize_model", model)
     targets = _targets(model, include_lm_head)
     if not targets:

@@ -219,7 +219,8 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
         llm_or_model: an `LLM` (llm.quantize(...)) or its `Transformer` after `quantize_model`. The method recorded
             is its `quant_method` attribute (on the LLM, else the model) when set, else "rtn" (round to nearest).
         directory: created if absent. A folder that already holds a float model (model.safetensors without
-            quant_config.json, or sharded weights) is refused, so a checkpoint is never overwritten.
+            quant_config.json, or sharded weights) is refused, so a checkpoint is never overwritten. A quantized
+            save there is replaced, its tokenizer.json too: removed when the new model has no tokenizer.
 
     Raises:
         TypeError: not an LLM or a llmlab Transformer; a quant_method that is not a string; a directory that is not
@@ -251,11 +252,14 @@ def save_quantized(llm_or_model, directory: str | os.PathLike) -> Path:
     if others or ((folder / WEIGHTS).is_file() and not is_quantized_checkpoint(folder)):
         raise ValueError(f"save_quantized: {folder} already holds a model ({', '.join(others) or WEIGHTS}); save into "
                          f"a new or empty folder (a quantized save there is overwritten, never a float checkpoint)")
+    replacing = is_quantized_checkpoint(folder)
     make_writable_folder(folder)
     (folder / QUANT_CONFIG).unlink(missing_ok=True)  # until the new one is written, the folder is no quantized save
     write_model(model, folder)
     if tokenizer is not None and hasattr(tokenizer, "save"):
         tokenizer.save(str(folder / "tokenizer.json"))
+    elif replacing:  # the old save's tokenizer would be read with this model's ids
+        (folder / "tokenizer.json").unlink(missing_ok=True)
     (folder / QUANT_CONFIG).write_text(json.dumps(qc, indent=2) + "\n")
     return folder
 
