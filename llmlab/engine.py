@@ -18,7 +18,7 @@ import torch
 
 from llmlab.batching.continuous import generate_continuous
 from llmlab.batching.one_at_a_time import one_at_a_time
-from llmlab.batching.static import generate_static, is_ragged
+from llmlab.batching.static import StaticGeneration, as_static, check_prompts, generate_static, is_ragged
 from llmlab.checkpoint import check_weights_fit, generation_eos, load_model, load_tokenizer, resolve
 from llmlab.config import ModelConfig
 from llmlab.runtime.cuda_graphs import RunnerCache
@@ -405,7 +405,8 @@ class LLM:
         (`llmlab.batching.static.generate_static`, on the runner that cuda_graphs / torch_compile pick): the result
         is a `StaticGeneration` whose `.padding` counts the padding waste; use_cache=False, a cache_factory and
         prefill_graphs are refused with them (ValueError).
-        batching: None (as above), "static" (the same: one left-padded batch), "continuous": every prompt a
+        batching: None (as above), "static" (the same: one left-padded batch, whose result is a `StaticGeneration`
+            also when the prompts are of one length: its padding is then zero), "continuous": every prompt a
         request of a continuous-batching engine (`llmlab.batching.continuous.generate_continuous`: a paged KV pool,
         requests leave as they finish); with the Triton kernels switch its decode rows run the paged-attention
         kernel, captured per batch-size bucket with cuda_graphs (which needs that switch); torch_compile,
@@ -414,7 +415,10 @@ class LLM:
         "one_at_a_time": no batching at all, each prompt its own call (batch 1) on the switches given, one after
         the other, as a server without batching would serve requests that all arrived at once: `.step_ms` is
         every call's steps in order and `.extra["requests"]` gives each request's TTFT counted from the start, the
-        time it waited for the requests before it included.
+        time it waited for the requests before it included, its TPOT and its finish_reason. With "continuous" and
+        "one_at_a_time", `.ttft_ms`, `.tpot_ms` and `.metrics` are read from those per-request timings (means over
+        the requests), and `.finish_reason` is "stopped" when on_token stopped a call, "eos" when every request
+        stopped at EOS, else "length".
         Sampling (temperature > 0) with a seed is reproducible within one batching mode, not across modes: a
         static batch draws every row from one generator, continuous batching gives request i the seed seed + i,
         and one_at_a_time seeds each call with the same seed. Greedy output is the same in every mode at fp32; in
@@ -452,12 +456,13 @@ class LLM:
                 rows = [rows]
             if not rows:
                 raise ValueError("prompt: no token ids given; give a prompt (text, or a list of token ids)")
+            # every prompt checked before the first call (an error names prompts[i]), as the batched modes do
+            rows = check_prompts(rows, max_new_tokens, self.config.max_seq_len, self.config.vocab_size, pad_id=0)
             settings = dict(use_cache=use_cache, cuda_graphs=cuda_graphs, torch_compile=torch_compile,
                             gpu_sampling=gpu_sampling, pin_memory=pin_memory, cache_factory=cache_factory,
                             prefill_graphs=prefill_graphs, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, on_token=on_token)
-            return one_at_a_time([self.generate([list(map(int, r))] if not isinstance(r, torch.Tensor) else r[None],
-                                                **settings) for r in rows])
+            return one_at_a_time([self.generate([r], **settings) for r in rows])
         if batching == "continuous":
             off = [name for name, on in (("use_cache=False", not use_cache), ("torch_compile", torch_compile),
                                          ("gpu_sampling", gpu_sampling), ("prefill_graphs", prefill_graphs),
@@ -495,6 +500,8 @@ class LLM:
         else:
             g = generate(self.model, ids, use_cache=use_cache, pin_memory=pin_memory, cache_factory=cache_factory,
                          kernels=self.kernels, **common)
+        if batching == "static" and not isinstance(g, StaticGeneration):
+            g = as_static(g)  # equal-length prompts ran as one batch without padding: its result says so
         if self.tokenizer is not None:
             eos = self.eos_token_id
             eos = {eos} if isinstance(eos, int) else set(eos or [])

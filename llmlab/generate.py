@@ -50,21 +50,27 @@ class Generation:
 
     @property
     def metrics(self) -> RunMetrics:
-        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.measure.roofline.RunMetrics`. Its tokens_per_s
-        counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
-        below counts the tokens kept."""
+        """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.measure.roofline.RunMetrics`. Its
+        tokens_per_s counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
+        below counts the tokens kept. A run that timed each request (`extra["requests"]`: batching="continuous",
+        whose steps mix prefill chunks and decodes, and "one_at_a_time", whose steps are every call's in turn) is
+        read from those timings instead (`RunMetrics.from_requests`: means over the requests)."""
+        requests = self.extra.get("requests")
+        if requests:
+            return RunMetrics.from_requests(requests, [len(t) for t in self.token_ids], self.total_ms / 1e3)
         return RunMetrics.from_step_times([ms / 1e3 for ms in self.step_ms], batch=len(self.token_ids))
 
     @property
     def ttft_ms(self) -> float:
-        """Time to first token (ms): the prefill forward pass plus sampling the first token."""
+        """Time to first token (ms): the prefill forward pass plus sampling the first token. For a run that timed
+        each request (`metrics`), the mean of the requests' TTFTs, each from the call's start (waiting included)."""
         return self.metrics.ttft_ms
 
     @property
     def tpot_ms(self) -> float:
-        """Time per output token after the first (ms), the mean decode-step latency. NaN when one token was
-        generated (max_new_tokens=1, or EOS first): there is no decode step to time. Print it with `format_ms`,
-        which shows "-" for NaN."""
+        """Time per output token after the first (ms), the mean decode-step latency (for a run that timed each
+        request, the mean of their TPOTs). NaN when one token was generated (max_new_tokens=1, or EOS first):
+        there is no decode step to time. Print it with `format_ms`, which shows "-" for NaN."""
         return self.metrics.tpot_ms
 
     @property

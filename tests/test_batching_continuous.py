@@ -96,3 +96,65 @@ def test_one_at_a_time_serves_each_prompt_alone_and_counts_the_wait(llm):
     with pytest.raises(ValueError, match="no token ids"):
         llm.generate([], batching="one_at_a_time")
     assert llm.generate(PROMPTS[0], max_new_tokens=2, batching="one_at_a_time").token_ids == [solo[0].token_ids[0][:2]]
+
+
+def test_timings_of_a_run_timed_by_request_are_the_requests_own(llm):
+    """Continuous batching prefills in chunks over several steps and one_at_a_time strings every call's steps
+    together: step 0 is no request's TTFT there, so ttft_ms / tpot_ms / metrics read the requests' own timings."""
+    long = [[7] * 200] * 3
+    for mode in ("continuous", "one_at_a_time"):
+        g = llm.generate(long, max_new_tokens=1, stop_at_eos=False, batching=mode)
+        ttfts = [r["ttft_ms"] for r in g.extra["requests"]]
+        assert g.ttft_ms == pytest.approx(sum(ttfts) / len(ttfts)) and min(ttfts) > 0
+        assert g.tpot_ms != g.tpot_ms  # NaN: one token a request, no decode step
+        assert g.metrics.timed == "requests" and g.metrics.batch == 3
+        assert g.metrics.tokens_per_s == pytest.approx(3 / (sum(g.step_ms) / 1e3))
+        assert g.metrics.mbu(llm.config, 200, 1000.0) != g.metrics.mbu(llm.config, 200, 1000.0)  # NaN
+    g = llm.generate(PROMPTS, max_new_tokens=5, stop_at_eos=False, batching="continuous")
+    tpots = [r["tpot_ms"] for r in g.extra["requests"]]
+    assert g.tpot_ms == pytest.approx(sum(tpots) / len(tpots))
+    assert "4 requests, up to 5 tokens each" in str(g.metrics)
+    plain = llm.generate(PROMPTS[0], max_new_tokens=5, stop_at_eos=False)  # one batch: its steps are its tokens
+    assert plain.metrics.timed == "steps" and plain.ttft_ms == plain.step_ms[0]
+
+
+def test_one_at_a_time_checks_every_prompt_before_the_first_call(llm):
+    calls = []
+    bad = [[5, 6, 7]] * 3 + [[1, 2, 10**6]]
+    with pytest.raises(ValueError, match=r"^prompts\[3\] holds token id 1000000, outside the model's vocabulary"):
+        llm.generate(bad, max_new_tokens=2, batching="one_at_a_time", on_token=lambda *a: calls.append(a))
+    assert calls == []  # no prompt ran
+    with pytest.raises(TypeError, match=r"prompts\[0\] holds float32 values, not token ids"):
+        llm.generate([[1.9, 2.2]], max_new_tokens=2, batching="one_at_a_time")
+    for mode in ("one_at_a_time", "continuous", "static"):
+        with pytest.raises(TypeError, match=r"prompts\[1\]\[0\] is str 'a', not a token id"):
+            llm.generate([[1, 2], ["a", "b", "c"]], max_new_tokens=2, batching=mode)
+
+
+def test_finish_reason_is_one_of_the_documented_values(llm):
+    eos = llm.generate([5, 6, 7], max_new_tokens=3, stop_at_eos=False).token_ids[0][0]
+    llm.config.eos_token_id, before = eos, llm.config.eos_token_id
+    try:
+        prompts = [[5, 6, 7], [9, 9, 9, 9]]
+        solo = [llm.generate(p, max_new_tokens=3).finish_reason for p in prompts]
+        assert set(solo) == {"eos", "length"}, solo  # one row stops at EOS, the other does not
+        for mode in ("one_at_a_time", "continuous"):
+            g = llm.generate(prompts, max_new_tokens=3, batching=mode)
+            assert g.finish_reason == "length" and [r["finish_reason"] for r in g.extra["requests"]] == solo
+        assert llm.generate([prompts[0]] * 2, max_new_tokens=3, batching="one_at_a_time").finish_reason == "eos"
+    finally:
+        llm.config.eos_token_id = before
+
+
+def test_a_seed_near_the_top_of_the_range_serves_every_request():
+    llm = LLM(tiny_model(seed=3), name="tiny")
+    g = llm.generate(PROMPTS[:3], max_new_tokens=3, temperature=0.8, seed=2**64 - 1, batching="continuous")
+    solo = llm.generate(PROMPTS[2], max_new_tokens=3, temperature=0.8, seed=1)  # request 2: (2**64 - 1 + 2) % 2**64
+    assert g.token_ids[2] == solo.token_ids[0]
+
+
+def test_static_batching_of_equal_length_prompts_reports_zero_padding(llm):
+    g = llm.generate([[5, 6, 7], [8, 9, 10]], max_new_tokens=4, stop_at_eos=False, batching="static")
+    assert g.prompt_lens == [3, 3] and g.padding.prompt_lens == (3, 3)
+    assert g.padding.prompt_padded == 0 and g.token_ids == llm.generate([[5, 6, 7], [8, 9, 10]],
+                                                                             max_new_tokens=4, stop_at_eos=False).token_ids

@@ -44,7 +44,8 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
         model: an `llmlab.LLM` or an `llmlab.model.Transformer`.
         prompts: B prompts of token ids (lists of ints; a single prompt as a list of ints is one request).
         max_new_tokens, temperature, top_k, top_p: as `LLM.generate`, the same for every request.
-        seed: request i samples with seed + i (None: unseeded); greedy ignores it.
+        seed: request i samples with seed + i, modulo 2**64 (a torch generator's range: a negative seed means
+            what torch reads it as, 2**64 + seed); None: unseeded; greedy ignores it.
         eos_token_id: stop a request at this token (None: every request generates max_new_tokens).
         on_token: not supported (requests advance at different steps): must be None.
         max_batch: the most requests running at once (default: all of them, at most 64).
@@ -93,7 +94,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     if eos:
         engine.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
     seqs = [engine.make_request(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=None if seed is None else seed + i, stop_at_eos=eos)
+                                seed=None if seed is None else (seed + i) % 2**64, stop_at_eos=eos)
             for i, p in enumerate(prompts)]  # every request checked before any is queued
     start = time.perf_counter()
     for s in seqs:
@@ -115,7 +116,7 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
                  "queueing_ms": 1e3 * (s.admitted_time - s.arrival_time),
                  "tpot_ms": (1e3 * (s.finish_time - s.first_token_time) / (len(s.output) - 1)
                              if len(s.output) > 1 else None),
-                 "preemptions": s.num_preemptions} for s in seqs]
+                 "preemptions": s.num_preemptions, "finish_reason": s.finish_reason} for s in seqs]
     return Generation(token_ids=[list(s.output) for s in seqs], prompt_len=max(len(p) for p in prompts),
                       step_ms=step_ms, finish_reason="eos" if reasons == {"eos"} else "length", use_cache=True,
                       device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),

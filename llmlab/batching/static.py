@@ -243,6 +243,15 @@ class StaticGeneration(Generation):
     padding: PaddingStats | None = None
 
 
+def as_static(g: Generation) -> StaticGeneration:
+    """`g`, a batch of equal-length prompts run without padding, as the `StaticGeneration` that batching="static"
+    returns: every prompt_lens entry its prompt_len, and padding that counts only the rows finished early."""
+    fields = {name: getattr(g, name) for name in g.__dataclass_fields__}
+    rows = len(g.token_ids)
+    stats = PaddingStats((g.prompt_len,) * rows, tuple(len(t) for t in g.token_ids), tuple(g.step_ms))
+    return StaticGeneration(**fields, prompt_lens=[g.prompt_len] * rows, padding=stats)
+
+
 # -- checks -------------------------------------------------------------------------------------------------------
 
 
@@ -273,7 +282,15 @@ def check_prompts(prompts, max_new_tokens, context_len: int, vocab_size: int, pa
         if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple, torch.Tensor)):
             raise TypeError(f"prompts[{i}] is {type(p).__name__}, not a list of token ids (encode text first: "
                             f"llm.encode(text))")
-        ids = torch.as_tensor(p) if len(p) else torch.empty(0, dtype=torch.long)
+        try:
+            ids = torch.as_tensor(p) if len(p) else torch.empty(0, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError) as e:  # text, None, nested lists or ints beyond int64
+            j, bad = next(((j, v) for j, v in enumerate(p) if not isinstance(v, numbers.Number)), (None, None))
+            if j is None:
+                raise TypeError(f"prompts[{i}] cannot be read as token ids ({e}); each prompt is one list of ints "
+                                f"in the model's vocabulary") from None
+            raise TypeError(f"prompts[{i}][{j}] is {type(bad).__name__} {bad!r}, not a token id (an int); each "
+                            f"prompt is one list of ints: encode text first, llm.encode(text)") from None
         if ids.dim() != 1:
             raise ValueError(f"prompts[{i}] has shape {tuple(ids.shape)}: each prompt is one list of token ids")
         if ids.numel() == 0:

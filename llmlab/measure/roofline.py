@@ -321,6 +321,8 @@ class RunMetrics:
         tpot_p50_ms, tpot_p90_ms: median and 90th percentile of those steps, ms (nan if n_tokens == 1).
         tokens_per_s: batch x n_tokens / total_s — throughput over the whole run, prefill included.
         decode_tokens_per_s: batch x 1000 / tpot_ms — the steady decode rate (nan if n_tokens == 1).
+        timed: "steps" (`from_step_times`: every step one token of every sequence) or "requests"
+            (`from_requests`: each request's own TTFT and TPOT, for runs whose steps are not one token a row).
     """
 
     n_tokens: int
@@ -332,6 +334,7 @@ class RunMetrics:
     tpot_p90_ms: float
     tokens_per_s: float
     decode_tokens_per_s: float
+    timed: str = "steps"
 
     @classmethod
     def from_step_times(cls, step_times_s: list[float], batch: int = 1) -> "RunMetrics":
@@ -362,16 +365,54 @@ class RunMetrics:
             decode_tokens_per_s=batch / tpot if decode and tpot > 0 else nan,
         )
 
+    @classmethod
+    def from_requests(cls, requests: list[dict], tokens: list[int], total_s: float) -> "RunMetrics":
+        """Build from each request's own timings, for a run whose steps are not one token of every request:
+        continuous batching (a step may prefill a chunk of one prompt and decode the others) or requests served one
+        after the other. `requests`: one dict a request with "ttft_ms" (from the run's start, waiting included) and
+        "tpot_ms" (its mean decode step, None with one token); `tokens`: each request's generated tokens;
+        `total_s`: the run's wall time, seconds.
+
+        ttft_ms and tpot_ms are means over the requests (tpot over those with a decode step; p50 and p90 of their
+        TPOTs), batch the number of requests, n_tokens the most one made, tokens_per_s every generated token over
+        total_s. decode_tokens_per_s is nan: the requests' decode steps share steps with other requests' prefills,
+        or follow each other, so no one step rate holds; nor does `mbu`.
+
+        Raises ValueError: no requests, a count of tokens per request that does not match, a negative or
+        non-finite time.
+        """
+        if not requests or len(tokens) != len(requests):
+            raise ValueError(f"from_requests: {len(requests)} requests and {len(tokens)} token counts; give one "
+                             f"count per request, at least one")
+        ttfts = [float(r["ttft_ms"]) for r in requests]
+        tpots = [float(r["tpot_ms"]) for r in requests if r.get("tpot_ms") is not None]
+        if any(not math.isfinite(t) or t < 0 for t in [*ttfts, *tpots, total_s]):
+            raise ValueError("request times must be finite and >= 0")
+        nan = float("nan")
+        return cls(n_tokens=max(tokens), batch=len(requests), total_s=total_s, ttft_ms=sum(ttfts) / len(ttfts),
+                   tpot_ms=sum(tpots) / len(tpots) if tpots else nan,
+                   tpot_p50_ms=percentile(tpots, 50) if tpots else nan,
+                   tpot_p90_ms=percentile(tpots, 90) if tpots else nan,
+                   tokens_per_s=sum(tokens) / total_s if total_s > 0 else nan, decode_tokens_per_s=nan,
+                   timed="requests")
+
     def mbu(self, config: ModelConfig, prompt_len: int, peak_bw_gb_s: float, weight_bytes_per_param: float = 2,
             kv_bytes_per_elem: float = 2) -> float:
-        """MBU of the decode steps (mean TPOT at the run's mean context length), fraction. nan if no decode step."""
-        if not self.tpot_ms > 0:
+        """MBU of the decode steps (mean TPOT at the run's mean context length), fraction. nan if no decode step,
+        and for metrics timed by request (`from_requests`), whose steps read a varying batch."""
+        if not self.tpot_ms > 0 or self.timed != "steps":
             return float("nan")
         ctx = decode_mean_context_len(prompt_len, self.n_tokens)
         return mbu(self.tpot_ms / 1e3, config, self.batch, ctx, peak_bw_gb_s, weight_bytes_per_param,
                    kv_bytes_per_elem)
 
     def __str__(self) -> str:
+        if self.timed == "requests":
+            tpot = "-" if not math.isfinite(self.tpot_ms) else f"{self.tpot_ms:.2f} ms (p50 {self.tpot_p50_ms:.2f}, " \
+                                                                f"p90 {self.tpot_p90_ms:.2f})"
+            return (f"{self.batch} request{'s' if self.batch != 1 else ''}, up to {self.n_tokens} "
+                    f"token{'s' if self.n_tokens != 1 else ''} each: mean TTFT {self.ttft_ms:.1f} ms, mean "
+                    f"TPOT {tpot}, {self.tokens_per_s:.1f} tokens/s overall")
         if not math.isfinite(self.tpot_ms):  # one token: no decode step, so no TPOT (printed "-", as the CLI does)
             return (f"{self.n_tokens} token{'s' if self.n_tokens != 1 else ''} x batch {self.batch}: TTFT "
                     f"{self.ttft_ms:.1f} ms, TPOT - (no decode step), {self.tokens_per_s:.1f} tokens/s overall")
