@@ -51,8 +51,8 @@ class Generation:
     @property
     def metrics(self) -> RunMetrics:
         """TTFT, TPOT (mean, p50, p90) and tokens/s of this run as a `llmlab.measure.roofline.RunMetrics`. Its
-        tokens_per_s counts batch x steps — the work the GPU did, rows that stopped at EOS included — where `tokens_per_s`
-        below counts the tokens kept. A run that timed each request (`extra["requests"]`: batching="continuous",
+        tokens_per_s counts batch x steps — the work the GPU did, rows that stopped at EOS included — where
+        `tokens_per_s` below counts the tokens kept. A run that timed each request (`extra["requests"]`: batching="continuous",
         whose steps mix prefill chunks and decodes, and "one_at_a_time", whose steps are every call's in turn) is
         read from those timings instead (`RunMetrics.from_requests`: means over the requests)."""
         requests = self.extra.get("requests")

@@ -156,5 +156,5 @@ def test_a_seed_near_the_top_of_the_range_serves_every_request():
 def test_static_batching_of_equal_length_prompts_reports_zero_padding(llm):
     g = llm.generate([[5, 6, 7], [8, 9, 10]], max_new_tokens=4, stop_at_eos=False, batching="static")
     assert g.prompt_lens == [3, 3] and g.padding.prompt_lens == (3, 3)
-    assert g.padding.prompt_padded == 0 and g.token_ids == llm.generate([[5, 6, 7], [8, 9, 10]],
-                                                                             max_new_tokens=4, stop_at_eos=False).token_ids
+    batch = llm.generate([[5, 6, 7], [8, 9, 10]], max_new_tokens=4, stop_at_eos=False)
+    assert g.padding.prompt_padded == 0 and g.token_ids == batch.token_ids

@@ -27,7 +27,8 @@ def one_at_a_time(results: list[Generation]) -> Generation:
     reasons = {g.finish_reason for g in results}
     finish = "stopped" if "stopped" in reasons else "eos" if reasons == {"eos"} else "length"
     return Generation(token_ids=[row for g in results for row in g.token_ids], prompt_len=first.prompt_len,
-                      step_ms=[ms for g in results for ms in g.step_ms], finish_reason=finish, use_cache=first.use_cache,
+                      step_ms=[ms for g in results for ms in g.step_ms], finish_reason=finish,
+                      use_cache=first.use_cache,
                       device=first.device, dtype=first.dtype,
                       texts=[t for g in results for t in g.texts] if first.texts is not None else None,
                       text=first.text, extra={"requests": requests})
