@@ -91,8 +91,10 @@ def sample(
 
     Args:
         logits: (B, V) scores of the next token, any float dtype (computed in fp32 here).
-        temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature).
-        top_k: keep only the k highest-scoring tokens (None: all).
+        temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature). A temperature below
+            fp32's smallest normal number (~1.2e-38), where the division would underflow, is greedy too.
+        top_k: keep only the k highest-scoring tokens, exactly k: of the tokens tied with the k-th score, those
+            torch.topk returns (None: all).
         top_p: keep the smallest set of tokens whose probability mass reaches top_p (None or 1.0: all).
         generator: a seeded torch.Generator on logits.device for reproducible sampling.
 
@@ -100,18 +102,24 @@ def sample(
         (B,) int64 token ids on logits.device.
 
     Raises:
-        ValueError: temperature < 0, top_k < 1, top_p outside (0, 1].
+        ValueError: temperature < 0, top_k < 1, top_p outside (0, 1]; logits that are not (B, V).
     """
     check_sampling_args(temperature, top_k, top_p)
-    if temperature == 0:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"sample: logits must be a (B, V) tensor, one row of scores per sequence; got {shape} "
+                         f"(one row: logits[None])")
+    if temperature < torch.finfo(torch.float32).tiny:  # 0, or so small that 1 / T is no fp32 number: greedy
         return argmax_rows(logits)
     logits = logits.float()
     # shift the best score to 0 before dividing: at a tiny temperature (1e-40) the plain logits / T overflows to inf
     # and softmax turns inf - inf into NaN; shifted, the best token stays at 0 and the rest go to -inf (greedy)
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, int(top_k), dim=-1).values[:, -1:]  # (B, 1) the k-th largest score
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # exactly k survive: masking by the k-th score (`logits < kth`) would also keep every token tied with it
+        kept = torch.topk(logits, int(top_k), dim=-1).indices  # (B, k)
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, kept, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)

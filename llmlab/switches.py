@@ -110,10 +110,11 @@ def apply_switches(llm: LLM, settings: dict[str, Any]) -> tuple[LLM, dict]:
 def describe(settings: dict[str, Any]) -> str:
     """A readable label, in registry order: {"kv_cache": True, "dtype": "bf16"} -> 'KV cache, bf16';
     {"kv_cache": False} -> 'no KV cache'. Choice switches left at None, and optimizations that are off by default
-    and left off, are not named; 'defaults' if nothing is left."""
+    and left off, are not named, nor the paged KV cache with the KV cache off (there is no cache to page: it runs
+    without one, as `apply_switches` sets it); 'defaults' if nothing is left."""
     parts = []
     for key, sw in SWITCHES.items():
-        if key not in settings:
+        if key not in settings or (key == "paged_kv" and settings.get("kv_cache", True) is False):
             continue
         v = settings[key]
         if sw.choices is None:

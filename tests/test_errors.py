@@ -515,6 +515,9 @@ def test_a_cache_factory_without_the_cache_and_the_paged_switch_with_the_cache_o
         llm.generate(PROMPT, cache_factory="paged")  # used to fail inside generate as "'str' object is not callable"
     run_llm, kwargs = apply_switches(llm, {"kv_cache": False, "paged_kv": True})  # a dashboard can ask for both
     assert "cache_factory" not in kwargs
+    from llmlab.switches import describe
+    assert describe({"kv_cache": False, "paged_kv": True}) == "no KV cache"  # its label names what runs
+    assert describe({"paged_kv": True}) == "paged KV cache"
     assert run_llm.generate(PROMPT, max_new_tokens=16, stop_at_eos=False, **kwargs).token_ids == before
     still_works(good)
 

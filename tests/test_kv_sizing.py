@@ -106,3 +106,18 @@ def test_an_unreadable_or_negative_host_reading_refuses_nothing(monkeypatch):
     free, where = available_memory("cpu")
     assert free == 1 << 62 and "unknown" in where
     check_fits(10**12, "cpu", "a large model", "")  # not refused on a guess
+
+
+def test_numpy_counts_are_taken_and_a_dtype_name_is_refused_by_name():
+    import numpy as np
+
+    from llmlab.cache import sizing
+    from llmlab.config import ModelConfig
+
+    c = ModelConfig.from_preset("llama-3.2-1b")
+    assert sizing.cache_bytes(c, np.int64(1024)) == sizing.cache_bytes(c, 1024)
+    assert type(sizing.cache_bytes(c, np.int64(1024))) is int
+    assert sizing.waste([np.int64(5)], np.int64(16)) == sizing.waste([5], 16)
+    assert sizing.calculator(context=np.int64(8192))[0]["context"] == 8192
+    with pytest.raises(TypeError, match=r"dtype='bf16': give a torch.dtype, e.g. torch.bfloat16"):
+        sizing.bytes_per_token(c, "bf16")

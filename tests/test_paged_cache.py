@@ -253,3 +253,19 @@ def test_numpy_counts_build_the_caches():
     assert type(cache.residual) is int and cache.residual == 4
     with pytest.raises(TypeError, match="batch_size=2.5"):
         KVCache(cfg, 2.5, 32, torch.float32, "cpu")
+
+
+def test_generate_refuses_a_pool_too_small_for_the_run_before_the_prefill():
+    """One generate call cannot free or preempt a row: a fixed pool that cannot hold the whole run is refused up
+    front, with the count that fits, and the same call with that count runs."""
+    import functools
+
+    model = tiny_model()
+    ids = prompt_ids(2, 9)
+    small = functools.partial(PagedKVCache, block_size=4, num_blocks=7)  # 2 rows x ceil((9 + 6) / 4) = 8 blocks
+    with pytest.raises(ValueError, match=r"num_blocks=7 blocks of 4 tokens, and this call needs 8: 2 rows x "
+                                         r"ceil\(15 tokens .*give num_blocks >= 8"):
+        generate(model, ids, max_new_tokens=6, cache_factory=small)
+    fits = functools.partial(PagedKVCache, block_size=4, num_blocks=8)
+    assert generate(model, ids, max_new_tokens=6, cache_factory=fits).token_ids == \
+        generate(model, ids, max_new_tokens=6).token_ids

@@ -175,3 +175,24 @@ def test_a_tiny_temperature_is_greedy_not_nan():
     logits = torch.tensor([[1.0, 50.0, 3.0], [7.0, -2.0, 6.5]])
     for t in (1e-38, 1e-40, 1e-45):
         assert sample(logits, temperature=t, generator=torch.Generator().manual_seed(0)).tolist() == [1, 0]
+
+
+def test_a_temperature_below_fp32s_range_is_greedy():
+    """1 / T is no fp32 number there: the division used to give NaN and the sampler token 0."""
+    logits = torch.tensor([[0.0, 5.0, 1.0]])
+    for t in (1e-46, 1e-39):
+        assert sample(logits, temperature=t).tolist() == [1]
+
+
+def test_top_k_keeps_exactly_k_tokens_when_scores_tie():
+    logits = torch.zeros(1, 50)
+    drawn = {sample(logits, 1.0, top_k=2, generator=torch.Generator().manual_seed(i)).item() for i in range(200)}
+    assert len(drawn) == 2  # every token ties with the 2nd: masking by its score used to keep all 50
+    top1 = {sample(logits, 1.0, top_k=1, generator=torch.Generator().manual_seed(i)).item() for i in range(50)}
+    assert len(top1) == 1
+
+
+def test_logits_that_are_not_one_row_per_sequence_are_named():
+    for temperature in (0.0, 0.7):
+        with pytest.raises(ValueError, match=r"logits must be a \(B, V\) tensor.*got \(50,\).*logits\[None\]"):
+            sample(torch.randn(50), temperature=temperature, top_k=5 if temperature else None)

@@ -23,6 +23,7 @@ It imports no cache class: the caches import it.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
 from dataclasses import dataclass, replace
@@ -33,6 +34,10 @@ from llmlab.config import ModelConfig
 
 
 def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype`. TypeError for anything but a torch.dtype (a name such as "bf16" included)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype={dtype!r}: give a torch.dtype, e.g. torch.bfloat16, torch.float16, torch.float32 or "
+                        f"torch.int8")
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -45,7 +50,7 @@ def _check_counts(**counts) -> None:
     """ValueError naming the first count that is not a whole number >= 0 (>= 1 for block_size)."""
     for name, value in counts.items():
         low = 1 if name == "block_size" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
             raise ValueError(f"{name}={value!r}: must be a whole number >= {low}")
 
 
@@ -53,7 +58,7 @@ def cache_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype: torch.d
     """Bytes of a contiguous cache for `batch` sequences of `tokens` tokens. Raises ValueError for a negative
     or non-integer count."""
     _check_counts(tokens=tokens, batch=batch)
-    return batch * tokens * bytes_per_token(config, dtype)
+    return int(batch) * int(tokens) * bytes_per_token(config, dtype)  # NumPy integers are taken, ints returned
 
 
 def variants(config: ModelConfig) -> dict[str, ModelConfig]:
@@ -76,6 +81,7 @@ def calculator(presets: list[str] | None = None, context: int = 8192, batch: int
     """
     from llmlab.config import PRESETS
     _check_counts(context=context, batch=batch)
+    context, batch = int(context), int(batch)
     rows = []
     for name in presets or list(PRESETS):
         config = ModelConfig.from_preset(name)
@@ -228,6 +234,7 @@ def waste(lengths: list[int], max_seq_len: int, block_size: int = 16) -> list[Wa
     past it: its waste would come out negative).
     """
     _check_lengths(lengths, max_seq_len, block_size)
+    lengths, max_seq_len, block_size = [int(n) for n in lengths], int(max_seq_len), int(block_size)
     used = sum(lengths)
     return [Waste("max-length preallocation", len(lengths) * max_seq_len, used),
             Waste(f"paged (block_size={block_size})", sum(-(-n // block_size) * block_size for n in lengths), used)]
