@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import warnings
 
@@ -452,7 +453,7 @@ class LLM:
                       eos_token_id=self.eos_token_id if stop_at_eos else None, on_token=on_token)
         if batching == "one_at_a_time":
             rows = [ids] if isinstance(ids, torch.Tensor) and ids.dim() == 1 else list(ids)
-            if rows and isinstance(rows[0], int):  # one prompt as a flat list of ids
+            if rows and isinstance(rows[0], numbers.Integral):  # one prompt as a flat list (or array) of ids
                 rows = [rows]
             if not rows:
                 raise ValueError("prompt: no token ids given; give a prompt (text, or a list of token ids)")

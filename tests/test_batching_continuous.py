@@ -129,6 +129,16 @@ def test_one_at_a_time_checks_every_prompt_before_the_first_call(llm):
     for mode in ("one_at_a_time", "continuous", "static"):
         with pytest.raises(TypeError, match=r"prompts\[1\]\[0\] is str 'a', not a token id"):
             llm.generate([[1, 2], ["a", "b", "c"]], max_new_tokens=2, batching=mode)
+    with pytest.raises(ValueError, match=r"prompts\[0\] holds a token id too large to read .*outside the model's "
+                                         r"vocabulary"):
+        llm.generate([[1, 2**70]], max_new_tokens=2, batching="one_at_a_time")
+    import numpy as np  # NumPy prompts run as lists do
+
+    ref = llm.generate([[5, 6, 7], [8, 9, 10]], max_new_tokens=3, stop_at_eos=False).token_ids
+    for prompts in (np.array([[5, 6, 7], [8, 9, 10]]), [np.array([5, 6, 7]), np.array([8, 9, 10])]):
+        assert llm.generate(prompts, max_new_tokens=3, stop_at_eos=False, batching="one_at_a_time").token_ids == ref
+    assert llm.generate(np.array([5, 6, 7]), max_new_tokens=3, stop_at_eos=False,
+                        batching="one_at_a_time").token_ids == ref[:1]
 
 
 def test_finish_reason_is_one_of_the_documented_values(llm):
@@ -147,10 +157,19 @@ def test_finish_reason_is_one_of_the_documented_values(llm):
 
 
 def test_a_seed_near_the_top_of_the_range_serves_every_request():
+    import numpy as np
+
     llm = LLM(tiny_model(seed=3), name="tiny")
     g = llm.generate(PROMPTS[:3], max_new_tokens=3, temperature=0.8, seed=2**64 - 1, batching="continuous")
     solo = llm.generate(PROMPTS[2], max_new_tokens=3, temperature=0.8, seed=1)  # request 2: (2**64 - 1 + 2) % 2**64
     assert g.token_ids[2] == solo.token_ids[0]
+    seeded = llm.generate(PROMPTS[:2], max_new_tokens=3, temperature=0.8, seed=7, batching="continuous").token_ids
+    for s in (np.int64(7), np.uint64(7), np.int32(7)):  # NumPy seeds: the same requests
+        assert llm.generate(PROMPTS[:2], max_new_tokens=3, temperature=0.8, seed=s,
+                            batching="continuous").token_ids == seeded
+    for s in (2**70, -2**70):  # the seed given is checked before it wraps, as in every other mode
+        with pytest.raises(ValueError, match=r"outside the range a torch generator takes"):
+            llm.generate(PROMPTS[:2], max_new_tokens=3, temperature=0.8, seed=s, batching="continuous")
 
 
 def test_static_batching_of_equal_length_prompts_reports_zero_padding(llm):

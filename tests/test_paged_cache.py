@@ -262,10 +262,11 @@ def test_generate_refuses_a_pool_too_small_for_the_run_before_the_prefill():
 
     model = tiny_model()
     ids = prompt_ids(2, 9)
-    small = functools.partial(PagedKVCache, block_size=4, num_blocks=7)  # 2 rows x ceil((9 + 6) / 4) = 8 blocks
-    with pytest.raises(ValueError, match=r"num_blocks=7 blocks of 4 tokens, and this call needs 8: 2 rows x "
-                                         r"ceil\(15 tokens .*give num_blocks >= 8"):
-        generate(model, ids, max_new_tokens=6, cache_factory=small)
-    fits = functools.partial(PagedKVCache, block_size=4, num_blocks=8)
-    assert generate(model, ids, max_new_tokens=6, cache_factory=fits).token_ids == \
-        generate(model, ids, max_new_tokens=6).token_ids
+    # the last token is sampled, never cached: 2 rows x ceil((9 + 4 - 1) / 4) = 6 blocks, exactly
+    small = functools.partial(PagedKVCache, block_size=4, num_blocks=5)
+    with pytest.raises(ValueError, match=r"num_blocks=5 blocks of 4 tokens, and this call needs 6: 2 rows x "
+                                         r"ceil\(12 cached tokens .*give num_blocks >= 6"):
+        generate(model, ids, max_new_tokens=4, cache_factory=small)
+    fits = functools.partial(PagedKVCache, block_size=4, num_blocks=6)
+    assert generate(model, ids, max_new_tokens=4, cache_factory=fits).token_ids == \
+        generate(model, ids, max_new_tokens=4).token_ids

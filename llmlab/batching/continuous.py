@@ -27,7 +27,7 @@ import torch
 from llmlab.batching.engine import BatchEngine, model_of
 from llmlab.batching.scheduler import check_positive_int
 from llmlab.batching.static import check_prompts
-from llmlab.generate import Generation
+from llmlab.generate import Generation, check_seed
 
 __all__ = ["generate_continuous"]
 
@@ -93,8 +93,9 @@ def generate_continuous(model, prompts, max_new_tokens: int = 64, temperature: f
     eos = eos_token_id is not None
     if eos:
         engine.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+    check_seed(seed)  # the seed given, before each request's seed + i wraps into the generator's range
     seqs = [engine.make_request(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=None if seed is None else (seed + i) % 2**64, stop_at_eos=eos)
+                                seed=None if seed is None else (int(seed) + i) % 2**64, stop_at_eos=eos)
             for i, p in enumerate(prompts)]  # every request checked before any is queued
     start = time.perf_counter()
     for s in seqs:

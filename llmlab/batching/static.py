@@ -273,12 +273,16 @@ def check_prompts(prompts, max_new_tokens, context_len: int, vocab_size: int, pa
     """
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 2:
         prompts = list(prompts)
+    elif not isinstance(prompts, (list, tuple, torch.Tensor)) and callable(getattr(prompts, "tolist", None)):
+        prompts = prompts.tolist()  # a (B, T) NumPy array
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of prompts, each a list of token ids; got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise ValueError("prompts is empty: give at least one prompt (a list of token ids)")
     rows = []
     for i, p in enumerate(prompts):
+        if not isinstance(p, (str, bytes, list, tuple, torch.Tensor)) and callable(getattr(p, "tolist", None)):
+            p = p.tolist()  # a NumPy row
         if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple, torch.Tensor)):
             raise TypeError(f"prompts[{i}] is {type(p).__name__}, not a list of token ids (encode text first: "
                             f"llm.encode(text))")
@@ -286,9 +290,9 @@ def check_prompts(prompts, max_new_tokens, context_len: int, vocab_size: int, pa
             ids = torch.as_tensor(p) if len(p) else torch.empty(0, dtype=torch.long)
         except (TypeError, ValueError, RuntimeError) as e:  # text, None, nested lists or ints beyond int64
             j, bad = next(((j, v) for j, v in enumerate(p) if not isinstance(v, numbers.Number)), (None, None))
-            if j is None:
-                raise TypeError(f"prompts[{i}] cannot be read as token ids ({e}); each prompt is one list of ints "
-                                f"in the model's vocabulary") from None
+            if j is None:  # numbers only: an int beyond int64
+                raise ValueError(f"prompts[{i}] holds a token id too large to read ({e}), outside the model's "
+                                 f"vocabulary (0..{vocab_size - 1})") from None
             raise TypeError(f"prompts[{i}][{j}] is {type(bad).__name__} {bad!r}, not a token id (an int); each "
                             f"prompt is one list of ints: encode text first, llm.encode(text)") from None
         if ids.dim() != 1:

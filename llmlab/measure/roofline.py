@@ -312,7 +312,9 @@ def percentile(values: list[float], q: float) -> float:
 class RunMetrics:
     """Latency and throughput of one generation run (Databricks 2023 definitions).
 
-    Fields:
+    Fields, as `from_step_times` defines them (`from_requests` instead: ttft_ms and tpot_ms means over the
+    requests, batch the number of requests, n_tokens the most one made, tokens_per_s every generated token over
+    total_s, decode_tokens_per_s nan):
         n_tokens: tokens generated per sequence (= steps timed; the first includes prefill).
         batch: sequences generated together.
         total_s: sum of the step times, seconds.
