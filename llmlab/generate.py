@@ -149,23 +149,6 @@ def check_on_token(on_token) -> None:
                         f"to stop), or None")
 
 
-def check_pool(cache, batch: int, tokens: int) -> None:
-    """A paged cache with a fixed pool (`PagedKVCache(..., num_blocks=)`) holds a whole run: `batch` rows writing
-    up to `tokens` positions each (prompt + max_new_tokens - 1) need batch x ceil(tokens / block_size) blocks.
-    Checked before the prefill, since one call of `generate` cannot free or preempt a row to make room; ValueError
-    naming num_blocks and the count that fits.
-    Caches without a block pool pass."""
-    num_blocks, block_size = getattr(cache, "num_blocks", None), getattr(cache, "block_size", None)
-    if not isinstance(num_blocks, int) or not isinstance(block_size, int):
-        return
-    need = batch * -(-tokens // block_size)
-    if need > num_blocks:
-        raise ValueError(f"the paged KV cache's pool has num_blocks={num_blocks} blocks of {block_size} tokens, and "
-                         f"this call needs {need}: {batch} row{'s' if batch != 1 else ''} x ceil({tokens} cached "
-                         f"tokens (prompt + max_new_tokens - 1) / {block_size}); give num_blocks >= {need}, or fewer "
-                         f"max_new_tokens")
-
-
 def check_lengths(prompt_len: int, max_new_tokens: int, context_len: int, name: str = "the prompt") -> None:
     """Raise ValueError naming the numbers when the prompt (plus what is to be generated) exceeds the context, and
     TypeError / ValueError for a max_new_tokens that is not a positive int (`check_max_new_tokens`). name: what the
@@ -298,10 +281,10 @@ def generate(
     Raises:
         ValueError: empty prompt, prompt (+ max_new_tokens) longer than the context, a token id outside the
             vocabulary, max_new_tokens < 1, bad sampling settings, a seed outside `SEED_RANGE`, a cache_factory
-            with use_cache=False, a paged cache whose fixed pool cannot hold the run (`check_pool`). TypeError:
-            prompt ids that are not ints (or None), a max_new_tokens or seed that is not an int, use_cache /
-            pin_memory not a bool, an on_token or cache_factory that is not callable. Checked before any work, so
-            the model is untouched.
+            with use_cache=False, a paged cache whose fixed pool cannot hold the run (`PagedKVCache.check_holds`).
+            TypeError: prompt ids that are not ints (or None), a max_new_tokens or seed that is not an int,
+            use_cache / pin_memory not a bool, an on_token or cache_factory that is not callable. Checked before any
+            work, so the model is untouched.
     """
     check_sampling_args(temperature, top_k, top_p)
     check_flags(use_cache=use_cache, pin_memory=pin_memory)
@@ -331,7 +314,8 @@ def generate(
         raise TypeError(f"cache_factory returned {type(cache).__name__}, not a KV cache: it must return an object "
                         f"with update(layer, positions, k, v) -> (k_all, v_all), such as llmlab.cache.kv_cache.KVCache "
                         f"or llmlab.cache.paged_cache.PagedKVCache")
-    check_pool(cache, B, T + max_new_tokens - 1)  # the last token is sampled, never written
+    if callable(getattr(cache, "check_holds", None)):  # a fixed block pool (PagedKVCache): the whole run must fit
+        cache.check_holds(B, T + max_new_tokens - 1)  # the last token is sampled, never written
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     seq = ids  # the no-cache path keeps the whole sequence here

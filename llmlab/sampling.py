@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 ARGMAX_CHUNK = 1024  # keys per first-stage slice of `argmax_rows`
+FP32_TINY = torch.finfo(torch.float32).tiny  # below this temperature 1 / T is no fp32 number: `sample` is greedy
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ def sample(
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"sample: logits must be a (B, V) tensor, one row of scores per sequence; got {shape} "
                          f"(one row: logits[None])")
-    if temperature < torch.finfo(torch.float32).tiny:  # 0, or so small that 1 / T is no fp32 number: greedy
+    if temperature < FP32_TINY:  # 0, or so small that dividing by it would underflow: greedy
         return argmax_rows(logits)
     logits = logits.float()
     # shift the best score to 0 before dividing: at a tiny temperature (1e-40) the plain logits / T overflows to inf

@@ -84,6 +84,18 @@ class PagedKVCache:
         self._step_tensors = None  # (B, block tables, lengths) on the device: built once per forward pass
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
+    def check_holds(self, batch: int, tokens: int) -> None:
+        """ValueError unless the pool can hold a whole run of `batch` rows caching up to `tokens` positions each
+        (`generate`: prompt + max_new_tokens - 1), checked before its prefill: one generate call cannot free or
+        preempt a row to make room, as a serving engine does. The message names num_blocks and the count that
+        fits."""
+        need = batch * self.blocks.blocks_for(tokens)
+        if need > self.num_blocks:
+            raise ValueError(f"the paged KV cache's pool has num_blocks={self.num_blocks} blocks of {self.block_size} "
+                             f"tokens, and this call needs {need}: {batch} row{'s' if batch != 1 else ''} x "
+                             f"ceil({tokens} cached tokens (prompt + max_new_tokens - 1) / {self.block_size}); give "
+                             f"num_blocks >= {need}, or fewer max_new_tokens")
+
     def _reserve(self, B: int, start: int, end: int) -> None:
         """Make every row 0..B-1 hold `end` tokens (allocating or appending blocks); copy-on-write copies done."""
         for b in range(B):  # `_check_room` has ruled out gaps, stale tokens and a pool too small
